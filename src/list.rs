@@ -1,0 +1,227 @@
+//! A doubly linked intrusive list: the raw, unsafe layer under the
+//! semaphore's wait queue.
+//!
+//! The list never owns its nodes. Each node lives inside a pinned future (or
+//! any other pinned place) and carries its own [`Links`]. The list only
+//! stores pointers, so pushing and removing allocate nothing, and removal of
+//! any node is O(1) because the list is doubly linked.
+//!
+//! # Invariants
+//!
+//! * The list and the links of every node in it are only touched by the one
+//!   thread that holds the lock guarding the list (the semaphore's mutex);
+//!   the [`List`] itself sits inside that mutex, and a node's [`Links`] are
+//!   in `UnsafeCell`s that are read and written only through `&mut List`.
+//! * A node stays at the same address, and alive, from `push_back` until it
+//!   is removed (by `pop_front` or `remove`). Nodes are `!Unpin` so their
+//!   owners can only link them once pinned.
+//! * `len` is the number of nodes reachable from `head`.
+
+use core::marker::PhantomPinned;
+use core::ptr::NonNull;
+
+use crate::loom::UnsafeCell;
+
+/// The pointers that make a node part of a [`List`].
+pub(crate) struct Links<T> {
+    /// The node before this one; `None` at the head. Only touched through
+    /// `&mut List` while the node is linked.
+    prev: UnsafeCell<Option<NonNull<T>>>,
+    /// The node after this one; `None` at the tail. Same rule as `prev`.
+    next: UnsafeCell<Option<NonNull<T>>>,
+    /// Another pointer may point at this node, so it must not move.
+    _pin: PhantomPinned,
+}
+
+impl<T> Links<T> {
+    pub(crate) fn new() -> Self {
+        Self {
+            prev: UnsafeCell::new(None),
+            next: UnsafeCell::new(None),
+            _pin: PhantomPinned,
+        }
+    }
+}
+
+impl<T> core::fmt::Debug for Links<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        // The pointers may only be read under the list's lock, which we do not
+        // hold here, so print no more than the type.
+        f.debug_struct("Links").finish_non_exhaustive()
+    }
+}
+
+/// A type that embeds [`Links`] and can therefore be put in a [`List`].
+///
+/// # Safety
+///
+/// `links` must return a pointer to a `Links<Self>` stored inside the node
+/// that `this` points to, valid for as long as the node is.
+pub(crate) unsafe trait Linked: Sized {
+    /// Returns the links embedded in the node.
+    ///
+    /// # Safety
+    ///
+    /// `this` must point to a live node.
+    unsafe fn links(this: NonNull<Self>) -> NonNull<Links<Self>>;
+}
+
+/// The head of an intrusive, doubly linked FIFO list.
+pub(crate) struct List<T: Linked> {
+    head: Option<NonNull<T>>,
+    tail: Option<NonNull<T>>,
+    len: usize,
+}
+
+// SAFETY: the list only holds pointers to nodes; the nodes are accessed only
+// by whoever holds `&mut List`, which the enclosing mutex hands to one thread
+// at a time. The node types used with it (`Waiter`) are `Sync`.
+unsafe impl<T: Linked + Sync> Send for List<T> {}
+
+impl<T: Linked> List<T> {
+    /// An empty list.
+    pub(crate) const fn new() -> Self {
+        Self {
+            head: None,
+            tail: None,
+            len: 0,
+        }
+    }
+
+    /// The number of linked nodes.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no node is linked.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.head.is_none()
+    }
+
+    /// The first node, without unlinking it.
+    #[inline]
+    pub(crate) fn front(&self) -> Option<NonNull<T>> {
+        self.head
+    }
+
+    /// Appends `node` at the tail.
+    ///
+    /// # Safety
+    ///
+    /// `node` must point to a live node that is not linked in any list, and
+    /// it must stay alive and at the same address until it is unlinked with
+    /// [`pop_front`](Self::pop_front) or [`remove`](Self::remove).
+    pub(crate) unsafe fn push_back(&mut self, node: NonNull<T>) {
+        debug_assert!(
+            self.head != Some(node) && self.tail != Some(node),
+            "node must not be pushed twice"
+        );
+        // SAFETY: the caller guarantees `node` is live; we hold `&mut self`,
+        // so nobody else touches any linked node's links.
+        let links = unsafe { T::links(node).as_ref() };
+        links.prev.with_mut(|p| unsafe {
+            // SAFETY: exclusive access to the links, as above.
+            *p = self.tail;
+        });
+        links.next.with_mut(|p| unsafe {
+            // SAFETY: exclusive access to the links, as above.
+            *p = None;
+        });
+        match self.tail {
+            // SAFETY: the tail is linked, hence alive (push_back's contract).
+            Some(tail) => unsafe { set_next(tail, Some(node)) },
+            None => self.head = Some(node),
+        }
+        self.tail = Some(node);
+        self.len += 1;
+    }
+
+    /// Unlinks and returns the first node.
+    pub(crate) fn pop_front(&mut self) -> Option<NonNull<T>> {
+        let head = self.head?;
+        // SAFETY: `head` is linked, so it is alive and in this list.
+        unsafe { self.remove(head) };
+        Some(head)
+    }
+
+    /// Unlinks `node`.
+    ///
+    /// # Safety
+    ///
+    /// `node` must be linked in this list.
+    pub(crate) unsafe fn remove(&mut self, node: NonNull<T>) {
+        // SAFETY: the caller guarantees `node` is linked here, hence alive;
+        // `&mut self` gives exclusive access to the links of linked nodes.
+        let (prev, next) = unsafe {
+            let links = T::links(node).as_ref();
+            let prev = links.prev.with(|p| *p);
+            let next = links.next.with(|p| *p);
+            links.prev.with_mut(|p| *p = None);
+            links.next.with_mut(|p| *p = None);
+            (prev, next)
+        };
+        debug_assert!(prev != Some(node), "node must not be linked to itself");
+        match prev {
+            // SAFETY: a linked node's neighbour is linked, hence alive.
+            Some(prev) => unsafe { set_next(prev, next) },
+            None => {
+                debug_assert!(self.head == Some(node), "a node with no prev must be the head");
+                self.head = next;
+            }
+        }
+        match next {
+            // SAFETY: a linked node's neighbour is linked, hence alive.
+            Some(next) => unsafe { set_prev(next, prev) },
+            None => {
+                debug_assert!(self.tail == Some(node), "a node with no next must be the tail");
+                self.tail = prev;
+            }
+        }
+        self.len -= 1;
+    }
+
+    /// Walks the list and panics if its links are inconsistent: a broken
+    /// back-pointer, a wrong tail, or a length that does not match.
+    #[cfg(test)]
+    pub(crate) fn assert_valid(&self) {
+        let mut prev: Option<NonNull<T>> = None;
+        let mut cur = self.head;
+        let mut count = 0;
+        while let Some(node) = cur {
+            // SAFETY: every node reachable from `head` is linked, hence alive.
+            let links = unsafe { T::links(node).as_ref() };
+            let back = links.prev.with(|p| unsafe { *p });
+            assert_eq!(back, prev, "node's prev must point at the node before it");
+            prev = Some(node);
+            cur = links.next.with(|p| unsafe { *p });
+            count += 1;
+            assert!(count <= self.len, "list must not be longer than its length");
+        }
+        assert_eq!(prev, self.tail, "tail must be the last reachable node");
+        assert_eq!(count, self.len, "length must count every linked node");
+    }
+}
+
+impl<T: Linked> core::fmt::Debug for List<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("List").field("len", &self.len).finish()
+    }
+}
+
+/// # Safety
+///
+/// `node` must be linked in a list the caller holds exclusively.
+unsafe fn set_next<T: Linked>(node: NonNull<T>, next: Option<NonNull<T>>) {
+    // SAFETY: guaranteed by the caller.
+    unsafe { T::links(node).as_ref().next.with_mut(|p| *p = next) }
+}
+
+/// # Safety
+///
+/// `node` must be linked in a list the caller holds exclusively.
+unsafe fn set_prev<T: Linked>(node: NonNull<T>, prev: Option<NonNull<T>>) {
+    // SAFETY: guaranteed by the caller.
+    unsafe { T::links(node).as_ref().prev.with_mut(|p| *p = prev) }
+}

@@ -1,0 +1,502 @@
+//! The acquire futures and the wait-queue node that lives inside them.
+
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::ptr::NonNull;
+use core::task::{Context, Poll, Waker};
+use std::sync::Arc;
+
+use pin_project_lite::pin_project;
+
+use super::{OwnedPermit, Permit, Semaphore};
+use crate::error::{AcquireError, TryAcquireError};
+use crate::list::{Linked, Links};
+use crate::loom::{AtomicUsize, Ordering, UnsafeCell, lock};
+
+/// Set in [`Waiter::remaining`] when `close` unlinked the node.
+const NODE_CLOSED: usize = 1 << (usize::BITS - 1);
+
+/// A waiting acquirer's node in the semaphore's wait queue.
+///
+/// It lives inside an [`Acquire`] or [`AcquireOwned`] future, which is
+/// pinned before the node is linked and unlinks it (under the lock) before it
+/// is dropped.
+pub(super) struct Waiter {
+    /// Position in the queue. Only touched under the semaphore's lock.
+    links: Links<Waiter>,
+    /// The task to wake when the node is served or closed. May only be
+    /// accessed while the semaphore's lock is held.
+    waker: UnsafeCell<Option<Waker>>,
+    /// While linked: the permits still owed (non-zero). Once unlinked: `0`
+    /// if served in full, or `NODE_CLOSED | owed` if the semaphore closed.
+    /// Written only under the lock; the store that unlinks the node is a
+    /// release store and the last access by anyone but the owning future.
+    remaining: AtomicUsize,
+}
+
+// SAFETY: `links` and `waker` are only accessed under the semaphore's lock,
+// which serialises all threads; `remaining` is atomic. `Waker` is Send+Sync.
+unsafe impl Send for Waiter {}
+// SAFETY: as above.
+unsafe impl Sync for Waiter {}
+
+// SAFETY: `links` returns the `links` field of the node `this` points to.
+unsafe impl Linked for Waiter {
+    unsafe fn links(this: NonNull<Self>) -> NonNull<Links<Self>> {
+        // SAFETY: the caller guarantees `this` points to a live node; taking
+        // the field's address creates no reference to the node.
+        unsafe { NonNull::new_unchecked(core::ptr::addr_of_mut!((*this.as_ptr()).links)) }
+    }
+}
+
+/// What the owner of a node sees of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    /// Linked, still owed this many permits.
+    Waiting(usize),
+    /// Unlinked and served in full.
+    Granted,
+    /// Unlinked by `close`, still owed this many permits.
+    Closed(usize),
+}
+
+impl Waiter {
+    fn new() -> Self {
+        Self {
+            links: Links::new(),
+            waker: UnsafeCell::new(None),
+            remaining: AtomicUsize::new(0),
+        }
+    }
+
+    /// The permits still owed. Call with the lock held and the node linked.
+    #[inline]
+    pub(super) fn remaining(&self) -> usize {
+        self.remaining.load(Ordering::Relaxed)
+    }
+
+    /// Records a partial hand-off. Call with the lock held and the node
+    /// linked; `owed` is non-zero.
+    #[inline]
+    pub(super) fn set_remaining(&self, owed: usize) {
+        debug_assert!(owed != 0 && owed & NODE_CLOSED == 0, "a linked node is owed permits");
+        self.remaining.store(owed, Ordering::Release);
+    }
+
+    /// Marks the node served and returns its waker. Call with the lock held,
+    /// right after unlinking the node. After this returns the node may be
+    /// freed by its owner at any moment: do not touch it again.
+    #[inline]
+    pub(super) fn grant(&self) -> Option<Waker> {
+        // SAFETY: the lock is held (caller's contract), which gives us the
+        // waker.
+        let waker = self.waker.with_mut(|w| unsafe { (*w).take() });
+        self.remaining.store(0, Ordering::Release);
+        waker
+    }
+
+    /// Marks the node closed and returns its waker. Same contract as
+    /// [`grant`](Self::grant).
+    pub(super) fn close(&self) -> Option<Waker> {
+        // SAFETY: the lock is held (caller's contract).
+        let waker = self.waker.with_mut(|w| unsafe { (*w).take() });
+        let owed = self.remaining.load(Ordering::Relaxed);
+        self.remaining.store(owed | NODE_CLOSED, Ordering::Release);
+        waker
+    }
+
+    /// Reads the node's status; valid without the lock once the node has
+    /// been linked, and authoritative when read under the lock.
+    #[inline]
+    fn status(&self) -> Status {
+        match self.remaining.load(Ordering::Acquire) {
+            0 => Status::Granted,
+            r if r & NODE_CLOSED != 0 => Status::Closed(r & !NODE_CLOSED),
+            r => Status::Waiting(r),
+        }
+    }
+
+    /// Stores the task's waker, unless the stored one already wakes the same
+    /// task. Returns the replaced waker, to be dropped after unlocking.
+    ///
+    /// # Safety
+    ///
+    /// The semaphore's lock must be held.
+    unsafe fn set_waker(&self, new: &Waker) -> Option<Waker> {
+        self.waker.with_mut(|w| {
+            // SAFETY: the caller holds the lock, which guards the waker.
+            let slot = unsafe { &mut *w };
+            match slot {
+                Some(old) if old.will_wake(new) => None,
+                _ => slot.replace(new.clone()),
+            }
+        })
+    }
+
+    /// Takes the waker out.
+    ///
+    /// # Safety
+    ///
+    /// The semaphore's lock must be held.
+    unsafe fn take_waker(&self) -> Option<Waker> {
+        // SAFETY: the caller holds the lock.
+        self.waker.with_mut(|w| unsafe { (*w).take() })
+    }
+}
+
+impl fmt::Debug for Waiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Waiter").field("status", &self.status()).finish_non_exhaustive()
+    }
+}
+
+/// Where an acquire future is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Not polled yet, or polled without needing to wait; not linked.
+    Idle,
+    /// Linked at some point: the node's status says whether it still is.
+    Queued,
+    /// The output was returned (or the permits given back): nothing to undo.
+    Done,
+}
+
+impl Semaphore {
+    /// Polls an acquire of `n` permits whose node is `waiter`.
+    #[inline]
+    fn poll_acquire(
+        &self,
+        waiter: Pin<&Waiter>,
+        n: usize,
+        phase: &mut Phase,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), AcquireError>> {
+        match *phase {
+            Phase::Idle => {
+                let fast = if n == 0 {
+                    if self.is_closed() { Err(TryAcquireError::Closed) } else { Ok(()) }
+                } else {
+                    self.try_take(n)
+                };
+                match fast {
+                    Ok(()) => {
+                        *phase = Phase::Done;
+                        Poll::Ready(Ok(()))
+                    }
+                    Err(TryAcquireError::Closed) => {
+                        *phase = Phase::Done;
+                        Poll::Ready(Err(AcquireError::closed()))
+                    }
+                    Err(TryAcquireError::NoPermits) => self.poll_enqueue(waiter, n, phase, cx),
+                }
+            }
+            Phase::Queued => self.poll_queued(waiter, n, phase, cx),
+            Phase::Done => panic!("acquire future polled after completion"),
+        }
+    }
+
+    /// The first poll that could not take permits at once: retry under the
+    /// lock, else join the line.
+    #[cold]
+    #[inline(never)]
+    fn poll_enqueue(
+        &self,
+        waiter: Pin<&Waiter>,
+        n: usize,
+        phase: &mut Phase,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), AcquireError>> {
+        let mut list = lock(&self.waiters);
+        // With the lock held, `WAITERS` is set exactly when the line is
+        // non-empty, so this is the same check as the fast path, now final.
+        match self.try_take(n) {
+            Ok(()) => {
+                *phase = Phase::Done;
+                return Poll::Ready(Ok(()));
+            }
+            Err(TryAcquireError::Closed) => {
+                *phase = Phase::Done;
+                return Poll::Ready(Err(AcquireError::closed()));
+            }
+            Err(TryAcquireError::NoPermits) => {}
+        }
+        let waiter = waiter.get_ref();
+        waiter.remaining.store(n, Ordering::Relaxed);
+        // SAFETY: we hold the lock. The node is not linked yet, so the waker
+        // slot is empty and nothing is replaced.
+        let old = unsafe { waiter.set_waker(cx.waker()) };
+        debug_assert!(old.is_none(), "an unlinked node has no waker");
+        // SAFETY: `waiter` is pinned inside this future, is not linked, and
+        // the future's drop unlinks it (under the lock) before it goes away:
+        // `phase` becomes `Queued` right here, and `cancel` handles that.
+        unsafe { list.push_back(NonNull::from(waiter)) };
+        *phase = Phase::Queued;
+        self.queued.store(list.len(), Ordering::Relaxed);
+        // Publish that someone waits, then hand out whatever the balance has:
+        // any release ordered before this `fetch_or` is in the balance that
+        // `distribute` reads; any release after it sees `WAITERS`.
+        self.state.fetch_or(super::WAITERS, Ordering::AcqRel);
+        self.distribute_and_unlock(list);
+        match waiter.status() {
+            Status::Waiting(_) => Poll::Pending,
+            done => self.finish(done, n, phase),
+        }
+    }
+
+    /// A poll after the node was linked.
+    fn poll_queued(
+        &self,
+        waiter: Pin<&Waiter>,
+        n: usize,
+        phase: &mut Phase,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), AcquireError>> {
+        let waiter = waiter.get_ref();
+        if let Status::Waiting(_) = waiter.status() {
+            let list = lock(&self.waiters);
+            // Read again under the lock: now nobody can serve or close the
+            // node until we have stored the waker.
+            match waiter.status() {
+                Status::Waiting(_) => {
+                    // SAFETY: we hold the lock.
+                    let old = unsafe { waiter.set_waker(cx.waker()) };
+                    drop(list);
+                    drop(old);
+                    return Poll::Pending;
+                }
+                _ => drop(list),
+            }
+        }
+        self.finish(waiter.status(), n, phase)
+    }
+
+    /// Turns an unlinked node's status into the future's output.
+    fn finish(
+        &self,
+        status: Status,
+        n: usize,
+        phase: &mut Phase,
+    ) -> Poll<Result<(), AcquireError>> {
+        *phase = Phase::Done;
+        match status {
+            Status::Granted => Poll::Ready(Ok(())),
+            Status::Closed(owed) => {
+                self.release(n - owed);
+                Poll::Ready(Err(AcquireError::closed()))
+            }
+            Status::Waiting(_) => unreachable!("finish is only called on an unlinked node"),
+        }
+    }
+
+    /// Undoes a pending acquire when its future is dropped: leaves the line
+    /// and passes on every permit the node had been handed.
+    fn cancel(&self, waiter: Pin<&Waiter>, n: usize, phase: &mut Phase) {
+        if *phase != Phase::Queued {
+            return;
+        }
+        *phase = Phase::Done;
+        let waiter = waiter.get_ref();
+        let status = match waiter.status() {
+            Status::Waiting(_) => {
+                let mut list = lock(&self.waiters);
+                match waiter.status() {
+                    Status::Waiting(owed) => {
+                        // SAFETY: the status is read under the lock, and a
+                        // `Waiting` node is linked in this semaphore's list.
+                        unsafe { list.remove(NonNull::from(waiter)) };
+                        self.queued.store(list.len(), Ordering::Relaxed);
+                        // SAFETY: we hold the lock.
+                        let waker = unsafe { waiter.take_waker() };
+                        let handed = n - owed;
+                        let overflow = handed != 0 && self.add_balance(handed).is_err();
+                        // The head may have changed, or permits come back:
+                        // serve the next waiters (and clear `WAITERS` if the
+                        // line is now empty).
+                        self.distribute_and_unlock(list);
+                        drop(waker);
+                        if overflow {
+                            self.overflow(handed);
+                        }
+                        return;
+                    }
+                    other => other,
+                }
+            }
+            other => other,
+        };
+        match status {
+            Status::Granted => self.release(n),
+            Status::Closed(owed) => self.release(n - owed),
+            Status::Waiting(_) => unreachable!("handled above"),
+        }
+    }
+}
+
+pin_project! {
+    /// The future returned by [`Semaphore::acquire`] and
+    /// [`Semaphore::acquire_many`].
+    ///
+    /// It resolves to a [`Permit`] once the permits are granted, or to
+    /// [`AcquireError`] if the semaphore is closed first. The node that
+    /// queues it is stored inside the future, so waiting allocates nothing.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it at any point gives up its place in line and nothing else:
+    /// permits it had already been handed go to the next waiters or back to
+    /// the semaphore.
+    ///
+    /// # Panics
+    ///
+    /// Polling it again after it returned `Ready` panics.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::{Semaphore, futures::Acquire};
+    ///
+    /// struct Waiting<'a> {
+    ///     fut: Acquire<'a>, // a nameable type that can be stored
+    /// }
+    /// let sem = Semaphore::new(1);
+    /// let w = Waiting { fut: sem.acquire() };
+    /// let permit = futures::executor::block_on(w.fut).unwrap();
+    /// # drop(permit);
+    /// ```
+    #[must_use = "futures do nothing unless polled; dropping this one gives up its place in line"]
+    pub struct Acquire<'a> {
+        sem: &'a Semaphore,
+        #[pin]
+        waiter: Waiter,
+        permits: usize,
+        phase: Phase,
+    }
+
+    impl<'a> PinnedDrop for Acquire<'a> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            this.sem.cancel(this.waiter.into_ref(), *this.permits, this.phase);
+        }
+    }
+}
+
+impl<'a> Acquire<'a> {
+    #[inline]
+    pub(super) fn new(sem: &'a Semaphore, permits: usize) -> Self {
+        Self { sem, waiter: Waiter::new(), permits, phase: Phase::Idle }
+    }
+}
+
+impl<'a> Future for Acquire<'a> {
+    type Output = Result<Permit<'a>, AcquireError>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let sem: &'a Semaphore = this.sem;
+        let n = *this.permits;
+        match sem.poll_acquire(this.waiter.into_ref(), n, this.phase, cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(Permit::new(sem, n))),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl futures_core::FusedFuture for Acquire<'_> {
+    fn is_terminated(&self) -> bool {
+        self.phase == Phase::Done
+    }
+}
+
+impl fmt::Debug for Acquire<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Acquire")
+            .field("permits", &self.permits)
+            .field("phase", &self.phase)
+            .finish_non_exhaustive()
+    }
+}
+
+pin_project! {
+    /// The future returned by [`Semaphore::acquire_owned`] and
+    /// [`Semaphore::acquire_many_owned`]: like [`Acquire`], but it holds an
+    /// `Arc` of the semaphore, so it and its [`OwnedPermit`] are `'static`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Acquire`].
+    ///
+    /// # Panics
+    ///
+    /// Polling it again after it returned `Ready` panics.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use bulkhead::Semaphore;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let sem = Arc::new(Semaphore::new(1));
+    /// let fut = sem.acquire_owned();
+    /// let handle = std::thread::spawn(move || futures::executor::block_on(fut));
+    /// let permit = handle.join().unwrap().unwrap();
+    /// assert_eq!(sem.available_permits(), 0);
+    /// # drop(permit);
+    /// # });
+    /// ```
+    #[must_use = "futures do nothing unless polled; dropping this one gives up its place in line"]
+    pub struct AcquireOwned {
+        sem: Arc<Semaphore>,
+        #[pin]
+        waiter: Waiter,
+        permits: usize,
+        phase: Phase,
+    }
+
+    impl PinnedDrop for AcquireOwned {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            this.sem.cancel(this.waiter.into_ref(), *this.permits, this.phase);
+        }
+    }
+}
+
+impl AcquireOwned {
+    #[inline]
+    pub(super) fn new(sem: Arc<Semaphore>, permits: usize) -> Self {
+        Self { sem, waiter: Waiter::new(), permits, phase: Phase::Idle }
+    }
+}
+
+impl Future for AcquireOwned {
+    type Output = Result<OwnedPermit, AcquireError>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let n = *this.permits;
+        match this.sem.poll_acquire(this.waiter.into_ref(), n, this.phase, cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(OwnedPermit::new(this.sem.clone(), n))),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl futures_core::FusedFuture for AcquireOwned {
+    fn is_terminated(&self) -> bool {
+        self.phase == Phase::Done
+    }
+}
+
+impl fmt::Debug for AcquireOwned {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AcquireOwned")
+            .field("permits", &self.permits)
+            .field("phase", &self.phase)
+            .finish_non_exhaustive()
+    }
+}

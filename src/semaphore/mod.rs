@@ -1,0 +1,871 @@
+//! The async counting semaphore.
+//!
+//! # Implementation notes
+//!
+//! All permit accounting lives in one atomic word (see [`state`]): the
+//! balance of available permits, which may be negative, a `CLOSED` flag and
+//! a `WAITERS` flag. Waiting acquirers sit in an intrusive FIFO list guarded
+//! by a mutex; each list node (a [`Waiter`]) lives inside the acquire future
+//! that owns it, so waiting allocates nothing.
+//!
+//! **Fast paths.** `try_acquire` and the first poll of `acquire` take
+//! permits with one compare-and-swap when the balance covers them and, in
+//! fair mode, `WAITERS` is clear. Dropping a permit is one `fetch_add`; only
+//! if the word it replaced had `WAITERS` set does it take the lock. No lock,
+//! no allocation when nobody waits.
+//!
+//! **The `WAITERS` invariant.** `WAITERS` is set and cleared only under the
+//! lock, and whenever the lock is free it is set exactly when the list is
+//! non-empty. A waiter sets it after linking itself and *then* reads the
+//! balance, so a release either happened before (and its permits are seen)
+//! or after (and it sees `WAITERS` and takes the lock). Every change of the
+//! word is one read-modify-write on the same atomic, so there is no window
+//! in which a release can be missed.
+//!
+//! **Hand-off.** Under the lock, [`Semaphore::distribute`] moves permits from
+//! the balance to the waiters at the head of the line: it decrements the
+//! head's `remaining` counter and, once that reaches zero, unlinks the head,
+//! takes its waker and publishes `remaining = 0` with release ordering. From
+//! that store on the node belongs to its future again. Wakers are collected
+//! in a batch and woken after the lock is released. In fair mode the head
+//! may be served in parts, so a large request is never starved by smaller
+//! ones behind it; in unfair mode a waiter is served only in full, and
+//! newcomers may take permits from the balance while others wait.
+//!
+//! **Cancellation.** A future dropped while linked unlinks itself under the
+//! lock, gives back the permits it had been handed (requested minus
+//! remaining) and runs `distribute`, so those permits reach the next waiters.
+//! A future served or closed but not yet polled to completion gives its
+//! permits back with an ordinary release.
+
+mod acquire;
+mod permit;
+pub(crate) mod state;
+
+pub use acquire::{Acquire, AcquireOwned};
+pub use permit::{OwnedPermit, Permit};
+
+use core::fmt;
+use std::sync::Arc;
+
+use acquire::Waiter;
+use state::{CLOSED, WAITERS, balance, units};
+
+use crate::error::{AcquireError, TryAcquireError};
+use crate::list::List;
+use crate::loom::{AtomicUsize, Mutex, MutexGuard, Ordering, lock};
+use crate::wake_list::WakeList;
+
+/// An async counting semaphore: fair by default, weighted, safe to cancel,
+/// usable from any executor and from plain threads.
+///
+/// A semaphore holds a balance of permits. [`acquire`](Self::acquire) waits
+/// until a permit can be taken and returns a [`Permit`] guard that gives it
+/// back when dropped. Permits are tokens, not ownership: they can be
+/// [forgotten](Permit::forget) by one task and put back by another with
+/// [`add_permits`](Self::add_permits), and the balance can be pushed below
+/// zero with [`reduce_permits`](Self::reduce_permits), after which acquirers
+/// wait until enough permits have come back. This follows
+/// `java.util.concurrent.Semaphore`.
+///
+/// # Fairness
+///
+/// A semaphore made with [`new`](Self::new) is strictly first in, first out:
+/// no acquire (not even [`try_acquire`](Self::try_acquire)) takes permits
+/// while an earlier acquirer waits, and a waiter that asks for many permits
+/// collects them as they come back, holding smaller requests behind it, so
+/// weighted requests cannot starve. Released permits go straight to the
+/// waiters.
+///
+/// A semaphore made with [`new_unfair`](Self::new_unfair) lets an acquirer
+/// that arrives while others wait take permits if enough are available,
+/// which can raise throughput under contention. Waiters are still served in
+/// order and woken; but a waiter that asks for several permits receives them
+/// only all at once, so newcomers taking permits one at a time can starve it.
+///
+/// # Examples
+///
+/// ```
+/// use bulkhead::Semaphore;
+///
+/// # futures::executor::block_on(async {
+/// let sem = Semaphore::new(2);
+/// let a = sem.acquire().await.unwrap();
+/// let b = sem.try_acquire().unwrap();
+/// assert!(sem.try_acquire().is_err());
+/// drop(a);
+/// assert_eq!(sem.available_permits(), 1);
+/// # drop(b);
+/// # });
+/// ```
+pub struct Semaphore {
+    /// Balance and flags; see the [`state`] module.
+    state: AtomicUsize,
+    /// The waiting acquirers, oldest first. The mutex *must* be held to touch
+    /// the list, any linked node's links or waker, or to set or clear
+    /// `WAITERS` in `state`.
+    waiters: Mutex<List<Waiter>>,
+    /// A copy of the list's length, written under the lock, read without it.
+    queued: AtomicUsize,
+    /// Whether newcomers must queue behind waiters.
+    fair: bool,
+}
+
+impl Semaphore {
+    /// The most permits a semaphore can hold available at once, and the most
+    /// a single acquire can ask for.
+    pub const MAX_PERMITS: usize = state::MAX_PERMITS;
+
+    /// Creates a fair (strictly FIFO) semaphore with `permits` permits.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `permits` exceeds [`MAX_PERMITS`](Self::MAX_PERMITS).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Semaphore;
+    ///
+    /// static LIMIT: Semaphore = Semaphore::new(4);
+    /// assert_eq!(LIMIT.available_permits(), 4);
+    /// assert!(LIMIT.is_fair());
+    /// ```
+    #[cfg(not(loom))]
+    pub const fn new(permits: usize) -> Semaphore {
+        Self::with_fairness(permits, true)
+    }
+
+    /// Creates a semaphore with `permits` permits in which newcomers may take
+    /// available permits ahead of waiters (see [Fairness](Self#fairness)).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `permits` exceeds [`MAX_PERMITS`](Self::MAX_PERMITS).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Semaphore;
+    ///
+    /// let sem = Semaphore::new_unfair(1);
+    /// assert!(!sem.is_fair());
+    /// ```
+    #[cfg(not(loom))]
+    pub const fn new_unfair(permits: usize) -> Semaphore {
+        Self::with_fairness(permits, false)
+    }
+
+    #[cfg(not(loom))]
+    const fn with_fairness(permits: usize, fair: bool) -> Semaphore {
+        assert!(
+            permits <= Self::MAX_PERMITS,
+            "a semaphore cannot hold more than MAX_PERMITS permits"
+        );
+        Semaphore {
+            state: AtomicUsize::new(units(permits)),
+            waiters: Mutex::new(List::new()),
+            queued: AtomicUsize::new(0),
+            fair,
+        }
+    }
+
+    /// Loom's primitives are not `const`.
+    #[cfg(loom)]
+    pub fn new(permits: usize) -> Semaphore {
+        Self::with_fairness(permits, true)
+    }
+
+    /// Loom's primitives are not `const`.
+    #[cfg(loom)]
+    pub fn new_unfair(permits: usize) -> Semaphore {
+        Self::with_fairness(permits, false)
+    }
+
+    #[cfg(loom)]
+    fn with_fairness(permits: usize, fair: bool) -> Semaphore {
+        assert!(permits <= Self::MAX_PERMITS, "a semaphore cannot hold more than MAX_PERMITS permits");
+        Semaphore {
+            state: AtomicUsize::new(units(permits)),
+            waiters: Mutex::new(List::new()),
+            queued: AtomicUsize::new(0),
+            fair,
+        }
+    }
+
+    /// Whether this semaphore is strictly FIFO (made with [`new`](Self::new)).
+    pub fn is_fair(&self) -> bool {
+        self.fair
+    }
+
+    /// Waits for one permit.
+    ///
+    /// # Errors
+    ///
+    /// The future resolves to [`AcquireError`] if the semaphore is closed
+    /// before the permit is granted.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future gives up its place in line and nothing else: any
+    /// permits it had been handed go on to the next waiters or back to the
+    /// semaphore.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Semaphore;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let sem = Semaphore::new(1);
+    /// let permit = sem.acquire().await.unwrap();
+    /// assert_eq!(permit.num_permits(), 1);
+    /// # });
+    /// ```
+    #[inline]
+    pub fn acquire(&self) -> Acquire<'_> {
+        Acquire::new(self, 1)
+    }
+
+    /// Waits for `n` permits, granted together.
+    ///
+    /// Asking for more than the semaphore holds in total is allowed: the
+    /// future waits until [`add_permits`](Self::add_permits) makes it
+    /// possible. `n == 0` resolves at once unless the semaphore is closed.
+    ///
+    /// # Errors
+    ///
+    /// The future resolves to [`AcquireError`] if the semaphore is closed
+    /// before all `n` permits are granted.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` exceeds [`MAX_PERMITS`](Self::MAX_PERMITS).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future gives up its place in line and nothing else: the
+    /// permits it had collected so far go on to the next waiters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Semaphore;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let sem = Semaphore::new(10);
+    /// let permit = sem.acquire_many(3).await.unwrap();
+    /// assert_eq!(sem.available_permits(), 7);
+    /// # drop(permit);
+    /// # });
+    /// ```
+    #[inline]
+    pub fn acquire_many(&self, n: usize) -> Acquire<'_> {
+        check_request(n);
+        Acquire::new(self, n)
+    }
+
+    /// Takes one permit if one is available now.
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::NoPermits`] if none is available or (in fair mode)
+    /// others are waiting; [`TryAcquireError::Closed`] if the semaphore is
+    /// closed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::{Semaphore, TryAcquireError};
+    ///
+    /// let sem = Semaphore::new(1);
+    /// let permit = sem.try_acquire().unwrap();
+    /// assert_eq!(sem.try_acquire().unwrap_err(), TryAcquireError::NoPermits);
+    /// # drop(permit);
+    /// ```
+    #[inline]
+    pub fn try_acquire(&self) -> Result<Permit<'_>, TryAcquireError> {
+        self.try_take(1)?;
+        Ok(Permit::new(self, 1))
+    }
+
+    /// Takes `n` permits if they are available now.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` exceeds [`MAX_PERMITS`](Self::MAX_PERMITS).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Semaphore;
+    ///
+    /// let sem = Semaphore::new(4);
+    /// let permit = sem.try_acquire_many(3).unwrap();
+    /// assert!(sem.try_acquire_many(2).is_err());
+    /// # drop(permit);
+    /// ```
+    #[inline]
+    pub fn try_acquire_many(&self, n: usize) -> Result<Permit<'_>, TryAcquireError> {
+        check_request(n);
+        self.try_take(n)?;
+        Ok(Permit::new(self, n))
+    }
+
+    /// Waits for one permit, returning a permit that holds an `Arc` of the
+    /// semaphore and so can be moved into spawned tasks.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use bulkhead::Semaphore;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let sem = Arc::new(Semaphore::new(1));
+    /// let permit = sem.acquire_owned().await.unwrap();
+    /// std::thread::spawn(move || drop(permit)).join().unwrap();
+    /// assert_eq!(sem.available_permits(), 1);
+    /// # });
+    /// ```
+    #[inline]
+    pub fn acquire_owned(self: &Arc<Self>) -> AcquireOwned {
+        AcquireOwned::new(self.clone(), 1)
+    }
+
+    /// Waits for `n` permits, returning an [`OwnedPermit`].
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` exceeds [`MAX_PERMITS`](Self::MAX_PERMITS).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use bulkhead::Semaphore;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let sem = Arc::new(Semaphore::new(5));
+    /// let permit = sem.acquire_many_owned(5).await.unwrap();
+    /// assert_eq!(permit.num_permits(), 5);
+    /// # });
+    /// ```
+    #[inline]
+    pub fn acquire_many_owned(self: &Arc<Self>, n: usize) -> AcquireOwned {
+        check_request(n);
+        AcquireOwned::new(self.clone(), n)
+    }
+
+    /// Takes one permit now if available, as an [`OwnedPermit`].
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use bulkhead::Semaphore;
+    ///
+    /// let sem = Arc::new(Semaphore::new(1));
+    /// let permit = sem.try_acquire_owned().unwrap();
+    /// assert!(sem.try_acquire_owned().is_err());
+    /// # drop(permit);
+    /// ```
+    #[inline]
+    pub fn try_acquire_owned(self: &Arc<Self>) -> Result<OwnedPermit, TryAcquireError> {
+        self.try_take(1)?;
+        Ok(OwnedPermit::new(self.clone(), 1))
+    }
+
+    /// Takes `n` permits now if available, as an [`OwnedPermit`].
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` exceeds [`MAX_PERMITS`](Self::MAX_PERMITS).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use bulkhead::Semaphore;
+    ///
+    /// let sem = Arc::new(Semaphore::new(3));
+    /// let permit = sem.try_acquire_many_owned(2).unwrap();
+    /// assert_eq!(sem.available_permits(), 1);
+    /// # drop(permit);
+    /// ```
+    #[inline]
+    pub fn try_acquire_many_owned(
+        self: &Arc<Self>,
+        n: usize,
+    ) -> Result<OwnedPermit, TryAcquireError> {
+        check_request(n);
+        self.try_take(n)?;
+        Ok(OwnedPermit::new(self.clone(), n))
+    }
+
+    /// Blocks the current thread until one permit is granted. Blocking and
+    /// async acquirers wait in the same line, in one order.
+    ///
+    /// Do not call this inside an async task: it blocks the executor thread.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError`] if the semaphore is closed before the permit is
+    /// granted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Semaphore;
+    ///
+    /// let sem = Semaphore::new(1);
+    /// let permit = sem.acquire_blocking().unwrap();
+    /// assert_eq!(sem.available_permits(), 0);
+    /// # drop(permit);
+    /// ```
+    #[cfg(not(loom))]
+    pub fn acquire_blocking(&self) -> Result<Permit<'_>, AcquireError> {
+        self.acquire_many_blocking(1)
+    }
+
+    /// Blocks the current thread until `n` permits are granted.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError`] if the semaphore is closed first.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` exceeds [`MAX_PERMITS`](Self::MAX_PERMITS).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Semaphore;
+    ///
+    /// let sem = Semaphore::new(0);
+    /// std::thread::scope(|s| {
+    ///     s.spawn(|| sem.add_permits(2));
+    ///     let permit = sem.acquire_many_blocking(2).unwrap();
+    ///     assert_eq!(permit.num_permits(), 2);
+    /// });
+    /// ```
+    #[cfg(not(loom))]
+    pub fn acquire_many_blocking(&self, n: usize) -> Result<Permit<'_>, AcquireError> {
+        check_request(n);
+        match self.try_take(n) {
+            Ok(()) => Ok(Permit::new(self, n)),
+            Err(TryAcquireError::Closed) => Err(AcquireError::closed()),
+            Err(TryAcquireError::NoPermits) => crate::blocking::block_on(Acquire::new(self, n)),
+        }
+    }
+
+    /// Adds `n` permits, waking waiters they satisfy. Like Java's
+    /// `release(n)`, this may raise the balance above the initial count, and
+    /// it is how a [forgotten](Permit::forget) permit is given back by
+    /// another task.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the balance would exceed [`MAX_PERMITS`](Self::MAX_PERMITS);
+    /// the balance is then left as it was.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Semaphore;
+    ///
+    /// let sem = Semaphore::new(1);
+    /// sem.add_permits(2);
+    /// assert_eq!(sem.available_permits(), 3);
+    /// ```
+    pub fn add_permits(&self, n: usize) {
+        assert!(
+            n <= Self::MAX_PERMITS,
+            "cannot add more than MAX_PERMITS permits at once"
+        );
+        self.release(n);
+    }
+
+    /// Removes `n` permits from the balance, which may go below zero, as
+    /// Java's `reducePermits`. Permits already held stay valid; as they come
+    /// back they repay the deficit first, and acquirers wait until the
+    /// balance covers them. Never blocks.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the balance would fall below `-MAX_PERMITS`; the balance is
+    /// then left as it was.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Semaphore;
+    ///
+    /// let sem = Semaphore::new(2);
+    /// let held = sem.try_acquire_many(2).unwrap();
+    /// sem.reduce_permits(3);
+    /// assert_eq!(sem.available_permits(), -3);
+    /// drop(held);
+    /// assert_eq!(sem.available_permits(), -1);
+    /// ```
+    pub fn reduce_permits(&self, n: usize) {
+        let floor = -(Self::MAX_PERMITS as isize);
+        let mut cur = self.state.load(Ordering::Relaxed);
+        loop {
+            let ok = n <= Self::MAX_PERMITS && balance(cur) - n as isize >= floor;
+            assert!(ok, "reducing by {n} permits would take the balance below -MAX_PERMITS");
+            match self.state.compare_exchange_weak(
+                cur,
+                cur.wrapping_sub(units(n)),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Removes up to `n` of the permits available now and returns how many
+    /// it removed. Permits already held are not affected.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Semaphore;
+    ///
+    /// let sem = Semaphore::new(5);
+    /// assert_eq!(sem.forget_permits(3), 3);
+    /// assert_eq!(sem.forget_permits(3), 2);
+    /// assert_eq!(sem.available_permits(), 0);
+    /// ```
+    pub fn forget_permits(&self, n: usize) -> usize {
+        let mut cur = self.state.load(Ordering::Relaxed);
+        loop {
+            let take = n.min(balance(cur).max(0) as usize);
+            if take == 0 {
+                return 0;
+            }
+            match self.state.compare_exchange_weak(
+                cur,
+                cur - units(take),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return take,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Takes every permit available now and returns how many, as Java's
+    /// `drainPermits`. A negative balance is left as it is and `0` returned.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Semaphore;
+    ///
+    /// let sem = Semaphore::new(7);
+    /// assert_eq!(sem.drain_permits(), 7);
+    /// assert_eq!(sem.available_permits(), 0);
+    /// ```
+    pub fn drain_permits(&self) -> usize {
+        self.forget_permits(usize::MAX)
+    }
+
+    /// The balance of permits available now; negative while in deficit
+    /// after [`reduce_permits`](Self::reduce_permits).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Semaphore;
+    ///
+    /// let sem = Semaphore::new(0);
+    /// sem.reduce_permits(2);
+    /// assert_eq!(sem.available_permits(), -2);
+    /// ```
+    pub fn available_permits(&self) -> isize {
+        balance(self.state.load(Ordering::Acquire))
+    }
+
+    /// How many acquirers are waiting in line now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::pin::pin;
+    /// use std::task::{Context, Waker};
+    /// use bulkhead::Semaphore;
+    ///
+    /// let sem = Semaphore::new(0);
+    /// let mut waiting = pin!(sem.acquire());
+    /// assert!(waiting.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending());
+    /// assert_eq!(sem.queue_len(), 1);
+    /// ```
+    pub fn queue_len(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Closes the semaphore: every waiter and every later acquire fails with
+    /// [`AcquireError`], and `try_acquire*` with
+    /// [`TryAcquireError::Closed`]. Permits already held stay valid and are
+    /// returned normally when dropped.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::{Semaphore, TryAcquireError};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let sem = Semaphore::new(1);
+    /// let held = sem.try_acquire().unwrap();
+    /// sem.close();
+    /// assert!(sem.is_closed());
+    /// assert!(sem.acquire().await.is_err());
+    /// assert_eq!(sem.try_acquire().unwrap_err(), TryAcquireError::Closed);
+    /// drop(held);
+    /// assert_eq!(sem.available_permits(), 1);
+    /// # });
+    /// ```
+    pub fn close(&self) {
+        let mut list = lock(&self.waiters);
+        self.state.fetch_or(CLOSED, Ordering::Release);
+        loop {
+            let mut wakers = WakeList::new();
+            while wakers.can_push() {
+                let Some(node) = list.pop_front() else { break };
+                // SAFETY: `node` was linked until just now, so it is alive;
+                // its owner cannot free it before it sees the store below.
+                let waiter = unsafe { node.as_ref() };
+                if let Some(waker) = waiter.close() {
+                    wakers.push(waker);
+                }
+            }
+            self.queued.store(list.len(), Ordering::Relaxed);
+            let done = list.is_empty();
+            if done {
+                self.state.fetch_and(!WAITERS, Ordering::Relaxed);
+            }
+            drop(list);
+            wakers.wake_all();
+            if done {
+                return;
+            }
+            list = lock(&self.waiters);
+        }
+    }
+
+    /// Whether [`close`](Self::close) has been called.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Semaphore;
+    ///
+    /// let sem = Semaphore::new(1);
+    /// assert!(!sem.is_closed());
+    /// sem.close();
+    /// assert!(sem.is_closed());
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        self.state.load(Ordering::Acquire) & CLOSED != 0
+    }
+
+    /// Takes `n` permits from the balance without waiting: one CAS when they
+    /// are there. In fair mode it refuses while anyone waits.
+    #[inline]
+    fn try_take(&self, n: usize) -> Result<(), TryAcquireError> {
+        let mut cur = self.state.load(Ordering::Relaxed);
+        loop {
+            if cur & CLOSED != 0 {
+                return Err(TryAcquireError::Closed);
+            }
+            if (self.fair && cur & WAITERS != 0) || balance(cur) < n as isize {
+                return Err(TryAcquireError::NoPermits);
+            }
+            match self.state.compare_exchange_weak(
+                cur,
+                cur - units(n),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Gives `n` permits back: one `fetch_add`, plus the lock only when
+    /// someone waits.
+    #[inline]
+    fn release(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        match self.add_balance(n) {
+            Ok(prev) if prev & WAITERS != 0 => self.release_slow(),
+            Ok(_) => {}
+            Err(Overflow) => self.overflow(n),
+        }
+    }
+
+    /// Adds `n` to the balance and returns the word it replaced, or undoes
+    /// the addition if it took the balance past `MAX_PERMITS`.
+    #[inline]
+    fn add_balance(&self, n: usize) -> Result<usize, Overflow> {
+        let prev = self.state.fetch_add(units(n), Ordering::Release);
+        if balance(prev) + n as isize > Self::MAX_PERMITS as isize {
+            self.state.fetch_sub(units(n), Ordering::Relaxed);
+            return Err(Overflow);
+        }
+        Ok(prev)
+    }
+
+    /// Reports an addition that [`add_balance`](Self::add_balance) refused.
+    #[cold]
+    #[inline(never)]
+    #[track_caller]
+    fn overflow(&self, n: usize) -> ! {
+        panic!("returning {n} permits would take the balance above Semaphore::MAX_PERMITS");
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn release_slow(&self) {
+        self.distribute_and_unlock(lock(&self.waiters));
+    }
+
+    /// Runs [`distribute`](Self::distribute) to completion, waking each batch
+    /// of served waiters with the lock released.
+    fn distribute_and_unlock<'a>(&'a self, mut list: MutexGuard<'a, List<Waiter>>) {
+        let mut wakers = WakeList::new();
+        loop {
+            let done = self.distribute(&mut list, &mut wakers);
+            drop(list);
+            wakers.wake_all();
+            if done {
+                return;
+            }
+            list = lock(&self.waiters);
+        }
+    }
+
+    /// Hands permits from the balance to the waiters at the head of the
+    /// line, pushing the wakers of those served fully onto `wakers`. Clears
+    /// `WAITERS` once the line is empty. Returns `false` if it stopped
+    /// because `wakers` is full (call it again after waking them), `true`
+    /// once nothing more can be handed out.
+    ///
+    /// Must be called with the lock held (`list` is its guard).
+    fn distribute(&self, list: &mut List<Waiter>, wakers: &mut WakeList) -> bool {
+        loop {
+            let Some(node) = list.front() else {
+                self.state.fetch_and(!WAITERS, Ordering::Relaxed);
+                return true;
+            };
+            if !wakers.can_push() {
+                return false;
+            }
+            // SAFETY: `node` is linked, so it is alive, and we hold the lock.
+            let waiter = unsafe { node.as_ref() };
+            let need = waiter.remaining();
+            let mut cur = self.state.load(Ordering::Acquire);
+            let take = loop {
+                let available = balance(cur);
+                if available <= 0 {
+                    return true;
+                }
+                let available = available as usize;
+                let take = if self.fair {
+                    available.min(need)
+                } else if available >= need {
+                    need
+                } else {
+                    return true;
+                };
+                match self.state.compare_exchange_weak(
+                    cur,
+                    cur - units(take),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => break take,
+                    Err(actual) => cur = actual,
+                }
+            };
+            if take < need {
+                waiter.set_remaining(need - take);
+                return true;
+            }
+            list.pop_front();
+            self.queued.store(list.len(), Ordering::Relaxed);
+            // SAFETY: just unlinked under the lock; `grant` is the last use.
+            if let Some(waker) = waiter.grant() {
+                wakers.push(waker);
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("available_permits", &self.available_permits())
+            .field("queue_len", &self.queue_len())
+            .field("fair", &self.fair)
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+impl Default for Semaphore {
+    /// A fair semaphore with no permits.
+    fn default() -> Self {
+        Self::new(0)
+    }
+}
+
+/// The balance would have passed `MAX_PERMITS`.
+#[derive(Debug)]
+struct Overflow;
+
+/// Panics if one acquire asks for more than `MAX_PERMITS`.
+#[inline]
+#[track_caller]
+fn check_request(n: usize) {
+    assert!(
+        n <= Semaphore::MAX_PERMITS,
+        "cannot acquire {n} permits: more than Semaphore::MAX_PERMITS"
+    );
+}
