@@ -167,7 +167,10 @@ impl<T: Linked> List<T> {
             // SAFETY: a linked node's neighbour is linked, hence alive.
             Some(prev) => unsafe { set_next(prev, next) },
             None => {
-                debug_assert!(self.head == Some(node), "a node with no prev must be the head");
+                debug_assert!(
+                    self.head == Some(node),
+                    "a node with no prev must be the head"
+                );
                 self.head = next;
             }
         }
@@ -175,7 +178,10 @@ impl<T: Linked> List<T> {
             // SAFETY: a linked node's neighbour is linked, hence alive.
             Some(next) => unsafe { set_prev(next, prev) },
             None => {
-                debug_assert!(self.tail == Some(node), "a node with no next must be the tail");
+                debug_assert!(
+                    self.tail == Some(node),
+                    "a node with no next must be the tail"
+                );
                 self.tail = prev;
             }
         }
@@ -224,4 +230,108 @@ unsafe fn set_next<T: Linked>(node: NonNull<T>, next: Option<NonNull<T>>) {
 unsafe fn set_prev<T: Linked>(node: NonNull<T>, prev: Option<NonNull<T>>) {
     // SAFETY: guaranteed by the caller.
     unsafe { T::links(node).as_ref().prev.with_mut(|p| *p = prev) }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use core::pin::Pin;
+
+    /// A node that records a value, for checking order.
+    struct Node {
+        links: Links<Node>,
+        value: u32,
+    }
+
+    // SAFETY: `links` returns the node's own `links` field.
+    unsafe impl Linked for Node {
+        unsafe fn links(this: NonNull<Self>) -> NonNull<Links<Self>> {
+            // SAFETY: `this` points to a live node (caller's contract).
+            unsafe { NonNull::new_unchecked(core::ptr::addr_of_mut!((*this.as_ptr()).links)) }
+        }
+    }
+
+    fn node(value: u32) -> Pin<Box<Node>> {
+        Box::pin(Node {
+            links: Links::new(),
+            value,
+        })
+    }
+
+    fn ptr(node: &Pin<Box<Node>>) -> NonNull<Node> {
+        NonNull::from(&**node)
+    }
+
+    fn drain(list: &mut List<Node>) -> Vec<u32> {
+        let mut out = Vec::new();
+        while let Some(n) = list.pop_front() {
+            // SAFETY: the boxes outlive the list in every test.
+            out.push(unsafe { n.as_ref() }.value);
+            list.assert_valid();
+        }
+        out
+    }
+
+    #[test]
+    fn pushes_and_pops_in_fifo_order() {
+        let nodes: Vec<_> = (0..5).map(node).collect();
+        let mut list = List::new();
+        assert!(list.is_empty());
+        for n in &nodes {
+            // SAFETY: each node is boxed, pinned, unlinked, and outlives the list.
+            unsafe { list.push_back(ptr(n)) };
+            list.assert_valid();
+        }
+        assert_eq!(list.len(), 5);
+        assert_eq!(list.front(), Some(ptr(&nodes[0])));
+        assert_eq!(drain(&mut list), [0, 1, 2, 3, 4]);
+        assert!(list.is_empty());
+        assert_eq!(list.front(), None);
+    }
+
+    #[test]
+    fn removes_head_middle_and_tail() {
+        let nodes: Vec<_> = (0..5).map(node).collect();
+        let mut list = List::new();
+        for n in &nodes {
+            // SAFETY: as above.
+            unsafe { list.push_back(ptr(n)) };
+        }
+        for i in [2, 0, 4] {
+            // SAFETY: node `i` is linked in `list`.
+            unsafe { list.remove(ptr(&nodes[i])) };
+            list.assert_valid();
+        }
+        assert_eq!(list.len(), 2);
+        assert_eq!(drain(&mut list), [1, 3]);
+    }
+
+    #[test]
+    fn a_removed_node_can_be_linked_again() {
+        let (a, b) = (node(1), node(2));
+        let mut list = List::new();
+        // SAFETY: both nodes are pinned and outlive the list; each is pushed
+        // only while unlinked.
+        unsafe {
+            list.push_back(ptr(&a));
+            list.push_back(ptr(&b));
+            list.remove(ptr(&a));
+            list.push_back(ptr(&a));
+        }
+        list.assert_valid();
+        assert_eq!(drain(&mut list), [2, 1]);
+    }
+
+    #[test]
+    fn removing_the_only_node_empties_the_list() {
+        let a = node(7);
+        let mut list = List::new();
+        // SAFETY: `a` is pinned, unlinked, and outlives the list.
+        unsafe { list.push_back(ptr(&a)) };
+        // SAFETY: `a` is linked.
+        unsafe { list.remove(ptr(&a)) };
+        list.assert_valid();
+        assert!(list.is_empty());
+        assert_eq!(list.len(), 0);
+    }
 }

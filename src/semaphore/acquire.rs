@@ -80,7 +80,10 @@ impl Waiter {
     /// linked; `owed` is non-zero.
     #[inline]
     pub(super) fn set_remaining(&self, owed: usize) {
-        debug_assert!(owed != 0 && owed & NODE_CLOSED == 0, "a linked node is owed permits");
+        debug_assert!(
+            owed != 0 && owed & NODE_CLOSED == 0,
+            "a linked node is owed permits"
+        );
         self.remaining.store(owed, Ordering::Release);
     }
 
@@ -147,7 +150,9 @@ impl Waiter {
 
 impl fmt::Debug for Waiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Waiter").field("status", &self.status()).finish_non_exhaustive()
+        f.debug_struct("Waiter")
+            .field("status", &self.status())
+            .finish_non_exhaustive()
     }
 }
 
@@ -175,7 +180,11 @@ impl Semaphore {
         match *phase {
             Phase::Idle => {
                 let fast = if n == 0 {
-                    if self.is_closed() { Err(TryAcquireError::Closed) } else { Ok(()) }
+                    if self.is_closed() {
+                        Err(TryAcquireError::Closed)
+                    } else {
+                        Ok(())
+                    }
                 } else {
                     self.try_take(n)
                 };
@@ -384,7 +393,12 @@ pin_project! {
 impl<'a> Acquire<'a> {
     #[inline]
     pub(super) fn new(sem: &'a Semaphore, permits: usize) -> Self {
-        Self { sem, waiter: Waiter::new(), permits, phase: Phase::Idle }
+        Self {
+            sem,
+            waiter: Waiter::new(),
+            permits,
+            phase: Phase::Idle,
+        }
     }
 }
 
@@ -467,7 +481,12 @@ pin_project! {
 impl AcquireOwned {
     #[inline]
     pub(super) fn new(sem: Arc<Semaphore>, permits: usize) -> Self {
-        Self { sem, waiter: Waiter::new(), permits, phase: Phase::Idle }
+        Self {
+            sem,
+            waiter: Waiter::new(),
+            permits,
+            phase: Phase::Idle,
+        }
     }
 }
 
@@ -478,7 +497,10 @@ impl Future for AcquireOwned {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let n = *this.permits;
-        match this.sem.poll_acquire(this.waiter.into_ref(), n, this.phase, cx) {
+        match this
+            .sem
+            .poll_acquire(this.waiter.into_ref(), n, this.phase, cx)
+        {
             Poll::Ready(Ok(())) => Poll::Ready(Ok(OwnedPermit::new(this.sem.clone(), n))),
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => Poll::Pending,

@@ -51,7 +51,7 @@ use std::sync::Arc;
 use acquire::Waiter;
 use state::{CLOSED, WAITERS, balance, units};
 
-use crate::error::{AcquireError, TryAcquireError};
+use crate::error::TryAcquireError;
 use crate::list::List;
 use crate::loom::{AtomicUsize, Mutex, MutexGuard, Ordering, lock};
 use crate::wake_list::WakeList;
@@ -184,7 +184,10 @@ impl Semaphore {
 
     #[cfg(loom)]
     fn with_fairness(permits: usize, fair: bool) -> Semaphore {
-        assert!(permits <= Self::MAX_PERMITS, "a semaphore cannot hold more than MAX_PERMITS permits");
+        assert!(
+            permits <= Self::MAX_PERMITS,
+            "a semaphore cannot hold more than MAX_PERMITS permits"
+        );
         Semaphore {
             state: AtomicUsize::new(units(permits)),
             waiters: Mutex::new(List::new()),
@@ -452,7 +455,7 @@ impl Semaphore {
     /// # drop(permit);
     /// ```
     #[cfg(not(loom))]
-    pub fn acquire_blocking(&self) -> Result<Permit<'_>, AcquireError> {
+    pub fn acquire_blocking(&self) -> Result<Permit<'_>, crate::AcquireError> {
         self.acquire_many_blocking(1)
     }
 
@@ -479,11 +482,11 @@ impl Semaphore {
     /// });
     /// ```
     #[cfg(not(loom))]
-    pub fn acquire_many_blocking(&self, n: usize) -> Result<Permit<'_>, AcquireError> {
+    pub fn acquire_many_blocking(&self, n: usize) -> Result<Permit<'_>, crate::AcquireError> {
         check_request(n);
         match self.try_take(n) {
             Ok(()) => Ok(Permit::new(self, n)),
-            Err(TryAcquireError::Closed) => Err(AcquireError::closed()),
+            Err(TryAcquireError::Closed) => Err(crate::AcquireError::closed()),
             Err(TryAcquireError::NoPermits) => crate::blocking::block_on(Acquire::new(self, n)),
         }
     }
@@ -542,7 +545,10 @@ impl Semaphore {
         let mut cur = self.state.load(Ordering::Relaxed);
         loop {
             let ok = n <= Self::MAX_PERMITS && balance(cur) - n as isize >= floor;
-            assert!(ok, "reducing by {n} permits would take the balance below -MAX_PERMITS");
+            assert!(
+                ok,
+                "reducing by {n} permits would take the balance below -MAX_PERMITS"
+            );
             match self.state.compare_exchange_weak(
                 cur,
                 cur.wrapping_sub(units(n)),

@@ -45,7 +45,10 @@ mod tests {
         assert_eq!(balance(zero), 0);
         assert_eq!(balance(zero.wrapping_add(units(5))), 5);
         assert_eq!(balance(zero.wrapping_sub(units(7))), -7);
-        assert_eq!(zero.wrapping_sub(units(7)) & (CLOSED | WAITERS), CLOSED | WAITERS);
+        assert_eq!(
+            zero.wrapping_sub(units(7)) & (CLOSED | WAITERS),
+            CLOSED | WAITERS
+        );
         let max = units(MAX_PERMITS);
         assert_eq!(balance(max), MAX_PERMITS as isize);
         assert_eq!(balance(0usize.wrapping_sub(max)), -(MAX_PERMITS as isize));
