@@ -198,9 +198,11 @@ impl<T: Linked> List<T> {
         while let Some(node) = cur {
             // SAFETY: every node reachable from `head` is linked, hence alive.
             let links = unsafe { T::links(node).as_ref() };
+            // SAFETY: `&self` excludes `&mut List`, the only writer of links.
             let back = links.prev.with(|p| unsafe { *p });
             assert_eq!(back, prev, "node's prev must point at the node before it");
             prev = Some(node);
+            // SAFETY: as above.
             cur = links.next.with(|p| unsafe { *p });
             count += 1;
             assert!(count <= self.len, "list must not be longer than its length");

@@ -178,28 +178,17 @@ impl Semaphore {
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), AcquireError>> {
         match *phase {
-            Phase::Idle => {
-                let fast = if n == 0 {
-                    if self.is_closed() {
-                        Err(TryAcquireError::Closed)
-                    } else {
-                        Ok(())
-                    }
-                } else {
-                    self.try_take(n)
-                };
-                match fast {
-                    Ok(()) => {
-                        *phase = Phase::Done;
-                        Poll::Ready(Ok(()))
-                    }
-                    Err(TryAcquireError::Closed) => {
-                        *phase = Phase::Done;
-                        Poll::Ready(Err(AcquireError::closed()))
-                    }
-                    Err(TryAcquireError::NoPermits) => self.poll_enqueue(waiter, n, phase, cx),
+            Phase::Idle => match self.try_take(n) {
+                Ok(()) => {
+                    *phase = Phase::Done;
+                    Poll::Ready(Ok(()))
                 }
-            }
+                Err(TryAcquireError::Closed) => {
+                    *phase = Phase::Done;
+                    Poll::Ready(Err(AcquireError::closed()))
+                }
+                Err(TryAcquireError::NoPermits) => self.poll_enqueue(waiter, n, phase, cx),
+            },
             Phase::Queued => self.poll_queued(waiter, n, phase, cx),
             Phase::Done => panic!("acquire future polled after completion"),
         }
@@ -463,7 +452,9 @@ pin_project! {
     /// ```
     #[must_use = "futures do nothing unless polled; dropping this one gives up its place in line"]
     pub struct AcquireOwned {
-        sem: Arc<Semaphore>,
+        // `None` once the permits were granted: the `Arc` moved into the
+        // permit.
+        sem: Option<Arc<Semaphore>>,
         #[pin]
         waiter: Waiter,
         permits: usize,
@@ -473,7 +464,9 @@ pin_project! {
     impl PinnedDrop for AcquireOwned {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            this.sem.cancel(this.waiter.into_ref(), *this.permits, this.phase);
+            if let Some(sem) = this.sem {
+                sem.cancel(this.waiter.into_ref(), *this.permits, this.phase);
+            }
         }
     }
 }
@@ -482,7 +475,7 @@ impl AcquireOwned {
     #[inline]
     pub(super) fn new(sem: Arc<Semaphore>, permits: usize) -> Self {
         Self {
-            sem,
+            sem: Some(sem),
             waiter: Waiter::new(),
             permits,
             phase: Phase::Idle,
@@ -497,11 +490,15 @@ impl Future for AcquireOwned {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let n = *this.permits;
-        match this
+        let sem = this
             .sem
-            .poll_acquire(this.waiter.into_ref(), n, this.phase, cx)
-        {
-            Poll::Ready(Ok(())) => Poll::Ready(Ok(OwnedPermit::new(this.sem.clone(), n))),
+            .as_ref()
+            .expect("acquire future polled after completion");
+        match sem.poll_acquire(this.waiter.into_ref(), n, this.phase, cx) {
+            Poll::Ready(Ok(())) => {
+                let sem = this.sem.take().expect("checked above");
+                Poll::Ready(Ok(OwnedPermit::new(sem, n)))
+            }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => Poll::Pending,
         }

@@ -292,7 +292,8 @@ impl Semaphore {
         Ok(Permit::new(self, 1))
     }
 
-    /// Takes `n` permits if they are available now.
+    /// Takes `n` permits if they are available now. `n == 0` succeeds unless
+    /// the semaphore is closed.
     ///
     /// # Errors
     ///
@@ -511,11 +512,27 @@ impl Semaphore {
     /// assert_eq!(sem.available_permits(), 3);
     /// ```
     pub fn add_permits(&self, n: usize) {
-        assert!(
-            n <= Self::MAX_PERMITS,
-            "cannot add more than MAX_PERMITS permits at once"
-        );
-        self.release(n);
+        // A CAS loop rather than `release`'s add-then-check, so that a call
+        // that would overflow never disturbs a concurrent legal one.
+        let mut cur = self.state.load(Ordering::Relaxed);
+        loop {
+            assert!(
+                n <= Self::MAX_PERMITS && balance(cur) + n as isize <= Self::MAX_PERMITS as isize,
+                "adding {n} permits would take the balance above Semaphore::MAX_PERMITS"
+            );
+            match self.state.compare_exchange_weak(
+                cur,
+                cur.wrapping_add(units(n)),
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(actual) => cur = actual,
+            }
+        }
+        if n != 0 && cur & WAITERS != 0 {
+            self.release_slow();
+        }
     }
 
     /// Removes `n` permits from the balance, which may go below zero, as
@@ -717,6 +734,11 @@ impl Semaphore {
             if cur & CLOSED != 0 {
                 return Err(TryAcquireError::Closed);
             }
+            if n == 0 {
+                // Nothing to take, so nothing to wait for, whatever the
+                // balance or the line.
+                return Ok(());
+            }
             if (self.fair && cur & WAITERS != 0) || balance(cur) < n as isize {
                 return Err(TryAcquireError::NoPermits);
             }
@@ -789,7 +811,8 @@ impl Semaphore {
 
     /// Hands permits from the balance to the waiters at the head of the
     /// line, pushing the wakers of those served fully onto `wakers`. Clears
-    /// `WAITERS` once the line is empty. Returns `false` if it stopped
+    /// `WAITERS` once the line is empty. Hands out nothing once the
+    /// semaphore is closed: the waiters left belong to `close`. Returns `false` if it stopped
     /// because `wakers` is full (call it again after waking them), `true`
     /// once nothing more can be handed out.
     ///
@@ -808,6 +831,11 @@ impl Semaphore {
             let need = waiter.remaining();
             let mut cur = self.state.load(Ordering::Acquire);
             let take = loop {
+                // Once closed, every waiter still linked is `close`'s to fail
+                // (it may be between wake-up batches): hand out nothing.
+                if cur & CLOSED != 0 {
+                    return true;
+                }
                 let available = balance(cur);
                 if available <= 0 {
                     return true;

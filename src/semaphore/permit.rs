@@ -30,6 +30,13 @@ use super::Semaphore;
 ///     sem.try_acquire().unwrap()
 /// };
 /// ```
+///
+/// # Panics
+///
+/// Dropping the guard panics if giving its permits back would take the
+/// balance above [`Semaphore::MAX_PERMITS`], which can only happen after
+/// [`Semaphore::add_permits`] raised the balance close to that limit. The
+/// permits are then lost, and the balance is left as it was.
 #[must_use = "dropping a permit gives its permits back at once"]
 #[clippy::has_significant_drop]
 pub struct Permit<'a> {
@@ -175,6 +182,13 @@ impl fmt::Debug for Permit<'_> {
 /// .unwrap();
 /// assert_eq!(sem.available_permits(), 1);
 /// ```
+///
+/// # Panics
+///
+/// Dropping the guard panics if giving its permits back would take the
+/// balance above [`Semaphore::MAX_PERMITS`], which can only happen after
+/// [`Semaphore::add_permits`] raised the balance close to that limit. The
+/// permits are then lost, and the balance is left as it was.
 #[must_use = "dropping a permit gives its permits back at once"]
 #[clippy::has_significant_drop]
 pub struct OwnedPermit {
