@@ -231,9 +231,18 @@ impl Semaphore {
         unsafe { list.push_back(NonNull::from(waiter)) };
         *phase = Phase::Queued;
         self.queued.store(list.len(), Ordering::Relaxed);
-        // Publish that someone waits, then hand out whatever the balance has:
-        // any release ordered before this `fetch_or` is in the balance that
-        // `distribute` reads; any release after it sees `WAITERS`.
+        // `WAITERS` only changes under the lock, which we hold. If it is
+        // already set, every release since it was set has run (or will run)
+        // `distribute` itself, and the waiters ahead of us come first: there
+        // is nothing for us to do.
+        if self.state.load(Ordering::Relaxed) & super::WAITERS != 0 {
+            drop(list);
+            return Poll::Pending;
+        }
+        // First in line: publish that someone waits, then take whatever the
+        // balance has. A release ordered before this `fetch_or` is in the
+        // balance that `distribute` reads; one ordered after it sees
+        // `WAITERS` and runs `distribute` itself.
         self.state.fetch_or(super::WAITERS, Ordering::AcqRel);
         self.distribute_and_unlock(list);
         match waiter.status() {

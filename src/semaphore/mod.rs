@@ -823,13 +823,18 @@ impl Semaphore {
                 self.state.fetch_and(!WAITERS, Ordering::Relaxed);
                 return true;
             };
+            // Look at the word before the head: with many waiters the head
+            // node is cold in cache, and usually there is nothing to give.
+            let mut cur = self.state.load(Ordering::Acquire);
+            if cur & CLOSED != 0 || balance(cur) <= 0 {
+                return true;
+            }
             if !wakers.can_push() {
                 return false;
             }
             // SAFETY: `node` is linked, so it is alive, and we hold the lock.
             let waiter = unsafe { node.as_ref() };
             let need = waiter.remaining();
-            let mut cur = self.state.load(Ordering::Acquire);
             let take = loop {
                 // Once closed, every waiter still linked is `close`'s to fail
                 // (it may be between wake-up batches): hand out nothing.
