@@ -14,6 +14,28 @@
 //! `futures::executor::block_on`, and plain threads can wait in the same
 //! line with [`Semaphore::acquire_blocking`].
 //!
+//! [`Bulkhead`] wraps the semaphore in the policy people use to guard a
+//! downstream dependency: wait (for at most `max_wait`, in a line of at most
+//! `max_queue`) or fail fast, bound each call with `call_timeout`, reject
+//! with a typed [`RejectReason`], count everything in [`Metrics`], report
+//! every call to an [`Observer`], and change the limit at runtime.
+//!
+//! ```
+//! use std::time::Duration;
+//! use bulkhead::Bulkhead;
+//!
+//! # futures::executor::block_on(async {
+//! let provider = Bulkhead::builder()
+//!     .name("invoice-provider")
+//!     .max_concurrent_calls(5)
+//!     .max_wait(Duration::from_secs(3))
+//!     .build()?;
+//! let number = provider.call(async { Ok::<_, std::io::Error>(1042) }).await.unwrap();
+//! assert_eq!(number, 1042);
+//! # Ok::<(), bulkhead::BuildError>(())
+//! # }).unwrap();
+//! ```
+//!
 //! ```
 //! use std::sync::Arc;
 //! use bulkhead::Semaphore;
@@ -29,9 +51,36 @@
 //!
 //! # Features
 //!
-//! The crate has no cargo features yet; the semaphore needs only `std`.
-//! Runtime integrations (timers for the bulkhead) and exporters will come
-//! behind features named after the crate they use (`tokio`, `metrics`, ...).
+//! The semaphore needs only `std` and no feature. The features choose the
+//! [`timer`] that a bulkhead's `max_wait` and `call_timeout` run on when
+//! none is given to its builder, as [`timer::default_timer`] picks it:
+//!
+//! - `tokio`: `TokioTimer`, on the time driver of the tokio runtime the
+//!   bulkhead is built in (it follows `tokio::time::pause`). Picked first,
+//!   when the bulkhead is built inside a tokio runtime.
+//! - `async-io`: `AsyncIoTimer`, on the reactor that smol and async-std run
+//!   on; it works under any executor. Picked next.
+//! - `thread-timer` (default): lets `default_timer` fall back to
+//!   [`ThreadTimer`](timer::ThreadTimer), one background thread per process,
+//!   started on first use, that works under any executor, including
+//!   `futures::executor::block_on`. Without this feature the crate never
+//!   starts a thread of its own; `ThreadTimer` can still be passed
+//!   explicitly.
+//!
+//! Two features publish what every bulkhead does (turn them off per
+//! bulkhead with `BulkheadBuilder::exporters(false)`):
+//!
+//! - `metrics`: counters, an in-flight gauge and wait/hold-time histograms
+//!   through the [`metrics`](https://docs.rs/metrics) facade, labelled by
+//!   bulkhead name, rejection reason and call outcome.
+//! - `tracing`: a [`tracing`](https://docs.rs/tracing) event for every
+//!   admission, rejection and finished call.
+//!
+//! With `default-features = false` and neither runtime feature there is no
+//! default timer, and building a bulkhead that needs one fails with a
+//! [`BuildError`] that says so, rather than waiting forever. Any executor's
+//! timer can be plugged in through the one-method [`Timer`](timer::Timer)
+//! trait.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(
@@ -44,14 +93,30 @@
 
 #[cfg(not(loom))]
 mod blocking;
+#[cfg(not(loom))]
+mod bulkhead;
 mod error;
 mod list;
 mod loom;
 mod semaphore;
+#[cfg(not(loom))]
+pub mod timer;
 mod wake_list;
 
+#[cfg(not(loom))]
+pub use bulkhead::{
+    BuildError, BuildErrorKind, Bulkhead, BulkheadBuilder, BulkheadError, BulkheadPermit,
+    CallOutcome, Metrics, Observer, RejectReason, Rejected,
+};
 pub use error::{AcquireError, TryAcquireError};
 pub use semaphore::{OwnedPermit, Permit, Semaphore};
+
+/// Hooks that see every call a [`Bulkhead`] handles, and the events they
+/// receive.
+#[cfg(not(loom))]
+pub mod observer {
+    pub use crate::bulkhead::observer::{CallOutcome, Finished, Observer, Permitted, Rejection};
+}
 
 /// The named future types, so they can be stored in structs and polled by
 /// hand.

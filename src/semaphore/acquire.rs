@@ -332,11 +332,12 @@ impl Semaphore {
             }
             other => other,
         };
-        match status {
-            Status::Granted => self.release(n),
-            Status::Closed(owed) => self.release(n - owed),
+        let give_back = match status {
+            Status::Granted => n,
+            Status::Closed(owed) => n - owed,
             Status::Waiting(_) => unreachable!("handled above"),
-        }
+        };
+        self.release(give_back);
     }
 }
 

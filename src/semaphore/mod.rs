@@ -205,7 +205,7 @@ impl Semaphore {
     ///
     /// # Errors
     ///
-    /// The future resolves to [`AcquireError`] if the semaphore is closed
+    /// The future resolves to [`AcquireError`](crate::AcquireError) if the semaphore is closed
     /// before the permit is granted.
     ///
     /// # Cancel safety
@@ -238,7 +238,7 @@ impl Semaphore {
     ///
     /// # Errors
     ///
-    /// The future resolves to [`AcquireError`] if the semaphore is closed
+    /// The future resolves to [`AcquireError`](crate::AcquireError) if the semaphore is closed
     /// before all `n` permits are granted.
     ///
     /// # Panics
@@ -442,7 +442,7 @@ impl Semaphore {
     ///
     /// # Errors
     ///
-    /// [`AcquireError`] if the semaphore is closed before the permit is
+    /// [`AcquireError`](crate::AcquireError) if the semaphore is closed before the permit is
     /// granted.
     ///
     /// # Examples
@@ -464,7 +464,7 @@ impl Semaphore {
     ///
     /// # Errors
     ///
-    /// [`AcquireError`] if the semaphore is closed first.
+    /// [`AcquireError`](crate::AcquireError) if the semaphore is closed first.
     ///
     /// # Panics
     ///
@@ -639,7 +639,8 @@ impl Semaphore {
     /// assert_eq!(sem.available_permits(), -2);
     /// ```
     pub fn available_permits(&self) -> isize {
-        balance(self.state.load(Ordering::Acquire))
+        // SeqCst pairs with `add_balance` (see there).
+        balance(self.state.load(Ordering::SeqCst))
     }
 
     /// How many acquirers are waiting in line now.
@@ -661,7 +662,7 @@ impl Semaphore {
     }
 
     /// Closes the semaphore: every waiter and every later acquire fails with
-    /// [`AcquireError`], and `try_acquire*` with
+    /// [`AcquireError`](crate::AcquireError), and `try_acquire*` with
     /// [`TryAcquireError::Closed`]. Permits already held stay valid and are
     /// returned normally when dropped.
     ///
@@ -728,7 +729,7 @@ impl Semaphore {
     /// Takes `n` permits from the balance without waiting: one CAS when they
     /// are there. In fair mode it refuses while anyone waits.
     #[inline]
-    fn try_take(&self, n: usize) -> Result<(), TryAcquireError> {
+    pub(crate) fn try_take(&self, n: usize) -> Result<(), TryAcquireError> {
         let mut cur = self.state.load(Ordering::Relaxed);
         loop {
             if cur & CLOSED != 0 {
@@ -756,14 +757,21 @@ impl Semaphore {
 
     /// Gives `n` permits back: one `fetch_add`, plus the lock only when
     /// someone waits.
+    ///
+    /// Returns the balance right after the addition (before any hand-off to
+    /// waiters), which the bulkhead uses to notice it has become idle.
     #[inline]
-    fn release(&self, n: usize) {
+    pub(crate) fn release(&self, n: usize) -> isize {
         if n == 0 {
-            return;
+            return self.available_permits();
         }
         match self.add_balance(n) {
-            Ok(prev) if prev & WAITERS != 0 => self.release_slow(),
-            Ok(_) => {}
+            Ok(prev) => {
+                if prev & WAITERS != 0 {
+                    self.release_slow();
+                }
+                balance(prev) + n as isize
+            }
             Err(Overflow) => self.overflow(n),
         }
     }
@@ -772,7 +780,10 @@ impl Semaphore {
     /// the addition if it took the balance past `MAX_PERMITS`.
     #[inline]
     fn add_balance(&self, n: usize) -> Result<usize, Overflow> {
-        let prev = self.state.fetch_add(units(n), Ordering::Release);
+        // SeqCst rather than Release: the bulkhead pairs this with a SeqCst
+        // load of its idle-waiter count (a store-load handshake), and on the
+        // common targets an RMW costs the same either way.
+        let prev = self.state.fetch_add(units(n), Ordering::SeqCst);
         if balance(prev) + n as isize > Self::MAX_PERMITS as isize {
             self.state.fetch_sub(units(n), Ordering::Relaxed);
             return Err(Overflow);

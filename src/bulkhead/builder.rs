@@ -1,0 +1,233 @@
+//! Configuring a bulkhead.
+
+use core::fmt;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use event_listener::Event;
+
+use super::error::{BuildError, BuildErrorKind};
+use super::metrics::Counters;
+use super::observer::Observer;
+use super::{Bulkhead, Shared};
+use crate::semaphore::Semaphore;
+use crate::timer::Timer;
+
+/// Configures a [`Bulkhead`]; made by [`Bulkhead::builder`].
+///
+/// | setting | default | meaning |
+/// |---|---|---|
+/// | `name` | `"bulkhead"` | shown in errors, metrics and events |
+/// | `max_concurrent_calls` | required | calls in flight at once |
+/// | `max_wait` | unbounded | how long a caller may wait; `Duration::ZERO` fails fast |
+/// | `max_queue` | unbounded | how many callers may wait; past it, rejected at once |
+/// | `call_timeout` | none | bound on the guarded call itself |
+/// | `fair` | `true` | strict FIFO; `false` lets newcomers take a free permit ahead of waiters |
+/// | `timer` | picked by [`default_timer`](crate::timer::default_timer) | where delays come from |
+/// | `observer` | none | hooks that see every call (may be given several times) |
+/// | `exporters` | `true` | publish to `metrics` / `tracing` when those features are on |
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use bulkhead::{Bulkhead, BuildErrorKind};
+///
+/// let err = Bulkhead::builder().max_wait(Duration::from_secs(1)).build().unwrap_err();
+/// assert_eq!(err.kind(), BuildErrorKind::MissingLimit);
+/// ```
+#[derive(Clone)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct BulkheadBuilder {
+    name: Option<String>,
+    max_concurrent_calls: Option<usize>,
+    max_wait: Option<Duration>,
+    max_queue: Option<usize>,
+    call_timeout: Option<Duration>,
+    fair: bool,
+    timer: Option<Arc<dyn Timer>>,
+    observers: Vec<Arc<dyn Observer>>,
+    exporters: bool,
+}
+
+impl BulkheadBuilder {
+    pub(super) fn new() -> Self {
+        Self {
+            name: None,
+            max_concurrent_calls: None,
+            max_wait: None,
+            max_queue: None,
+            call_timeout: None,
+            fair: true,
+            timer: None,
+            observers: Vec::new(),
+            exporters: true,
+        }
+    }
+
+    /// Names the bulkhead (the guarded dependency, usually).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The most calls in flight at once. Required, at least 1; can be
+    /// changed later with [`Bulkhead::set_max_concurrent_calls`].
+    pub fn max_concurrent_calls(mut self, limit: usize) -> Self {
+        self.max_concurrent_calls = Some(limit);
+        self
+    }
+
+    /// How long a caller may wait for a permit before it is rejected with
+    /// [`RejectReason::Timeout`](crate::RejectReason::Timeout).
+    /// `Duration::ZERO` fails fast: no waiting at all. Not set: wait as long
+    /// as it takes.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = Some(max_wait);
+        self
+    }
+
+    /// The most callers that may wait at once; a caller that finds the line
+    /// full is rejected at once with
+    /// [`RejectReason::Full`](crate::RejectReason::Full). `0` means nobody
+    /// waits. The bound counts callers of this bulkhead (all clones).
+    pub fn max_queue(mut self, max_queue: usize) -> Self {
+        self.max_queue = Some(max_queue);
+        self
+    }
+
+    /// A bound on the guarded call in [`Bulkhead::call`]: past it the call
+    /// is dropped, its permit released, and
+    /// [`BulkheadError::CallTimeout`](crate::BulkheadError::CallTimeout)
+    /// returned. Must be greater than zero.
+    pub fn call_timeout(mut self, call_timeout: Duration) -> Self {
+        self.call_timeout = Some(call_timeout);
+        self
+    }
+
+    /// `true` (the default): callers are admitted strictly in arrival
+    /// order. `false`: a caller that finds a free permit takes it even if
+    /// others wait (more throughput, no ordering promise).
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// The timer for `max_wait` and `call_timeout`, instead of the one
+    /// [`default_timer`](crate::timer::default_timer) picks.
+    pub fn timer(mut self, timer: Arc<dyn Timer>) -> Self {
+        self.timer = Some(timer);
+        self
+    }
+
+    /// Adds hooks that see every call. May be called more than once; the
+    /// observers run in the order they were added.
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observers.push(observer);
+        self
+    }
+
+    /// Whether to publish to the `metrics` facade and to `tracing` when the
+    /// `metrics` / `tracing` features are on (default `true`). Without those
+    /// features this does nothing.
+    pub fn exporters(mut self, enabled: bool) -> Self {
+        self.exporters = enabled;
+        self
+    }
+
+    /// Checks the configuration and makes the bulkhead.
+    ///
+    /// # Errors
+    ///
+    /// A [`BuildError`] whose [`kind`](BuildError::kind) says what is wrong:
+    /// no or a zero `max_concurrent_calls`, one above
+    /// [`Semaphore::MAX_PERMITS`], an empty name, a zero `call_timeout`, or a
+    /// timed setting with no timer available.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::{Bulkhead, BuildErrorKind};
+    ///
+    /// let err = Bulkhead::builder().max_concurrent_calls(0).build().unwrap_err();
+    /// assert_eq!(err.kind(), BuildErrorKind::ZeroLimit);
+    /// assert_eq!(err.to_string(), "max_concurrent_calls must be at least 1");
+    /// ```
+    pub fn build(self) -> Result<Bulkhead, BuildError> {
+        let fail = |kind| Err(BuildError::new(kind));
+        let limit = match self.max_concurrent_calls {
+            None => return fail(BuildErrorKind::MissingLimit),
+            Some(0) => return fail(BuildErrorKind::ZeroLimit),
+            Some(n) if n > Semaphore::MAX_PERMITS => return fail(BuildErrorKind::LimitTooLarge),
+            Some(n) => n,
+        };
+        let name = self.name.unwrap_or_else(|| "bulkhead".to_owned());
+        if name.is_empty() {
+            return fail(BuildErrorKind::EmptyName);
+        }
+        if self.call_timeout == Some(Duration::ZERO) {
+            return fail(BuildErrorKind::ZeroCallTimeout);
+        }
+        let needs_timer =
+            self.max_wait.is_some_and(|d| !d.is_zero()) || self.call_timeout.is_some();
+        let timer = match self.timer {
+            Some(timer) => Some(timer),
+            None if needs_timer => match crate::timer::default_timer() {
+                Some(timer) => Some(timer),
+                None => return fail(BuildErrorKind::NoTimer),
+            },
+            None => None,
+        };
+        let mut observers = self.observers;
+        if self.exporters {
+            #[cfg(feature = "metrics")]
+            observers.push(Arc::new(super::export::MetricsExporter));
+            #[cfg(feature = "tracing")]
+            observers.push(Arc::new(super::export::TracingExporter));
+        }
+        let observer: Option<Arc<dyn Observer>> = match observers.len() {
+            0 => None,
+            1 => observers.pop(),
+            _ => Some(Arc::new(super::export::Fanout(observers))),
+        };
+        let sem = if self.fair {
+            Semaphore::new(limit)
+        } else {
+            Semaphore::new_unfair(limit)
+        };
+        Ok(Bulkhead {
+            shared: Arc::new(Shared {
+                name: name.into(),
+                sem,
+                limit: Mutex::new(limit),
+                limit_now: AtomicUsize::new(limit),
+                max_wait: self.max_wait,
+                max_queue: self.max_queue,
+                call_timeout: self.call_timeout,
+                timer,
+                observer,
+                counters: Counters::default(),
+                waiting: AtomicUsize::new(0),
+                idle: Event::new(),
+                idle_watchers: AtomicUsize::new(0),
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for BulkheadBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BulkheadBuilder")
+            .field("name", &self.name)
+            .field("max_concurrent_calls", &self.max_concurrent_calls)
+            .field("max_wait", &self.max_wait)
+            .field("max_queue", &self.max_queue)
+            .field("call_timeout", &self.call_timeout)
+            .field("fair", &self.fair)
+            .field("timer", &self.timer)
+            .field("observers", &self.observers.len())
+            .field("exporters", &self.exporters)
+            .finish()
+    }
+}

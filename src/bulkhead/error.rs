@@ -1,0 +1,232 @@
+//! The bulkhead's errors: why a call was not admitted, what went wrong with
+//! an admitted call, and what is wrong with a configuration.
+
+use core::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why the bulkhead turned a call away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RejectReason {
+    /// No permit was free and there was no room or no time to wait: the
+    /// bulkhead fails fast (`max_wait` is zero) or its waiting line is full
+    /// (`max_queue`).
+    Full,
+    /// The caller waited `max_wait` without getting a permit.
+    Timeout,
+    /// The bulkhead was closed.
+    Closed,
+}
+
+impl RejectReason {
+    /// A short lowercase label, for metrics and logs: `"full"`,
+    /// `"timeout"` or `"closed"`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::RejectReason;
+    ///
+    /// assert_eq!(RejectReason::Timeout.as_str(), "timeout");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Timeout => "timeout",
+            Self::Closed => "closed",
+        }
+    }
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A call the bulkhead did not admit.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use bulkhead::{Bulkhead, RejectReason};
+///
+/// let bh = Bulkhead::builder()
+///     .name("gpu")
+///     .max_concurrent_calls(1)
+///     .max_wait(Duration::ZERO) // fail fast
+///     .build()
+///     .unwrap();
+/// let _held = bh.try_acquire().unwrap();
+/// let rejected = bh.try_acquire().unwrap_err();
+/// assert_eq!(rejected.reason(), RejectReason::Full);
+/// assert_eq!(rejected.name(), "gpu");
+/// assert_eq!(rejected.to_string(), "bulkhead gpu is full");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    reason: RejectReason,
+    waited: Duration,
+    name: Arc<str>,
+}
+
+impl Rejected {
+    pub(crate) fn new(reason: RejectReason, waited: Duration, name: Arc<str>) -> Self {
+        Self {
+            reason,
+            waited,
+            name,
+        }
+    }
+
+    /// Why the call was turned away.
+    pub fn reason(&self) -> RejectReason {
+        self.reason
+    }
+
+    /// How long the caller waited before it was turned away (zero when it
+    /// was rejected at once; measured only when the caller had to wait).
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// The name of the bulkhead that rejected the call.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl fmt::Display for Rejected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.reason {
+            RejectReason::Full => write!(f, "bulkhead {} is full", self.name),
+            RejectReason::Timeout => write!(
+                f,
+                "bulkhead {} had no free permit within {:?}",
+                self.name,
+                // Whole milliseconds: the timer's jitter below that is noise.
+                Duration::from_millis(self.waited.as_millis() as u64)
+            ),
+            RejectReason::Closed => write!(f, "bulkhead {} is closed", self.name),
+        }
+    }
+}
+
+impl std::error::Error for Rejected {}
+
+/// The error of [`Bulkhead::call`](crate::Bulkhead::call): the call was
+/// rejected, ran out of time, or failed on its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BulkheadError<E> {
+    /// The bulkhead did not admit the call; the guarded future never ran.
+    Rejected(Rejected),
+    /// The call was admitted but did not finish within `call_timeout`; it
+    /// was dropped and its permit released.
+    CallTimeout,
+    /// The guarded call ran and returned this error.
+    Inner(E),
+}
+
+impl<E> BulkheadError<E> {
+    /// The rejection, if the call was not admitted.
+    pub fn rejected(&self) -> Option<&Rejected> {
+        match self {
+            Self::Rejected(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The call's own error, if it ran and failed.
+    pub fn into_inner(self) -> Option<E> {
+        match self {
+            Self::Inner(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl<E> From<Rejected> for BulkheadError<E> {
+    fn from(r: Rejected) -> Self {
+        Self::Rejected(r)
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for BulkheadError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Rejected(r) => r.fmt(f),
+            Self::CallTimeout => f.write_str("call timed out inside the bulkhead"),
+            Self::Inner(e) => e.fmt(f),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for BulkheadError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Rejected(r) => Some(r),
+            Self::CallTimeout => None,
+            Self::Inner(e) => Some(e),
+        }
+    }
+}
+
+/// A configuration that [`BulkheadBuilder::build`](crate::BulkheadBuilder::build)
+/// refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildError {
+    kind: BuildErrorKind,
+}
+
+/// What is wrong with a bulkhead configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BuildErrorKind {
+    /// `max_concurrent_calls` was not set.
+    MissingLimit,
+    /// `max_concurrent_calls` was zero: nothing could ever be admitted.
+    ZeroLimit,
+    /// `max_concurrent_calls` exceeds [`Semaphore::MAX_PERMITS`](crate::Semaphore::MAX_PERMITS).
+    LimitTooLarge,
+    /// The name is empty.
+    EmptyName,
+    /// `call_timeout` was zero: every call would time out.
+    ZeroCallTimeout,
+    /// A non-zero `max_wait` or a `call_timeout` needs a timer, and none is
+    /// available: no timer was given, and no runtime feature (`tokio`,
+    /// `async-io`) or the default `thread-timer` feature is enabled.
+    NoTimer,
+}
+
+impl BuildError {
+    pub(crate) fn new(kind: BuildErrorKind) -> Self {
+        Self { kind }
+    }
+
+    /// What is wrong.
+    pub fn kind(&self) -> BuildErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.kind {
+            BuildErrorKind::MissingLimit => "max_concurrent_calls must be set",
+            BuildErrorKind::ZeroLimit => "max_concurrent_calls must be at least 1",
+            BuildErrorKind::LimitTooLarge => {
+                "max_concurrent_calls must not exceed Semaphore::MAX_PERMITS"
+            }
+            BuildErrorKind::EmptyName => "the bulkhead name must not be empty",
+            BuildErrorKind::ZeroCallTimeout => "call_timeout must be greater than zero",
+            BuildErrorKind::NoTimer => {
+                "max_wait or call_timeout needs a timer: pass one with .timer(..) or enable the \
+                 `tokio`, `async-io` or `thread-timer` feature"
+            }
+        })
+    }
+}
+
+impl std::error::Error for BuildError {}

@@ -1,0 +1,125 @@
+//! Observers that publish a bulkhead's events to the `metrics` facade and to
+//! `tracing`, installed by the builder when the matching feature is on.
+
+#[cfg(feature = "metrics")]
+pub(crate) use self::metrics_export::MetricsExporter;
+#[cfg(feature = "tracing")]
+pub(crate) use self::tracing_export::TracingExporter;
+
+#[cfg(feature = "metrics")]
+mod metrics_export {
+    use super::super::observer::{Finished, Observer, Permitted, Rejection};
+
+    /// Publishes through the `metrics` crate's global recorder. Names, all
+    /// labelled `bulkhead=<name>`:
+    ///
+    /// | name | kind | extra labels |
+    /// |---|---|---|
+    /// | `bulkhead_calls_permitted_total` | counter | |
+    /// | `bulkhead_calls_rejected_total` | counter | `reason` |
+    /// | `bulkhead_calls_finished_total` | counter | `outcome` |
+    /// | `bulkhead_calls_in_flight` | gauge | |
+    /// | `bulkhead_wait_seconds` | histogram | |
+    /// | `bulkhead_hold_seconds` | histogram | |
+    ///
+    /// Labels are bounded: one bulkhead name, three reasons, six outcomes.
+    #[derive(Debug)]
+    pub(crate) struct MetricsExporter;
+
+    impl Observer for MetricsExporter {
+        fn on_permitted(&self, e: &Permitted<'_>) {
+            let name = e.name.to_owned();
+            metrics::counter!("bulkhead_calls_permitted_total", "bulkhead" => name.clone())
+                .increment(1);
+            metrics::gauge!("bulkhead_calls_in_flight", "bulkhead" => name.clone()).increment(1.0);
+            metrics::histogram!("bulkhead_wait_seconds", "bulkhead" => name)
+                .record(e.waited.as_secs_f64());
+        }
+
+        fn on_rejected(&self, e: &Rejection<'_>) {
+            metrics::counter!(
+                "bulkhead_calls_rejected_total",
+                "bulkhead" => e.name.to_owned(),
+                "reason" => e.reason.as_str()
+            )
+            .increment(1);
+        }
+
+        fn on_finished(&self, e: &Finished<'_>) {
+            let name = e.name.to_owned();
+            metrics::counter!(
+                "bulkhead_calls_finished_total",
+                "bulkhead" => name.clone(),
+                "outcome" => e.outcome.as_str()
+            )
+            .increment(1);
+            metrics::gauge!("bulkhead_calls_in_flight", "bulkhead" => name.clone()).decrement(1.0);
+            metrics::histogram!("bulkhead_hold_seconds", "bulkhead" => name)
+                .record(e.held.as_secs_f64());
+        }
+    }
+}
+
+#[cfg(feature = "tracing")]
+mod tracing_export {
+    use super::super::observer::{Finished, Observer, Permitted, Rejection};
+
+    /// Emits a `tracing` event for every admission (debug), rejection (warn)
+    /// and finished call (debug; warn when it timed out or panicked), with
+    /// target `bulkhead`.
+    #[derive(Debug)]
+    pub(crate) struct TracingExporter;
+
+    impl Observer for TracingExporter {
+        fn on_permitted(&self, e: &Permitted<'_>) {
+            tracing::debug!(target: "bulkhead", bulkhead = e.name, waited = ?e.waited, "call permitted");
+        }
+
+        fn on_rejected(&self, e: &Rejection<'_>) {
+            tracing::warn!(
+                target: "bulkhead",
+                bulkhead = e.name,
+                reason = e.reason.as_str(),
+                waited = ?e.waited,
+                "call rejected"
+            );
+        }
+
+        fn on_finished(&self, e: &Finished<'_>) {
+            use super::super::observer::CallOutcome;
+            match e.outcome {
+                CallOutcome::TimedOut | CallOutcome::Panicked => tracing::warn!(
+                    target: "bulkhead",
+                    bulkhead = e.name,
+                    outcome = e.outcome.as_str(),
+                    held = ?e.held,
+                    "call finished"
+                ),
+                _ => tracing::debug!(
+                    target: "bulkhead",
+                    bulkhead = e.name,
+                    outcome = e.outcome.as_str(),
+                    held = ?e.held,
+                    "call finished"
+                ),
+            }
+        }
+    }
+}
+
+/// Sends each event to several observers, in order.
+pub(crate) struct Fanout(pub(crate) Vec<std::sync::Arc<dyn super::Observer>>);
+
+impl super::Observer for Fanout {
+    fn on_permitted(&self, e: &super::observer::Permitted<'_>) {
+        self.0.iter().for_each(|o| o.on_permitted(e));
+    }
+
+    fn on_rejected(&self, e: &super::observer::Rejection<'_>) {
+        self.0.iter().for_each(|o| o.on_rejected(e));
+    }
+
+    fn on_finished(&self, e: &super::observer::Finished<'_>) {
+        self.0.iter().for_each(|o| o.on_finished(e));
+    }
+}

@@ -1,0 +1,557 @@
+//! The bulkhead: a semaphore wrapped in the policy people use to guard a
+//! downstream dependency.
+//!
+//! # Implementation notes
+//!
+//! A bulkhead is an `Arc<Shared>` around one fair [`Semaphore`] with
+//! `max_concurrent_calls` permits. Each admitted call holds one permit; the
+//! calls in flight are therefore `limit - balance`, computed rather than
+//! counted, so admitting and finishing a call costs the semaphore's one CAS
+//! and one `fetch_add` plus one relaxed counter increment (`permitted`).
+//!
+//! * **Fast path.** `try_take(1)` on the semaphore. Only when it fails does
+//!   the policy apply: fail fast (`max_wait == 0`), reserve a place in the
+//!   bounded line (`waiting`, a counter with `fetch_add` and undo), then wait
+//!   on the semaphore's FIFO queue, raced against the timer for `max_wait`.
+//! * **Limit changes** run under a small mutex that only
+//!   `set_max_concurrent_calls` and readers of `in_flight` take: growing is
+//!   `add_permits` (waiters are served at once), shrinking is
+//!   `reduce_permits` (the balance may go negative; calls in flight finish,
+//!   and nobody is admitted until enough have). Neither blocks.
+//! * **Idle.** A permit whose return brings the balance up to the limit
+//!   notifies an `event_listener::Event`; `wait_idle` re-checks under the
+//!   limit's mutex, so a racing limit change cannot make it miss the moment.
+//! * **Observers** run after the state change they report, with no lock
+//!   held; time is only measured when an observer is installed.
+
+mod builder;
+pub(crate) mod error;
+mod export;
+mod metrics;
+pub(crate) mod observer;
+mod permit;
+mod timeout;
+
+pub use builder::BulkheadBuilder;
+pub use error::{BuildError, BuildErrorKind, BulkheadError, RejectReason, Rejected};
+pub use metrics::Metrics;
+pub use observer::{CallOutcome, Observer};
+pub use permit::BulkheadPermit;
+
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use event_listener::Event;
+
+use crate::error::TryAcquireError;
+use crate::semaphore::Semaphore;
+use crate::timer::Timer;
+use metrics::Counters;
+use observer::{Permitted, Rejection};
+use permit::Held;
+use timeout::Timeout;
+
+/// Limits how many calls reach a downstream dependency at once, and decides
+/// what happens to the rest: wait in a fair line (for at most `max_wait`,
+/// and only if the line is shorter than `max_queue`), or be rejected at once
+/// with a typed reason.
+///
+/// A `Bulkhead` is cheap to clone; clones share one state. It works on any
+/// executor: timers come from the runtime feature you enable or from a
+/// built-in timer thread (see [`timer`](crate::timer)).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use bulkhead::{Bulkhead, BulkheadError};
+///
+/// # futures::executor::block_on(async {
+/// let bh = Bulkhead::builder()
+///     .name("invoice-provider")
+///     .max_concurrent_calls(5)
+///     .max_wait(Duration::from_secs(3))
+///     .max_queue(1_000)
+///     .call_timeout(Duration::from_secs(10))
+///     .build()?;
+///
+/// let sent: Result<u32, BulkheadError<std::io::Error>> =
+///     bh.call(async { Ok(42) }).await;
+/// assert_eq!(sent.unwrap(), 42);
+/// assert_eq!(bh.metrics().permitted(), 1);
+/// # Ok::<(), bulkhead::BuildError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct Bulkhead {
+    shared: Arc<Shared>,
+}
+
+/// The state every clone of a bulkhead shares.
+pub(crate) struct Shared {
+    pub(crate) name: Arc<str>,
+    pub(crate) sem: Semaphore,
+    /// The configured limit. Held while changing the limit and while reading
+    /// `limit - balance`, so the two are read as one.
+    limit: Mutex<usize>,
+    /// A copy of `limit` for lock-free reads (the idle check on release).
+    limit_now: AtomicUsize,
+    max_wait: Option<Duration>,
+    max_queue: Option<usize>,
+    call_timeout: Option<Duration>,
+    /// Present whenever `max_wait` is non-zero or `call_timeout` is set.
+    timer: Option<Arc<dyn Timer>>,
+    pub(crate) observer: Option<Arc<dyn Observer>>,
+    counters: Counters,
+    /// Callers waiting for a permit now (the bounded line).
+    waiting: AtomicUsize,
+    /// Notified when the balance comes back up to the limit.
+    idle: Event,
+    /// How many `wait_idle` futures are watching. Notifying an `Event`
+    /// costs a full fence even with no listener, so releases skip it unless
+    /// this is non-zero: a store-load handshake (SeqCst increment here,
+    /// then a SeqCst read of the balance; SeqCst `fetch_add` on the balance
+    /// in the release, then a SeqCst read of this) in which at least one
+    /// side sees the other.
+    idle_watchers: AtomicUsize,
+}
+
+impl Bulkhead {
+    /// Starts configuring a bulkhead.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Bulkhead;
+    ///
+    /// let bh = Bulkhead::builder().name("db").max_concurrent_calls(10).build().unwrap();
+    /// assert_eq!(bh.name(), "db");
+    /// ```
+    pub fn builder() -> BulkheadBuilder {
+        BulkheadBuilder::new()
+    }
+
+    /// The bulkhead's name, as given to the builder.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Runs `call` once a permit is granted, then gives the permit back.
+    ///
+    /// The future is not polled at all if the call is rejected. If
+    /// `call_timeout` is set and the call runs longer, it is dropped and
+    /// [`BulkheadError::CallTimeout`] returned.
+    ///
+    /// # Errors
+    ///
+    /// [`BulkheadError::Rejected`] if the call was not admitted (see
+    /// [`RejectReason`]), [`BulkheadError::CallTimeout`] if it ran out of
+    /// time, [`BulkheadError::Inner`] with the call's own error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the returned future while it waits leaves the line; while
+    /// the call runs, it drops the call and releases the permit. A panic in
+    /// the call releases the permit too.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::{Bulkhead, BulkheadError};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(2).build().unwrap();
+    /// let failed = bh.call(async { Err::<(), _>("provider said no") }).await;
+    /// assert_eq!(failed.unwrap_err(), BulkheadError::Inner("provider said no"));
+    /// # });
+    /// ```
+    pub async fn call<F, T, E>(&self, call: F) -> Result<T, BulkheadError<E>>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        let shared = &*self.shared;
+        shared.admit().await?;
+        let mut held = Held::new(shared, CallOutcome::Cancelled);
+        let result = match (shared.call_timeout, &shared.timer) {
+            (Some(limit), Some(timer)) => match Timeout::new(call, timer.sleep(limit)).await {
+                Ok(out) => out.map_err(BulkheadError::Inner),
+                Err(_elapsed) => {
+                    Counters::bump(&shared.counters.call_timeouts);
+                    Err(BulkheadError::CallTimeout)
+                }
+            },
+            _ => call.await.map_err(BulkheadError::Inner),
+        };
+        held.set_outcome(match &result {
+            Ok(_) => CallOutcome::Success,
+            Err(BulkheadError::CallTimeout) => CallOutcome::TimedOut,
+            Err(_) => CallOutcome::Failure,
+        });
+        drop(held);
+        result
+    }
+
+    /// Waits for a permit under the bulkhead's policy, for callers that
+    /// manage the guarded work themselves. The call counts as in flight
+    /// until the permit is dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`], with the [reason](Rejected::reason).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it waits gives up its place in line and
+    /// nothing else.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Bulkhead;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    /// let permit = bh.acquire().await.unwrap();
+    /// // ... the guarded work ...
+    /// drop(permit);
+    /// # });
+    /// ```
+    pub async fn acquire(&self) -> Result<BulkheadPermit, Rejected> {
+        self.shared.admit().await?;
+        Ok(BulkheadPermit::new(self.shared.clone()))
+    }
+
+    /// Takes a permit only if one is free now; never waits, whatever
+    /// `max_wait` says.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`] with [`RejectReason::Full`] or [`RejectReason::Closed`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::{Bulkhead, RejectReason};
+    ///
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    /// let _permit = bh.try_acquire().unwrap();
+    /// assert_eq!(bh.try_acquire().unwrap_err().reason(), RejectReason::Full);
+    /// ```
+    pub fn try_acquire(&self) -> Result<BulkheadPermit, Rejected> {
+        self.shared.admit_now()?;
+        Ok(BulkheadPermit::new(self.shared.clone()))
+    }
+
+    /// A snapshot of the bulkhead's gauges and totals.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Bulkhead;
+    ///
+    /// let bh = Bulkhead::builder().name("ocr").max_concurrent_calls(3).build().unwrap();
+    /// let m = bh.metrics();
+    /// assert_eq!((m.name(), m.max_concurrent_calls(), m.in_flight()), ("ocr", 3, 0));
+    /// ```
+    pub fn metrics(&self) -> Metrics {
+        let s = &*self.shared;
+        let (limit, in_flight) = s.limit_and_in_flight();
+        let c = &s.counters;
+        Metrics {
+            name: s.name.clone(),
+            max_concurrent_calls: limit,
+            in_flight,
+            queued: s.waiting.load(Ordering::Relaxed),
+            max_queue: s.max_queue,
+            max_wait: s.max_wait,
+            closed: s.sem.is_closed(),
+            permitted: Counters::get(&c.permitted),
+            rejected_full: Counters::get(&c.rejected_full),
+            rejected_timeout: Counters::get(&c.rejected_timeout),
+            rejected_closed: Counters::get(&c.rejected_closed),
+            call_timeouts: Counters::get(&c.call_timeouts),
+        }
+    }
+
+    /// Changes the limit on calls in flight, at once and without blocking.
+    ///
+    /// Growing admits waiting callers right away. Shrinking never cuts a
+    /// call short: calls in flight above the new limit finish, and nobody
+    /// new is admitted until in-flight calls fall below it. `0` pauses
+    /// admission (callers wait or are rejected by the policy).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `limit` exceeds [`Semaphore::MAX_PERMITS`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Bulkhead;
+    ///
+    /// let bh = Bulkhead::builder().max_concurrent_calls(3).build().unwrap();
+    /// let held: Vec<_> = (0..3).map(|_| bh.try_acquire().unwrap()).collect();
+    /// bh.set_max_concurrent_calls(1);
+    /// assert_eq!(bh.metrics().in_flight(), 3); // nobody is cut short
+    /// drop(held);
+    /// assert_eq!(bh.metrics().available(), 1);
+    /// ```
+    pub fn set_max_concurrent_calls(&self, limit: usize) {
+        assert!(
+            limit <= Semaphore::MAX_PERMITS,
+            "max_concurrent_calls must not exceed Semaphore::MAX_PERMITS"
+        );
+        let s = &*self.shared;
+        {
+            let mut current = s.limit.lock().unwrap_or_else(PoisonError::into_inner);
+            if limit > *current {
+                s.sem.add_permits(limit - *current);
+            } else {
+                s.sem.reduce_permits(*current - limit);
+            }
+            *current = limit;
+            s.limit_now.store(limit, Ordering::Release);
+        }
+        // In-flight counts against a new limit: let `wait_idle` look again.
+        s.became_idle();
+    }
+
+    /// Rejects every waiting and every later call with
+    /// [`RejectReason::Closed`]. Calls in flight run to the end and return
+    /// their permits; use [`wait_idle`](Self::wait_idle) to wait for them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::{Bulkhead, RejectReason};
+    ///
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    /// bh.close();
+    /// assert_eq!(bh.try_acquire().unwrap_err().reason(), RejectReason::Closed);
+    /// ```
+    pub fn close(&self) {
+        self.shared.sem.close();
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.shared.sem.is_closed()
+    }
+
+    /// Resolves once no call is in flight: the graceful-shutdown companion
+    /// of [`close`](Self::close).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Bulkhead;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(2).build().unwrap();
+    /// let permit = bh.try_acquire().unwrap();
+    /// bh.close();
+    /// std::thread::spawn(move || drop(permit));
+    /// bh.wait_idle().await;
+    /// assert_eq!(bh.metrics().in_flight(), 0);
+    /// # });
+    /// ```
+    pub async fn wait_idle(&self) {
+        let s = &*self.shared;
+        s.idle_watchers.fetch_add(1, Ordering::SeqCst);
+        let _watching = Watching(&s.idle_watchers);
+        loop {
+            if s.limit_and_in_flight().1 == 0 {
+                return;
+            }
+            let listener = s.idle.listen();
+            if s.limit_and_in_flight().1 == 0 {
+                return;
+            }
+            listener.await;
+        }
+    }
+}
+
+impl Shared {
+    #[inline]
+    pub(crate) fn limit(&self) -> usize {
+        self.limit_now.load(Ordering::Acquire)
+    }
+
+    /// A permit came back and the balance reached the limit: wake
+    /// `wait_idle`, if anyone waits for it (it re-checks under the limit's
+    /// lock, so a racing limit change is harmless).
+    #[inline]
+    pub(crate) fn became_idle(&self) {
+        if self.idle_watchers.load(Ordering::SeqCst) != 0 {
+            self.idle.notify(usize::MAX);
+        }
+    }
+
+    /// The configured limit and the calls in flight, read consistently.
+    fn limit_and_in_flight(&self) -> (usize, usize) {
+        let limit = self.limit.lock().unwrap_or_else(PoisonError::into_inner);
+        let in_flight = (*limit as isize - self.sem.available_permits()).max(0);
+        (*limit, in_flight as usize)
+    }
+
+    /// Admits a call now or rejects it: never waits.
+    #[inline]
+    fn admit_now(&self) -> Result<(), Rejected> {
+        match self.sem.try_take(1) {
+            Ok(()) => {
+                self.permitted(Duration::ZERO);
+                Ok(())
+            }
+            Err(TryAcquireError::NoPermits) => Err(self.reject(RejectReason::Full, Duration::ZERO)),
+            Err(TryAcquireError::Closed) => Err(self.reject(RejectReason::Closed, Duration::ZERO)),
+        }
+    }
+
+    /// Admits a call under the policy: at once if a permit is free, else by
+    /// waiting in line if the policy allows.
+    ///
+    /// The waiting path is boxed, so the futures of `call` and `acquire`
+    /// stay small (the uncontended path moves them around); only a caller
+    /// that has to wait pays for the allocation.
+    #[inline]
+    fn admit(&self) -> Admit<'_> {
+        match self.sem.try_take(1) {
+            Ok(()) => {
+                self.permitted(Duration::ZERO);
+                Admit::Done(Some(Ok(())))
+            }
+            Err(TryAcquireError::Closed) => {
+                Admit::Done(Some(Err(self.reject(RejectReason::Closed, Duration::ZERO))))
+            }
+            Err(TryAcquireError::NoPermits) => Admit::Waiting(Box::pin(self.admit_waiting())),
+        }
+    }
+
+    async fn admit_waiting(&self) -> Result<(), Rejected> {
+        if self.max_wait == Some(Duration::ZERO) {
+            return Err(self.reject(RejectReason::Full, Duration::ZERO));
+        }
+        let place = Place::take(&self.waiting);
+        if self.max_queue.is_some_and(|max| place.ahead >= max) {
+            drop(place);
+            return Err(self.reject(RejectReason::Full, Duration::ZERO));
+        }
+        let start = Instant::now();
+        let outcome = match (self.max_wait, &self.timer) {
+            (Some(limit), Some(timer)) => {
+                match Timeout::new(self.sem.acquire(), timer.sleep(limit)).await {
+                    Ok(acquired) => acquired.map_err(|_| RejectReason::Closed),
+                    Err(_elapsed) => Err(RejectReason::Timeout),
+                }
+            }
+            _ => self.sem.acquire().await.map_err(|_| RejectReason::Closed),
+        };
+        drop(place);
+        let waited = start.elapsed();
+        match outcome {
+            Ok(permit) => {
+                // The permit now belongs to the call; `Held` gives it back.
+                permit.forget();
+                self.permitted(waited);
+                Ok(())
+            }
+            Err(reason) => Err(self.reject(reason, waited)),
+        }
+    }
+
+    #[inline]
+    fn permitted(&self, waited: Duration) {
+        Counters::bump(&self.counters.permitted);
+        if let Some(observer) = &self.observer {
+            observer.on_permitted(&Permitted {
+                name: &self.name,
+                waited,
+            });
+        }
+    }
+
+    #[cold]
+    fn reject(&self, reason: RejectReason, waited: Duration) -> Rejected {
+        let c = &self.counters;
+        Counters::bump(match reason {
+            RejectReason::Full => &c.rejected_full,
+            RejectReason::Timeout => &c.rejected_timeout,
+            RejectReason::Closed => &c.rejected_closed,
+        });
+        if let Some(observer) = &self.observer {
+            observer.on_rejected(&Rejection {
+                name: &self.name,
+                reason,
+                waited,
+            });
+        }
+        Rejected::new(reason, waited, self.name.clone())
+    }
+}
+
+/// Counts a `wait_idle` future as watching until it is dropped.
+struct Watching<'a>(&'a AtomicUsize);
+
+impl Drop for Watching<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The future of [`Shared::admit`]: decided at once, or waiting (boxed).
+enum Admit<'a> {
+    Done(Option<Result<(), Rejected>>),
+    Waiting(Pin<Box<dyn Future<Output = Result<(), Rejected>> + Send + 'a>>),
+}
+
+impl Future for Admit<'_> {
+    type Output = Result<(), Rejected>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Admit::Done(out) => Poll::Ready(out.take().expect("admit polled after completion")),
+            Admit::Waiting(fut) => fut.as_mut().poll(cx),
+        }
+    }
+}
+
+/// A place in the bulkhead's waiting line, given up on drop (also when the
+/// waiting future is cancelled).
+struct Place<'a> {
+    waiting: &'a AtomicUsize,
+    /// How many were waiting before this caller.
+    ahead: usize,
+}
+
+impl<'a> Place<'a> {
+    fn take(waiting: &'a AtomicUsize) -> Self {
+        let ahead = waiting.fetch_add(1, Ordering::Relaxed);
+        Self { waiting, ahead }
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl fmt::Debug for Bulkhead {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (limit, in_flight) = self.shared.limit_and_in_flight();
+        f.debug_struct("Bulkhead")
+            .field("name", &self.shared.name)
+            .field("max_concurrent_calls", &limit)
+            .field("in_flight", &in_flight)
+            .field("queued", &self.shared.waiting.load(Ordering::Relaxed))
+            .field("closed", &self.shared.sem.is_closed())
+            .finish()
+    }
+}

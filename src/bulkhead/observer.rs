@@ -1,0 +1,142 @@
+//! Hooks that see every call: admitted, rejected, finished.
+
+use core::fmt;
+use std::time::Duration;
+
+use super::error::RejectReason;
+
+/// How an admitted call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CallOutcome {
+    /// The guarded future returned `Ok`.
+    Success,
+    /// The guarded future returned `Err`.
+    Failure,
+    /// The guarded future ran past `call_timeout` and was dropped.
+    TimedOut,
+    /// The call (or the permit's owner) was dropped before it finished.
+    Cancelled,
+    /// The guarded future, or the code holding the permit, panicked.
+    Panicked,
+    /// A permit from [`Bulkhead::acquire`](crate::Bulkhead::acquire) or
+    /// [`Bulkhead::try_acquire`](crate::Bulkhead::try_acquire) was dropped:
+    /// the bulkhead cannot tell whether the work succeeded.
+    Released,
+}
+
+impl CallOutcome {
+    /// A short lowercase label, for metrics and logs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::CallOutcome;
+    ///
+    /// assert_eq!(CallOutcome::TimedOut.as_str(), "timed_out");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Failure => "failure",
+            Self::TimedOut => "timed_out",
+            Self::Cancelled => "cancelled",
+            Self::Panicked => "panicked",
+            Self::Released => "released",
+        }
+    }
+}
+
+impl fmt::Display for CallOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Sees every call a bulkhead handles. Every method has a default that does
+/// nothing, so implement only what you need.
+///
+/// The bulkhead never calls an observer while it holds a lock, so a hook may
+/// call back into the same bulkhead (read its [metrics](crate::Bulkhead::metrics),
+/// even change its limit) without deadlocking. Hooks run inline on the
+/// caller's task: keep them short and non-blocking.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::time::Duration;
+/// use bulkhead::Bulkhead;
+/// use bulkhead::observer::{Observer, Rejection};
+///
+/// #[derive(Debug, Default)]
+/// struct CountRejections(AtomicU64);
+///
+/// impl Observer for CountRejections {
+///     fn on_rejected(&self, _event: &Rejection<'_>) {
+///         self.0.fetch_add(1, Ordering::Relaxed);
+///     }
+/// }
+///
+/// let seen = Arc::new(CountRejections::default());
+/// let bh = Bulkhead::builder()
+///     .max_concurrent_calls(1)
+///     .max_wait(Duration::ZERO)
+///     .observer(seen.clone())
+///     .build()
+///     .unwrap();
+/// let _held = bh.try_acquire().unwrap();
+/// assert!(bh.try_acquire().is_err());
+/// assert_eq!(seen.0.load(Ordering::Relaxed), 1);
+/// ```
+pub trait Observer: Send + Sync + 'static {
+    /// A call was admitted after waiting `event.waited`.
+    fn on_permitted(&self, event: &Permitted<'_>) {
+        let _ = event;
+    }
+
+    /// A call was turned away.
+    fn on_rejected(&self, event: &Rejection<'_>) {
+        let _ = event;
+    }
+
+    /// An admitted call ended and gave its permit back.
+    fn on_finished(&self, event: &Finished<'_>) {
+        let _ = event;
+    }
+}
+
+/// What [`Observer::on_permitted`] sees.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Permitted<'a> {
+    /// The bulkhead's name.
+    pub name: &'a str,
+    /// How long the call waited for its permit.
+    pub waited: Duration,
+}
+
+/// What [`Observer::on_rejected`] sees.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Rejection<'a> {
+    /// The bulkhead's name.
+    pub name: &'a str,
+    /// Why the call was turned away.
+    pub reason: RejectReason,
+    /// How long it waited first.
+    pub waited: Duration,
+}
+
+/// What [`Observer::on_finished`] sees.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Finished<'a> {
+    /// The bulkhead's name.
+    pub name: &'a str,
+    /// How long the permit was held.
+    pub held: Duration,
+    /// How the call ended.
+    pub outcome: CallOutcome,
+}

@@ -1,0 +1,206 @@
+//! Timers: the one piece of a runtime that `max_wait` and `call_timeout`
+//! need.
+//!
+//! A [`Timer`] makes [`Sleep`] futures, and that is all the crate asks of a
+//! runtime. Three timers come with it:
+//!
+//! | Timer | Available | Driven by | Use it on |
+//! | --- | --- | --- | --- |
+//! | [`ThreadTimer`] | always | one background thread per process, `bulkhead-timer`, started on first use | any executor, including `futures::executor::block_on` |
+//! | `TokioTimer` | feature `tokio` | the time driver of a tokio runtime (honours `tokio::time::pause`) | tokio |
+//! | `AsyncIoTimer` | feature `async-io` | `async-io`'s reactor (its `async-io` thread when no one else drives it) | smol, async-std, any executor |
+//!
+//! [`default_timer`] picks one from the features that are on and the runtime
+//! it is called in, so `max_wait` and `call_timeout` work out of the box.
+//! To use another executor's timer, implement [`Timer`]: it is one method.
+//!
+//! # Examples
+//!
+//! Plugging in a timer of your own:
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use bulkhead::timer::{Sleep, Timer};
+//!
+//! /// Hands sleeps to "my executor". Here: a thread per sleep, which keeps
+//! /// the example short but is no way to build a real timer.
+//! #[derive(Debug)]
+//! struct MyTimer;
+//!
+//! impl Timer for MyTimer {
+//!     fn sleep(&self, duration: Duration) -> Sleep {
+//!         let (done, fired) = futures::channel::oneshot::channel::<()>();
+//!         std::thread::spawn(move || {
+//!             std::thread::sleep(duration);
+//!             let _ = done.send(());
+//!         });
+//!         Box::pin(async move {
+//!             let _ = fired.await;
+//!         })
+//!     }
+//! }
+//!
+//! # futures::executor::block_on(async {
+//! let start = Instant::now();
+//! MyTimer.sleep(Duration::from_millis(10)).await;
+//! assert!(start.elapsed() >= Duration::from_millis(10));
+//! # });
+//! ```
+//!
+//! # Implementation notes
+//!
+//! [`ThreadTimer`] keeps every pending sleep of the process in one ordered
+//! map from `(deadline, id)` to the sleep's waker, behind a mutex; the id
+//! makes equal deadlines distinct keys. A sleep enters the map on its first
+//! poll (not when it is made, so an unpolled sleep costs nothing), replaces
+//! its waker there when polled with a different one, and leaves it when it
+//! is dropped, so the map holds exactly the sleeps that are polled and
+//! pending: a loop that makes, polls and drops sleeps leaves nothing behind.
+//! (An ordered map rather than a binary heap because a heap cannot remove an
+//! entry from its middle: it would have to mark cancelled sleeps and purge
+//! them later.) The timer thread takes the due entries off the front of the
+//! map, wakes their wakers after releasing the lock, and parks until the
+//! next deadline; a sleep that becomes the earliest unparks it. A sleep
+//! whose entry is gone has fired, so a sleep never completes before its
+//! deadline, and one polled at or after its deadline completes at once even
+//! if the thread is late. No waker is cloned for a sleep that is polled
+//! again by the same task, and no waker is woken or dropped under the lock.
+
+mod thread;
+
+#[cfg(feature = "async-io")]
+mod async_io;
+#[cfg(feature = "tokio")]
+mod tokio;
+
+pub use thread::{ThreadSleep, ThreadTimer};
+
+#[cfg(feature = "async-io")]
+pub use self::async_io::AsyncIoTimer;
+#[cfg(feature = "tokio")]
+pub use self::tokio::TokioTimer;
+
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::time::Duration;
+use std::sync::Arc;
+
+/// A future that completes after a delay, as made by [`Timer::sleep`].
+///
+/// It is boxed so that [`Timer`] is object safe and a bulkhead can hold any
+/// timer as an `Arc<dyn Timer>`.
+///
+/// # Cancel safety
+///
+/// Dropping a sleep cancels it. The timers in this module release
+/// everything the sleep had registered when it is dropped.
+pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// A source of delays: the one piece of a runtime the bulkhead needs.
+///
+/// Implement it to drive `max_wait` and `call_timeout` with your executor's
+/// own timer. The sleep must not complete before `duration` has passed, and
+/// should complete soon after; a sleep that is dropped early must release
+/// whatever it registered. A duration too large to represent as a deadline
+/// should sleep forever (or as long as the timer can), never panic.
+///
+/// `Timer` is implemented for `Arc<T>` of any timer `T`, including
+/// `Arc<dyn Timer>`, so the result of [`default_timer`] can be passed
+/// wherever a timer is expected.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use bulkhead::timer::{ThreadTimer, Timer};
+///
+/// # futures::executor::block_on(async {
+/// let timer: &dyn Timer = &ThreadTimer::new();
+/// let start = Instant::now();
+/// timer.sleep(Duration::from_millis(5)).await;
+/// assert!(start.elapsed() >= Duration::from_millis(5));
+/// # });
+/// ```
+///
+/// See the [module documentation](self) for implementing one.
+pub trait Timer: Send + Sync + fmt::Debug + 'static {
+    /// A future that completes once `duration` has passed.
+    ///
+    /// The duration is measured from this call, not from the first poll.
+    fn sleep(&self, duration: Duration) -> Sleep;
+}
+
+impl<T: Timer + ?Sized> Timer for Arc<T> {
+    #[inline]
+    fn sleep(&self, duration: Duration) -> Sleep {
+        (**self).sleep(duration)
+    }
+}
+
+/// The timer that suits the runtime this is called in, or `None` if no
+/// enabled feature provides one.
+///
+/// Picks, in order:
+///
+/// 1. `TokioTimer` for the current runtime, if the `tokio` feature is on and
+///    this is called inside a tokio runtime (including from a
+///    `spawn_blocking` thread or under `Handle::enter`);
+/// 2. `AsyncIoTimer`, if the `async-io` feature is on (what smol and
+///    async-std use);
+/// 3. [`ThreadTimer`], if the `thread-timer` feature is on (the default).
+///
+/// So with `default-features = false` and no runtime feature this returns
+/// `None`, and a bulkhead that needs a timer reports a `BuildError` instead
+/// of waiting forever. [`ThreadTimer`] itself stays available: pass it
+/// explicitly to opt into the background thread case by case.
+///
+/// The choice is made when this is called: a `TokioTimer` picked inside a
+/// runtime keeps using that runtime, and its sleeps panic once the runtime
+/// has shut down. Tokio offers no way to ask whether a runtime has its time
+/// driver, so inside a runtime built without `enable_time` (or
+/// `enable_all`, which `#[tokio::main]` uses) the `TokioTimer` picked here
+/// panics when it makes a sleep, with tokio's message saying so; pass
+/// another timer explicitly there.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use bulkhead::timer::{Timer, default_timer};
+///
+/// # futures::executor::block_on(async {
+/// // `None` only with `default-features = false` and no runtime feature.
+/// if let Some(timer) = default_timer() {
+///     let start = Instant::now();
+///     timer.sleep(Duration::from_millis(5)).await;
+///     assert!(start.elapsed() >= Duration::from_millis(5));
+/// }
+/// # });
+/// ```
+#[must_use]
+pub fn default_timer() -> Option<Arc<dyn Timer>> {
+    #[cfg(feature = "tokio")]
+    if let Some(timer) = TokioTimer::try_current() {
+        return Some(Arc::new(timer));
+    }
+    fallback_timer()
+}
+
+/// The runtime-independent choice of [`default_timer`].
+#[cfg(feature = "async-io")]
+fn fallback_timer() -> Option<Arc<dyn Timer>> {
+    Some(Arc::new(AsyncIoTimer::new()))
+}
+
+/// The runtime-independent choice of [`default_timer`].
+#[cfg(all(not(feature = "async-io"), feature = "thread-timer"))]
+fn fallback_timer() -> Option<Arc<dyn Timer>> {
+    Some(Arc::new(ThreadTimer::new()))
+}
+
+/// The runtime-independent choice of [`default_timer`]: none is enabled.
+#[cfg(all(not(feature = "async-io"), not(feature = "thread-timer")))]
+fn fallback_timer() -> Option<Arc<dyn Timer>> {
+    None
+}

@@ -1,0 +1,665 @@
+//! [`ThreadTimer`]: sleeps driven by one background thread per process, so
+//! they work under any executor. The design is described in the module
+//! documentation of [`timer`](super#implementation-notes).
+
+use core::fmt;
+use core::future::Future;
+use core::mem;
+use core::pin::Pin;
+use core::task::{Context, Poll, Waker};
+use core::time::Duration;
+use std::collections::BTreeMap;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::thread::{self, Thread};
+use std::time::Instant;
+
+use super::{Sleep, Timer};
+
+/// The name of the timer thread, as debuggers and `top -H` show it.
+const THREAD_NAME: &str = "bulkhead-timer";
+
+/// The most wakers the timer thread takes from the queue under one lock, so
+/// a burst of expiring sleeps never holds up sleeps being registered.
+const MAX_BATCH: usize = 256;
+
+/// The longest the timer thread parks in one go. It re-checks the queue
+/// after that, which costs nothing and keeps huge timeouts away from the
+/// platform's parking primitive.
+const MAX_PARK: Duration = Duration::from_secs(60 * 60);
+
+/// The driver of every [`ThreadTimer`] and [`ThreadSleep`] in the process.
+static GLOBAL: Driver = Driver::new();
+
+/// A timer that works under any executor, driven by one background thread
+/// per process.
+///
+/// The thread, named `bulkhead-timer`, is started by the first sleep that is
+/// polled and then lives as long as the process, parked while no sleep is
+/// pending. All `ThreadTimer`s share it and are interchangeable. Each pending
+/// sleep costs one entry in an ordered map; a sleep that is dropped removes
+/// its entry at once.
+///
+/// Prefer a runtime's own timer where there is one (`TokioTimer`,
+/// `AsyncIoTimer`): it is driven by threads the runtime already has. This
+/// one is for `futures::executor::block_on`, custom executors and builds
+/// without a runtime feature.
+///
+/// `ThreadTimer` is always available; the `thread-timer` feature (on by
+/// default) only lets [`default_timer`](super::default_timer) choose it, so
+/// that the crate never starts a thread unless asked to.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use bulkhead::timer::{ThreadTimer, Timer};
+///
+/// # futures::executor::block_on(async {
+/// let timer = ThreadTimer::new();
+/// let start = Instant::now();
+/// timer.sleep(Duration::from_millis(10)).await;
+/// assert!(start.elapsed() >= Duration::from_millis(10));
+/// # });
+/// ```
+#[derive(Clone, Copy)]
+pub struct ThreadTimer {
+    driver: &'static Driver,
+}
+
+impl ThreadTimer {
+    /// A handle to the process's timer thread. The thread is started by the
+    /// first sleep that is polled, not here.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use bulkhead::timer::{ThreadTimer, Timer};
+    ///
+    /// let timer: Arc<dyn Timer> = Arc::new(ThreadTimer::new());
+    /// # drop(timer);
+    /// ```
+    #[must_use]
+    pub const fn new() -> ThreadTimer {
+        ThreadTimer { driver: &GLOBAL }
+    }
+}
+
+impl Default for ThreadTimer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Timer for ThreadTimer {
+    /// A boxed [`ThreadSleep`].
+    ///
+    /// # Panics
+    ///
+    /// The sleep panics when first polled if the timer thread is not
+    /// running yet and cannot be started (the operating system refused to
+    /// create a thread).
+    fn sleep(&self, duration: Duration) -> Sleep {
+        Box::pin(ThreadSleep::with_driver(
+            self.driver,
+            Instant::now().checked_add(duration),
+        ))
+    }
+}
+
+impl fmt::Debug for ThreadTimer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ThreadTimer")
+            .field("started", &self.driver.thread.get().is_some())
+            .field("pending", &self.driver.lock().len())
+            .finish()
+    }
+}
+
+/// A future that completes at a deadline, driven by the timer thread of
+/// [`ThreadTimer`].
+///
+/// [`ThreadTimer`]'s [`sleep`](Timer::sleep) returns it boxed; make one
+/// directly with [`new`](Self::new) or [`until`](Self::until) to await it
+/// without the allocation.
+///
+/// # Cancel safety
+///
+/// Dropping the sleep cancels it and removes it from the timer thread's
+/// queue at once, together with the waker it had registered.
+///
+/// # Panics
+///
+/// Polling panics if the timer thread is not running yet and cannot be
+/// started (the operating system refused to create a thread).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use bulkhead::timer::ThreadSleep;
+///
+/// # futures::executor::block_on(async {
+/// let start = Instant::now();
+/// ThreadSleep::new(Duration::from_millis(10)).await;
+/// assert!(start.elapsed() >= Duration::from_millis(10));
+/// # });
+/// ```
+#[must_use = "futures do nothing unless polled; dropping this one cancels the sleep"]
+pub struct ThreadSleep {
+    driver: &'static Driver,
+    /// When the sleep completes; `None` if it never does (the deadline
+    /// would not fit in an `Instant`).
+    deadline: Option<Instant>,
+    state: State,
+}
+
+/// Where a [`ThreadSleep`] stands with the timer thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Not polled yet (or never to complete): no entry in the queue.
+    Idle,
+    /// Polled and pending: the queue holds an entry under
+    /// `(deadline, id)`, unless the timer thread has just taken it out to
+    /// wake the sleep.
+    Registered(u64),
+    /// Completed; no entry in the queue.
+    Done,
+}
+
+impl ThreadSleep {
+    /// A sleep that completes once `duration` has passed from now.
+    ///
+    /// A duration too large for a deadline (such as [`Duration::MAX`]) makes
+    /// a sleep that never completes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bulkhead::timer::ThreadSleep;
+    ///
+    /// # futures::executor::block_on(async {
+    /// ThreadSleep::new(Duration::ZERO).await; // completes on first poll
+    /// # });
+    /// ```
+    pub fn new(duration: Duration) -> ThreadSleep {
+        Self::with_driver(&GLOBAL, Instant::now().checked_add(duration))
+    }
+
+    /// A sleep that completes at `deadline` (at once if it has passed).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use bulkhead::timer::ThreadSleep;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let deadline = Instant::now() + Duration::from_millis(10);
+    /// ThreadSleep::until(deadline).await;
+    /// assert!(Instant::now() >= deadline);
+    /// # });
+    /// ```
+    pub fn until(deadline: Instant) -> ThreadSleep {
+        Self::with_driver(&GLOBAL, Some(deadline))
+    }
+
+    fn with_driver(driver: &'static Driver, deadline: Option<Instant>) -> ThreadSleep {
+        ThreadSleep {
+            driver,
+            deadline,
+            state: State::Idle,
+        }
+    }
+
+    /// The instant the sleep completes at, or `None` if it never does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use bulkhead::timer::ThreadSleep;
+    ///
+    /// let deadline = Instant::now() + Duration::from_secs(1);
+    /// assert_eq!(ThreadSleep::until(deadline).deadline(), Some(deadline));
+    /// assert_eq!(ThreadSleep::new(Duration::MAX).deadline(), None);
+    /// ```
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Puts the sleep in the queue with a clone of `waker`, starting the
+    /// timer thread if this is the first sleep ever, and wakes the thread if
+    /// this is now the earliest deadline.
+    fn register(&mut self, deadline: Instant, waker: &Waker) {
+        let thread = self.driver.thread();
+        // Cloned before locking: no waker code runs under the lock.
+        let waker = waker.clone();
+        let (id, earliest) = self.driver.lock().insert(deadline, waker);
+        self.state = State::Registered(id);
+        if earliest {
+            thread.unpark();
+        }
+    }
+
+    /// Polls a registered sleep: completes it if the timer thread has taken
+    /// its entry out, or else makes sure the entry holds `waker`.
+    fn refresh(&mut self, deadline: Instant, id: u64, waker: &Waker) -> Poll<()> {
+        let key = (deadline, id);
+        match self.driver.lock().entries.get(&key) {
+            None => {
+                self.state = State::Done;
+                return Poll::Ready(());
+            }
+            Some(registered) if registered.will_wake(waker) => return Poll::Pending,
+            Some(_) => {}
+        }
+        // Polled by another task: swap in its waker. Cloned before locking,
+        // and the waker swapped out is dropped after unlocking.
+        let waker = waker.clone();
+        let (pending, _dropped) = self.driver.lock().replace_waker(key, waker);
+        if pending {
+            Poll::Pending
+        } else {
+            self.state = State::Done;
+            Poll::Ready(())
+        }
+    }
+
+    /// Removes the sleep's entry from the queue, if it has one.
+    fn deregister(&mut self) {
+        if let (State::Registered(id), Some(deadline)) = (self.state, self.deadline) {
+            // Dropped after the lock is released.
+            let _waker = self.driver.lock().entries.remove(&(deadline, id));
+        }
+    }
+}
+
+impl Future for ThreadSleep {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        if this.state == State::Done {
+            return Poll::Ready(());
+        }
+        let Some(deadline) = this.deadline else {
+            // Never completes, so there is nothing to register.
+            return Poll::Pending;
+        };
+        if Instant::now() >= deadline {
+            // Due: complete even if the timer thread has not got to it.
+            this.deregister();
+            this.state = State::Done;
+            return Poll::Ready(());
+        }
+        match this.state {
+            State::Idle => {
+                this.register(deadline, cx.waker());
+                Poll::Pending
+            }
+            State::Registered(id) => this.refresh(deadline, id, cx.waker()),
+            State::Done => unreachable!("handled above"),
+        }
+    }
+}
+
+impl futures_core::FusedFuture for ThreadSleep {
+    fn is_terminated(&self) -> bool {
+        self.state == State::Done
+    }
+}
+
+impl Drop for ThreadSleep {
+    fn drop(&mut self) {
+        self.deregister();
+    }
+}
+
+impl fmt::Debug for ThreadSleep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            State::Idle => "idle",
+            State::Registered(_) => "registered",
+            State::Done => "done",
+        };
+        f.debug_struct("ThreadSleep")
+            .field("deadline", &self.deadline)
+            .field("state", &state)
+            .finish()
+    }
+}
+
+/// The timer thread and the queue it serves.
+struct Driver {
+    /// The pending sleeps. Held only to look up, insert or remove entries:
+    /// no waker is cloned, woken or dropped while it is locked, so waker
+    /// code can never re-enter it.
+    queue: Mutex<Queue>,
+    /// The timer thread, set once it has been started.
+    thread: OnceLock<Thread>,
+}
+
+impl Driver {
+    const fn new() -> Driver {
+        Driver {
+            queue: Mutex::new(Queue::new()),
+            thread: OnceLock::new(),
+        }
+    }
+
+    /// Locks the queue, ignoring poison: no code that can panic runs while
+    /// the queue is locked and half-updated.
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The timer thread, started on the first call.
+    fn thread(&'static self) -> &'static Thread {
+        self.thread.get_or_init(|| {
+            // If this panics the cell stays empty and the next sleep tries
+            // again.
+            thread::Builder::new()
+                .name(THREAD_NAME.to_owned())
+                .spawn(move || self.run())
+                .unwrap_or_else(|err| panic!("cannot start the {THREAD_NAME} thread: {err}"))
+                .thread()
+                .clone()
+        })
+    }
+
+    /// The timer thread's loop: wake the due sleeps, park until the next
+    /// deadline, repeat.
+    fn run(&self) -> ! {
+        let mut due = Vec::with_capacity(MAX_BATCH);
+        loop {
+            let next = {
+                let mut queue = self.lock();
+                queue.expire(Instant::now(), &mut due)
+            };
+            for waker in due.drain(..) {
+                // A waker that panics must not end the thread that every
+                // sleep in the process relies on. The panic hook has
+                // reported it.
+                let _ = panic::catch_unwind(AssertUnwindSafe(|| waker.wake()));
+            }
+            match next {
+                Next::Now => {}
+                Next::At(deadline) => thread::park_timeout(
+                    deadline
+                        .saturating_duration_since(Instant::now())
+                        .min(MAX_PARK),
+                ),
+                Next::Never => thread::park(),
+            }
+        }
+    }
+}
+
+/// What the timer thread does after a round of [`Queue::expire`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    /// More sleeps are due: go again without parking.
+    Now,
+    /// Park until this deadline (or until a new earliest sleep unparks the
+    /// thread).
+    At(Instant),
+    /// Nothing is pending: park until a sleep unparks the thread.
+    Never,
+}
+
+/// The pending sleeps, ordered by deadline.
+struct Queue {
+    /// Every registered sleep's waker, keyed by its deadline and a unique
+    /// id (so equal deadlines stay distinct). An entry is removed by the
+    /// timer thread when it wakes the sleep, or by the sleep when it is
+    /// dropped or completes; its absence tells a registered sleep that it
+    /// has fired.
+    entries: BTreeMap<(Instant, u64), Waker>,
+    /// The id for the next entry.
+    next_id: u64,
+}
+
+impl Queue {
+    const fn new() -> Queue {
+        Queue {
+            entries: BTreeMap::new(),
+            next_id: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Adds an entry; returns its id and whether it is now the earliest.
+    fn insert(&mut self, deadline: Instant, waker: Waker) -> (u64, bool) {
+        let id = self.next_id;
+        // 2^64 sleeps take centuries to make; should it ever wrap, an id is
+        // long free again.
+        self.next_id = self.next_id.wrapping_add(1);
+        let key = (deadline, id);
+        let previous = self.entries.insert(key, waker);
+        debug_assert!(previous.is_none(), "sleep ids must be unique");
+        let earliest = self.entries.first_key_value().map(|(first, _)| *first) == Some(key);
+        (id, earliest)
+    }
+
+    /// Puts `waker` in the entry under `key`. Returns whether the entry was
+    /// there (the sleep is still pending) and the waker for the caller to
+    /// drop once the lock is released: the one replaced, or `waker` itself
+    /// if the entry is gone.
+    fn replace_waker(&mut self, key: (Instant, u64), waker: Waker) -> (bool, Waker) {
+        match self.entries.get_mut(&key) {
+            Some(registered) => (true, mem::replace(registered, waker)),
+            None => (false, waker),
+        }
+    }
+
+    /// Moves the wakers of the sleeps due at `now` into `due` (at most
+    /// [`MAX_BATCH`] in all), earliest first, and says when to look again.
+    fn expire(&mut self, now: Instant, due: &mut Vec<Waker>) -> Next {
+        while let Some(entry) = self.entries.first_entry() {
+            let deadline = entry.key().0;
+            if deadline > now {
+                return Next::At(deadline);
+            }
+            if due.len() >= MAX_BATCH {
+                return Next::Now;
+            }
+            due.push(entry.remove());
+        }
+        Next::Never
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    /// A waker that counts its wake-ups.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn counted() -> (Arc<Count>, Waker) {
+        let count = Arc::new(Count::default());
+        (count.clone(), Waker::from(count))
+    }
+
+    /// A driver of its own, so no other test's sleeps show in its queue.
+    fn private_driver() -> &'static Driver {
+        Box::leak(Box::new(Driver::new()))
+    }
+
+    #[test]
+    fn queue_expires_in_deadline_order_then_id_order() {
+        let mut queue = Queue::new();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let (late, late_waker) = counted();
+        let (early, early_waker) = counted();
+        let (tie, tie_waker) = counted();
+
+        assert_eq!(queue.insert(at(20), late_waker), (0, true));
+        assert_eq!(queue.insert(at(10), early_waker), (1, true));
+        assert_eq!(queue.insert(at(10), tie_waker), (2, false));
+
+        let mut due = Vec::new();
+        assert_eq!(queue.expire(at(5), &mut due), Next::At(at(10)));
+        assert!(due.is_empty());
+        assert_eq!(queue.expire(at(10), &mut due), Next::At(at(20)));
+        assert_eq!(due.len(), 2);
+        let wakes = || [&early, &tie, &late].map(|c| c.0.load(Ordering::SeqCst));
+        due.remove(0).wake();
+        assert_eq!(wakes(), [1, 0, 0], "the earliest deadline comes first");
+        due.remove(0).wake();
+        assert_eq!(wakes(), [1, 1, 0], "equal deadlines come in id order");
+        assert_eq!(queue.expire(at(30), &mut due), Next::Never);
+        due.drain(..).for_each(Waker::wake);
+        assert_eq!(wakes(), [1, 1, 1]);
+        assert_eq!(queue.len(), 0);
+    }
+
+    #[test]
+    fn queue_expires_in_bounded_batches() {
+        let mut queue = Queue::new();
+        let now = Instant::now();
+        for _ in 0..MAX_BATCH + 1 {
+            queue.insert(now, Waker::noop().clone());
+        }
+        let mut due = Vec::new();
+        assert_eq!(queue.expire(now, &mut due), Next::Now);
+        assert_eq!(due.len(), MAX_BATCH);
+        due.clear();
+        assert_eq!(queue.expire(now, &mut due), Next::Never);
+        assert_eq!(due.len(), 1);
+    }
+
+    #[test]
+    fn replace_waker_hands_back_the_waker_to_drop() {
+        let mut queue = Queue::new();
+        let deadline = Instant::now();
+        let (first, first_waker) = counted();
+        let (second, second_waker) = counted();
+        let (id, _) = queue.insert(deadline, first_waker);
+
+        let (pending, old) = queue.replace_waker((deadline, id), second_waker.clone());
+        assert!(pending);
+        old.wake();
+        assert_eq!(first.0.load(Ordering::SeqCst), 1, "the replaced waker");
+        let (pending, unused) = queue.replace_waker((deadline, id + 1), second_waker);
+        assert!(!pending);
+        unused.wake();
+        assert_eq!(second.0.load(Ordering::SeqCst), 1, "the unused waker");
+        assert_eq!(Arc::strong_count(&second), 2, "one waker left in the queue");
+    }
+
+    /// Sleeps made, polled and dropped in a loop leave no entry behind.
+    #[test]
+    #[cfg_attr(miri, ignore = "starts a timer thread that never ends")]
+    fn dropped_sleeps_leave_the_queue() {
+        let driver = private_driver();
+        let far = Instant::now().checked_add(Duration::from_secs(3600));
+        let (count, waker) = counted();
+        let mut cx = Context::from_waker(&waker);
+        for _ in 0..10_000 {
+            let mut sleep = ThreadSleep::with_driver(driver, far);
+            assert!(Pin::new(&mut sleep).poll(&mut cx).is_pending());
+            assert_eq!(driver.lock().len(), 1);
+            drop(sleep);
+            assert_eq!(driver.lock().len(), 0);
+        }
+        // Only the waker held here is left: the queue kept no clone.
+        assert_eq!(Arc::strong_count(&count), 2);
+        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+    }
+
+    /// A sleep that becomes the earliest deadline wakes the thread, which
+    /// had parked until a later one (up to an hour: `MAX_PARK`).
+    #[test]
+    #[cfg_attr(miri, ignore = "starts a timer thread that never ends")]
+    fn an_earlier_deadline_unparks_the_thread() {
+        let driver = private_driver();
+        let (late, late_waker) = counted();
+        let mut far =
+            ThreadSleep::with_driver(driver, Instant::now().checked_add(Duration::from_secs(30)));
+        assert!(
+            Pin::new(&mut far)
+                .poll(&mut Context::from_waker(&late_waker))
+                .is_pending()
+        );
+        // Let the thread park until the late deadline.
+        thread::sleep(Duration::from_millis(20));
+
+        let (early, early_waker) = counted();
+        let start = Instant::now();
+        let mut near =
+            ThreadSleep::with_driver(driver, start.checked_add(Duration::from_millis(10)));
+        assert!(
+            Pin::new(&mut near)
+                .poll(&mut Context::from_waker(&early_waker))
+                .is_pending()
+        );
+        let give_up = start + Duration::from_secs(10);
+        while early.0.load(Ordering::SeqCst) == 0 {
+            assert!(
+                Instant::now() < give_up,
+                "the thread slept through an earlier deadline"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert!(start.elapsed() >= Duration::from_millis(10));
+        assert_eq!(late.0.load(Ordering::SeqCst), 0);
+        assert_eq!(driver.lock().len(), 1, "only the late sleep is left");
+    }
+
+    /// A sleep polled by a second task moves its entry to the second waker,
+    /// and the thread wakes only that one.
+    #[test]
+    #[cfg_attr(miri, ignore = "starts a timer thread that never ends")]
+    fn a_new_waker_replaces_the_old_one() {
+        let driver = private_driver();
+        let deadline = Instant::now() + Duration::from_millis(20);
+        let mut sleep = ThreadSleep::with_driver(driver, Some(deadline));
+        let (first, first_waker) = counted();
+        let (second, second_waker) = counted();
+        assert!(
+            Pin::new(&mut sleep)
+                .poll(&mut Context::from_waker(&first_waker))
+                .is_pending()
+        );
+        assert_eq!(Arc::strong_count(&first), 3, "the queue holds a clone");
+        assert!(
+            Pin::new(&mut sleep)
+                .poll(&mut Context::from_waker(&second_waker))
+                .is_pending()
+        );
+        assert_eq!(Arc::strong_count(&first), 2, "the old clone was dropped");
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while second.0.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < give_up, "the sleep was never woken");
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert!(Instant::now() >= deadline);
+        assert_eq!(first.0.load(Ordering::SeqCst), 0);
+        assert!(
+            Pin::new(&mut sleep)
+                .poll(&mut Context::from_waker(&second_waker))
+                .is_ready()
+        );
+        assert_eq!(driver.lock().len(), 0);
+    }
+}

@@ -1,0 +1,506 @@
+//! The bulkhead policy: admission, waiting, rejection, timeouts, limits at
+//! runtime, shutdown, metrics and observer hooks.
+#![cfg(not(loom))]
+
+use std::future::{Future, pending};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bulkhead::observer::{Finished, Observer, Permitted, Rejection};
+use bulkhead::{
+    BuildErrorKind, Bulkhead, BulkheadError, CallOutcome, Metrics, RejectReason, Rejected,
+};
+use futures::executor::block_on;
+
+fn poll_noop<F: Future>(fut: std::pin::Pin<&mut F>) -> Poll<F::Output> {
+    fut.poll(&mut Context::from_waker(Waker::noop()))
+}
+
+fn bulkhead(limit: usize) -> Bulkhead {
+    Bulkhead::builder()
+        .name("test")
+        .max_concurrent_calls(limit)
+        .build()
+        .unwrap()
+}
+
+/// Everything an observer saw, in order.
+#[derive(Debug, Default)]
+struct Recorder {
+    events: Mutex<Vec<String>>,
+}
+
+impl Recorder {
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut self.events.lock().unwrap())
+    }
+}
+
+impl Observer for Recorder {
+    fn on_permitted(&self, e: &Permitted<'_>) {
+        self.events
+            .lock()
+            .unwrap()
+            .push(format!("permitted {}", e.name));
+    }
+    fn on_rejected(&self, e: &Rejection<'_>) {
+        self.events
+            .lock()
+            .unwrap()
+            .push(format!("rejected {} {}", e.name, e.reason));
+    }
+    fn on_finished(&self, e: &Finished<'_>) {
+        self.events
+            .lock()
+            .unwrap()
+            .push(format!("finished {} {}", e.name, e.outcome));
+    }
+}
+
+fn observed(limit: usize) -> (Bulkhead, Arc<Recorder>) {
+    let rec = Arc::new(Recorder::default());
+    let bh = Bulkhead::builder()
+        .name("obs")
+        .max_concurrent_calls(limit)
+        .call_timeout(Duration::from_millis(50))
+        .observer(rec.clone())
+        .build()
+        .unwrap();
+    (bh, rec)
+}
+
+/// Bad configurations are errors with a kind and a message, not panics.
+#[test]
+fn bad_configurations_are_build_errors() {
+    let kind = |b: bulkhead::BulkheadBuilder| b.build().unwrap_err().kind();
+    assert_eq!(kind(Bulkhead::builder()), BuildErrorKind::MissingLimit);
+    assert_eq!(
+        kind(Bulkhead::builder().max_concurrent_calls(0)),
+        BuildErrorKind::ZeroLimit
+    );
+    assert_eq!(
+        kind(Bulkhead::builder().max_concurrent_calls(bulkhead::Semaphore::MAX_PERMITS + 1)),
+        BuildErrorKind::LimitTooLarge
+    );
+    assert_eq!(
+        kind(Bulkhead::builder().name("").max_concurrent_calls(1)),
+        BuildErrorKind::EmptyName
+    );
+    assert_eq!(
+        kind(
+            Bulkhead::builder()
+                .max_concurrent_calls(1)
+                .call_timeout(Duration::ZERO)
+        ),
+        BuildErrorKind::ZeroCallTimeout
+    );
+    let err = Bulkhead::builder().build().unwrap_err();
+    assert_eq!(err.to_string(), "max_concurrent_calls must be set");
+}
+
+/// `max_wait(ZERO)` fails fast with `Full` and never waits.
+#[test]
+fn fail_fast_rejects_at_once_with_full() {
+    let bh = Bulkhead::builder()
+        .name("invoice-provider")
+        .max_concurrent_calls(1)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let held = bh.try_acquire().unwrap();
+    let rejected = block_on(bh.acquire()).unwrap_err();
+    assert_eq!(rejected.reason(), RejectReason::Full);
+    assert_eq!(rejected.waited(), Duration::ZERO);
+    assert_eq!(rejected.name(), "invoice-provider");
+    assert_eq!(rejected.to_string(), "bulkhead invoice-provider is full");
+    let called = AtomicUsize::new(0);
+    let r = block_on(bh.call(async {
+        called.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, ()>(())
+    }));
+    assert!(matches!(r, Err(BulkheadError::Rejected(ref r)) if r.reason() == RejectReason::Full));
+    assert_eq!(
+        called.load(Ordering::SeqCst),
+        0,
+        "a rejected call never runs"
+    );
+    drop(held);
+    let m = bh.metrics();
+    assert_eq!(
+        (m.permitted(), m.rejected_full(), m.rejected(), m.finished()),
+        (1, 2, 2, 1)
+    );
+}
+
+/// The waiting line is bounded: past `max_queue`, callers are rejected at
+/// once; a place is given back when a waiter leaves.
+#[test]
+fn max_queue_bounds_the_waiting_line() {
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_queue(2)
+        .build()
+        .unwrap();
+    let held = bh.try_acquire().unwrap();
+    let mut a = pin!(bh.acquire());
+    let mut b = pin!(bh.acquire());
+    assert!(poll_noop(a.as_mut()).is_pending());
+    assert!(poll_noop(b.as_mut()).is_pending());
+    assert_eq!(bh.metrics().queued(), 2);
+    let third = block_on(bh.acquire()).unwrap_err();
+    assert_eq!(third.reason(), RejectReason::Full);
+    drop(held);
+    // The first waiter got the permit; the line has room again.
+    let Poll::Ready(Ok(first)) = poll_noop(a.as_mut()) else {
+        panic!("first waiter not served")
+    };
+    assert_eq!(bh.metrics().queued(), 1);
+    let mut c = pin!(bh.acquire());
+    assert!(poll_noop(c.as_mut()).is_pending());
+    assert_eq!(bh.metrics().queued(), 2);
+    drop(first);
+    assert!(matches!(poll_noop(b.as_mut()), Poll::Ready(Ok(_))));
+    let m = bh.metrics();
+    assert_eq!(
+        (m.rejected_full(), m.queued(), m.max_queue()),
+        (1, 1, Some(2))
+    );
+}
+
+/// `max_queue(0)` means nobody waits.
+#[test]
+fn max_queue_zero_means_no_waiting() {
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_queue(0)
+        .build()
+        .unwrap();
+    let _held = bh.try_acquire().unwrap();
+    assert_eq!(
+        block_on(bh.acquire()).unwrap_err().reason(),
+        RejectReason::Full
+    );
+}
+
+/// A caller that waits `max_wait` without a permit is rejected with
+/// `Timeout`, never earlier, and leaves the line.
+#[test]
+fn max_wait_times_out_with_timeout() {
+    let wait = Duration::from_millis(60);
+    let bh = Bulkhead::builder()
+        .name("ocr")
+        .max_concurrent_calls(1)
+        .max_wait(wait)
+        .build()
+        .unwrap();
+    let _held = bh.try_acquire().unwrap();
+    let start = Instant::now();
+    let rejected = block_on(bh.acquire()).unwrap_err();
+    assert!(start.elapsed() >= wait);
+    assert_eq!(rejected.reason(), RejectReason::Timeout);
+    assert!(rejected.waited() >= wait, "waited {:?}", rejected.waited());
+    assert!(
+        rejected
+            .to_string()
+            .starts_with("bulkhead ocr had no free permit within")
+    );
+    let m = bh.metrics();
+    assert_eq!((m.rejected_timeout(), m.queued(), m.in_flight()), (1, 0, 1));
+}
+
+/// A waiter whose permit arrives before `max_wait` is admitted.
+#[test]
+fn a_waiter_served_in_time_is_admitted() {
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_wait(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let held = bh.try_acquire().unwrap();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        drop(held);
+    });
+    let permit = block_on(bh.acquire()).expect("admitted when the holder finished");
+    assert_eq!(bh.metrics().in_flight(), 1);
+    drop(permit);
+    assert_eq!(bh.metrics().finished(), 2);
+}
+
+/// A call that runs past `call_timeout` is dropped, its permit released,
+/// and `CallTimeout` returned; the observer sees `TimedOut`.
+#[test]
+fn call_timeout_drops_the_call_and_releases_the_permit() {
+    let (bh, rec) = observed(1);
+    struct DropFlag(Arc<AtomicUsize>);
+    impl Drop for DropFlag {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let flag = DropFlag(dropped.clone());
+    let r: Result<(), BulkheadError<()>> = block_on(bh.call(async move {
+        let _flag = flag;
+        pending::<()>().await;
+        Ok(())
+    }));
+    assert_eq!(r, Err(BulkheadError::CallTimeout));
+    assert_eq!(dropped.load(Ordering::SeqCst), 1, "the call was dropped");
+    let m = bh.metrics();
+    assert_eq!((m.in_flight(), m.call_timeouts(), m.finished()), (0, 1, 1));
+    assert_eq!(rec.take(), ["permitted obs", "finished obs timed_out"]);
+}
+
+/// The observer sees success and failure of the guarded call.
+#[test]
+fn observer_sees_success_and_failure() {
+    let (bh, rec) = observed(1);
+    assert_eq!(block_on(bh.call(async { Ok::<_, &str>(7) })), Ok(7));
+    assert_eq!(
+        block_on(bh.call(async { Err::<(), _>("no") })),
+        Err(BulkheadError::Inner("no"))
+    );
+    assert_eq!(
+        rec.take(),
+        [
+            "permitted obs",
+            "finished obs success",
+            "permitted obs",
+            "finished obs failure"
+        ]
+    );
+}
+
+/// A `call` dropped while it waits leaves the line; dropped while it runs,
+/// it releases the permit and the observer sees `Cancelled`.
+#[test]
+fn cancelled_calls_release_everything() {
+    let (bh, rec) = observed(1);
+    {
+        let mut running = pin!(bh.call(pending::<Result<(), ()>>()));
+        assert!(poll_noop(running.as_mut()).is_pending());
+        assert_eq!(bh.metrics().in_flight(), 1);
+        {
+            let mut waiting = pin!(bh.call(async { Ok::<_, ()>(()) }));
+            assert!(poll_noop(waiting.as_mut()).is_pending());
+            assert_eq!(bh.metrics().queued(), 1);
+        }
+        assert_eq!(bh.metrics().queued(), 0, "a dropped waiter leaves the line");
+    }
+    let m = bh.metrics();
+    assert_eq!((m.in_flight(), m.permitted(), m.finished()), (0, 1, 1));
+    assert_eq!(rec.take(), ["permitted obs", "finished obs cancelled"]);
+}
+
+/// A panic in the guarded call releases the permit; the observer sees
+/// `Panicked`.
+#[test]
+fn a_panicking_call_releases_its_permit() {
+    let (bh, rec) = observed(1);
+    let caught = catch_unwind(AssertUnwindSafe(|| {
+        block_on(bh.call(async {
+            panic!("boom");
+            #[allow(unreachable_code)]
+            Ok::<(), ()>(())
+        }))
+    }));
+    assert!(caught.is_err());
+    assert_eq!(bh.metrics().in_flight(), 0);
+    assert!(bh.try_acquire().is_ok(), "the permit came back");
+    assert_eq!(rec.take()[..2], ["permitted obs", "finished obs panicked"]);
+}
+
+/// Shrinking never cuts calls short and never blocks; nobody new is admitted
+/// until in-flight falls below the new limit. Growing admits waiters at once.
+#[test]
+fn limits_change_at_runtime() {
+    let bh = bulkhead(3);
+    let mut held: Vec<_> = (0..3).map(|_| bh.try_acquire().unwrap()).collect();
+    bh.set_max_concurrent_calls(1);
+    let m = bh.metrics();
+    assert_eq!(
+        (m.max_concurrent_calls(), m.in_flight(), m.available()),
+        (1, 3, 0)
+    );
+    assert_eq!(bh.try_acquire().unwrap_err().reason(), RejectReason::Full);
+    held.pop();
+    held.pop();
+    assert_eq!(bh.metrics().in_flight(), 1);
+    assert!(bh.try_acquire().is_err(), "in flight equals the new limit");
+    held.pop();
+    let again = bh.try_acquire().expect("below the limit again");
+
+    let mut waiter = pin!(bh.acquire());
+    assert!(poll_noop(waiter.as_mut()).is_pending());
+    bh.set_max_concurrent_calls(2);
+    let Poll::Ready(Ok(served)) = poll_noop(waiter.as_mut()) else {
+        panic!("growing serves waiters at once")
+    };
+    assert_eq!(bh.metrics().in_flight(), 2);
+    drop((again, served));
+    assert_eq!(bh.metrics().in_flight(), 0);
+}
+
+/// `close` rejects waiting and later calls with `Closed`; calls in flight
+/// finish, and `wait_idle` resolves once they have.
+#[test]
+fn close_and_wait_idle() {
+    let bh = bulkhead(1);
+    let held = bh.try_acquire().unwrap();
+    let mut waiter = pin!(bh.acquire());
+    assert!(poll_noop(waiter.as_mut()).is_pending());
+    bh.close();
+    assert!(bh.is_closed());
+    let Poll::Ready(Err(r)) = poll_noop(waiter.as_mut()) else {
+        panic!("waiter not failed")
+    };
+    assert_eq!(r.reason(), RejectReason::Closed);
+    assert_eq!(r.to_string(), "bulkhead test is closed");
+    assert_eq!(bh.try_acquire().unwrap_err().reason(), RejectReason::Closed);
+
+    let mut idle = pin!(bh.wait_idle());
+    assert!(
+        poll_noop(idle.as_mut()).is_pending(),
+        "a call is still in flight"
+    );
+    let holder = std::thread::spawn(move || drop(held));
+    block_on(idle);
+    holder.join().unwrap();
+    let m = bh.metrics();
+    assert!(m.is_closed());
+    assert_eq!((m.in_flight(), m.rejected_closed()), (0, 2));
+}
+
+/// `wait_idle` on an idle bulkhead resolves at once.
+#[test]
+fn wait_idle_when_idle_is_immediate() {
+    let bh = bulkhead(2);
+    assert!(poll_noop(pin!(bh.wait_idle())).is_ready());
+}
+
+/// An observer that calls back into the same bulkhead from every hook does
+/// not deadlock: hooks run with no lock held.
+#[test]
+fn observer_may_call_back_into_the_bulkhead() {
+    #[derive(Default)]
+    struct Reentrant {
+        bh: OnceLock<Bulkhead>,
+        seen: Mutex<Vec<Metrics>>,
+    }
+    impl Reentrant {
+        fn poke(&self) {
+            let bh = self.bh.get().unwrap();
+            self.seen.lock().unwrap().push(bh.metrics());
+            bh.set_max_concurrent_calls(bh.metrics().max_concurrent_calls());
+        }
+    }
+    impl Observer for Reentrant {
+        fn on_permitted(&self, _: &Permitted<'_>) {
+            self.poke();
+        }
+        fn on_rejected(&self, _: &Rejection<'_>) {
+            self.poke();
+        }
+        fn on_finished(&self, _: &Finished<'_>) {
+            self.poke();
+        }
+    }
+    let obs = Arc::new(Reentrant::default());
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_wait(Duration::ZERO)
+        .observer(obs.clone())
+        .build()
+        .unwrap();
+    obs.bh.set(bh.clone()).unwrap();
+    let p = bh.try_acquire().unwrap();
+    assert!(bh.try_acquire().is_err());
+    drop(p);
+    block_on(bh.call(async { Ok::<_, ()>(()) })).unwrap();
+    let seen = obs.seen.lock().unwrap();
+    assert_eq!(seen.len(), 5);
+    assert_eq!(seen[0].in_flight(), 1, "on_permitted runs after admission");
+    assert_eq!(
+        seen[2].in_flight(),
+        0,
+        "on_finished runs after the permit is back"
+    );
+}
+
+/// Under concurrent load on a multi-thread runtime the limit holds and the
+/// totals add up: permitted + rejected = attempts, finished = permitted.
+#[test]
+fn totals_add_up_under_concurrent_load() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let bh = Bulkhead::builder()
+            .max_concurrent_calls(4)
+            .max_queue(8)
+            .max_wait(Duration::from_millis(200))
+            .build()
+            .unwrap();
+        let now = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..400)
+            .map(|_| {
+                let (bh, now, peak) = (bh.clone(), now.clone(), peak.clone());
+                tokio::spawn(async move {
+                    bh.call(async {
+                        let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                        peak.fetch_max(n, Ordering::SeqCst);
+                        tokio::task::yield_now().await;
+                        now.fetch_sub(1, Ordering::SeqCst);
+                        Ok::<_, ()>(())
+                    })
+                    .await
+                })
+            })
+            .collect();
+        let mut ok = 0u64;
+        let mut rejected = 0u64;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(()) => ok += 1,
+                Err(BulkheadError::Rejected(_)) => rejected += 1,
+                Err(e) => panic!("unexpected {e:?}"),
+            }
+        }
+        assert!(peak.load(Ordering::SeqCst) <= 4);
+        let m = bh.metrics();
+        assert_eq!(m.permitted(), ok);
+        assert_eq!(m.rejected(), rejected);
+        assert_eq!(m.permitted() + m.rejected(), 400);
+        assert_eq!(m.finished(), m.permitted());
+        assert_eq!((m.in_flight(), m.queued()), (0, 0));
+    });
+}
+
+/// The bulkhead and its errors have the traits users rely on.
+#[test]
+fn traits() {
+    fn send_sync_clone<T: Send + Sync + Clone + 'static>() {}
+    send_sync_clone::<Bulkhead>();
+    send_sync_clone::<Rejected>();
+    send_sync_clone::<BulkheadError<std::io::ErrorKind>>();
+    send_sync_clone::<bulkhead::BuildError>();
+    fn send<T: Send + 'static>() {}
+    send::<bulkhead::BulkheadPermit>();
+    fn error<T: std::error::Error + Send + Sync + 'static>() {}
+    error::<Rejected>();
+    error::<bulkhead::BuildError>();
+    error::<BulkheadError<std::io::Error>>();
+    let bh = bulkhead(1);
+    let fut = bh.call(async { Ok::<_, ()>(()) });
+    fn is_send<T: Send>(_: &T) {}
+    is_send(&fut);
+    assert_eq!(CallOutcome::Success.to_string(), "success");
+}

@@ -1,0 +1,153 @@
+//! The `metrics` and `tracing` exporters publish what users rely on.
+#![cfg(all(not(loom), any(feature = "metrics", feature = "tracing")))]
+
+use std::time::Duration;
+
+use bulkhead::{Bulkhead, RejectReason};
+use futures::executor::block_on;
+
+/// With the `metrics` feature, every call is counted with bounded labels,
+/// and the in-flight gauge and wait/hold histograms are published.
+#[cfg(feature = "metrics")]
+#[test]
+fn metrics_feature_publishes_counters_gauges_and_histograms() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let bh = Bulkhead::builder()
+            .name("partner")
+            .max_concurrent_calls(1)
+            .max_wait(Duration::ZERO)
+            .build()
+            .unwrap();
+        let held = bh.try_acquire().unwrap();
+        assert_eq!(bh.try_acquire().unwrap_err().reason(), RejectReason::Full);
+        drop(held);
+        block_on(bh.call(async { Ok::<_, ()>(()) })).unwrap();
+    });
+    let mut seen = std::collections::BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let (kind, key) = (key.kind(), key.key().clone());
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        let name = format!("{:?} {}{{{}}}", kind, key.name(), labels.join(","));
+        let value = match value {
+            DebugValue::Counter(n) => format!("{n}"),
+            DebugValue::Gauge(g) => format!("{}", g.into_inner()),
+            DebugValue::Histogram(h) => format!("{} samples", h.len()),
+        };
+        seen.insert(name, value);
+    }
+    let expect = [
+        (
+            "Counter bulkhead_calls_permitted_total{bulkhead=partner}",
+            "2",
+        ),
+        (
+            "Counter bulkhead_calls_rejected_total{bulkhead=partner,reason=full}",
+            "1",
+        ),
+        (
+            "Counter bulkhead_calls_finished_total{bulkhead=partner,outcome=released}",
+            "1",
+        ),
+        (
+            "Counter bulkhead_calls_finished_total{bulkhead=partner,outcome=success}",
+            "1",
+        ),
+        ("Gauge bulkhead_calls_in_flight{bulkhead=partner}", "0"),
+        (
+            "Histogram bulkhead_wait_seconds{bulkhead=partner}",
+            "2 samples",
+        ),
+        (
+            "Histogram bulkhead_hold_seconds{bulkhead=partner}",
+            "2 samples",
+        ),
+    ];
+    for (name, value) in expect {
+        assert_eq!(
+            seen.get(name).map(String::as_str),
+            Some(value),
+            "{name} in {seen:#?}"
+        );
+    }
+    assert_eq!(seen.len(), expect.len(), "no other series: {seen:#?}");
+}
+
+/// With the `tracing` feature, rejections and finished calls are events
+/// that name the bulkhead.
+#[cfg(feature = "tracing")]
+#[test]
+fn tracing_feature_emits_events() {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let bh = Bulkhead::builder()
+            .name("gpu")
+            .max_concurrent_calls(1)
+            .max_wait(Duration::ZERO)
+            .build()
+            .unwrap();
+        let held = bh.try_acquire().unwrap();
+        assert!(bh.try_acquire().is_err());
+        drop(held);
+    });
+    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(
+        lines[0].contains("call permitted") && lines[0].contains("bulkhead=\"gpu\""),
+        "{out}"
+    );
+    assert!(
+        lines[1].contains("WARN") && lines[1].contains("call rejected"),
+        "{out}"
+    );
+    assert!(lines[1].contains("reason=\"full\""), "{out}");
+    assert!(
+        lines[2].contains("call finished") && lines[2].contains("outcome=\"released\""),
+        "{out}"
+    );
+}
+
+/// `exporters(false)` turns the feature exporters off for one bulkhead.
+#[cfg(feature = "metrics")]
+#[test]
+fn exporters_can_be_turned_off() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let bh = Bulkhead::builder()
+            .max_concurrent_calls(1)
+            .exporters(false)
+            .build()
+            .unwrap();
+        drop(bh.try_acquire().unwrap());
+    });
+    assert!(snapshotter.snapshot().into_vec().is_empty());
+}
