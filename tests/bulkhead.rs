@@ -504,3 +504,35 @@ fn traits() {
     is_send(&fut);
     assert_eq!(CallOutcome::Success.to_string(), "success");
 }
+
+/// A hook that panics does not leak the permit of the call it reports: the
+/// permit is owned by the call's guard before any hook runs.
+#[test]
+fn a_panicking_hook_leaks_no_permit() {
+    struct PanicOnPermit;
+    impl Observer for PanicOnPermit {
+        fn on_permitted(&self, _: &Permitted<'_>) {
+            panic!("hook failed");
+        }
+    }
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .observer(Arc::new(PanicOnPermit))
+        .build()
+        .unwrap();
+    for attempt in 0..3 {
+        let call = catch_unwind(AssertUnwindSafe(|| {
+            block_on(bh.call(async { Ok::<_, ()>(()) }))
+        }));
+        assert!(call.is_err(), "attempt {attempt}: the hook panicked");
+        let acquire = catch_unwind(AssertUnwindSafe(|| block_on(bh.acquire())));
+        assert!(acquire.is_err());
+        let try_acquire = catch_unwind(AssertUnwindSafe(|| bh.try_acquire()));
+        assert!(try_acquire.is_err());
+        assert_eq!(
+            bh.metrics().in_flight(),
+            0,
+            "attempt {attempt}: permit returned"
+        );
+    }
+}

@@ -175,8 +175,11 @@ impl Bulkhead {
         F: Future<Output = Result<T, E>>,
     {
         let shared = &*self.shared;
-        shared.admit().await?;
+        let waited = shared.admit().await?;
+        // The guard owns the permit before any user code (the observer) runs,
+        // so a panicking hook cannot leak it.
         let mut held = Held::new(shared, CallOutcome::Cancelled);
+        shared.permitted(waited);
         let result = match (shared.call_timeout, &shared.timer) {
             (Some(limit), Some(timer)) => match Timeout::new(call, timer.sleep(limit)).await {
                 Ok(out) => out.map_err(BulkheadError::Inner),
@@ -222,8 +225,10 @@ impl Bulkhead {
     /// # });
     /// ```
     pub async fn acquire(&self) -> Result<BulkheadPermit, Rejected> {
-        self.shared.admit().await?;
-        Ok(BulkheadPermit::new(self.shared.clone()))
+        let waited = self.shared.admit().await?;
+        let permit = BulkheadPermit::new(self.shared.clone());
+        self.shared.permitted(waited);
+        Ok(permit)
     }
 
     /// Takes a permit only if one is free now; never waits, whatever
@@ -244,7 +249,9 @@ impl Bulkhead {
     /// ```
     pub fn try_acquire(&self) -> Result<BulkheadPermit, Rejected> {
         self.shared.admit_now()?;
-        Ok(BulkheadPermit::new(self.shared.clone()))
+        let permit = BulkheadPermit::new(self.shared.clone());
+        self.shared.permitted(Duration::ZERO);
+        Ok(permit)
     }
 
     /// A snapshot of the bulkhead's gauges and totals.
@@ -400,21 +407,21 @@ impl Shared {
         (*limit, in_flight as usize)
     }
 
-    /// Admits a call now or rejects it: never waits.
+    /// Takes a permit now or rejects the call: never waits. The caller
+    /// wraps the permit in a guard, then reports it with `permitted`.
     #[inline]
     fn admit_now(&self) -> Result<(), Rejected> {
         match self.sem.try_take(1) {
-            Ok(()) => {
-                self.permitted(Duration::ZERO);
-                Ok(())
-            }
+            Ok(()) => Ok(()),
             Err(TryAcquireError::NoPermits) => Err(self.reject(RejectReason::Full, Duration::ZERO)),
             Err(TryAcquireError::Closed) => Err(self.reject(RejectReason::Closed, Duration::ZERO)),
         }
     }
 
-    /// Admits a call under the policy: at once if a permit is free, else by
-    /// waiting in line if the policy allows.
+    /// Takes a permit under the policy: at once if one is free, else by
+    /// waiting in line if the policy allows. Resolves to the time waited;
+    /// the caller wraps the permit in a guard, then reports it with
+    /// `permitted`.
     ///
     /// The waiting path is boxed, so the futures of `call` and `acquire`
     /// stay small (the uncontended path moves them around); only a caller
@@ -422,10 +429,7 @@ impl Shared {
     #[inline]
     fn admit(&self) -> Admit<'_> {
         match self.sem.try_take(1) {
-            Ok(()) => {
-                self.permitted(Duration::ZERO);
-                Admit::Done(Some(Ok(())))
-            }
+            Ok(()) => Admit::Done(Some(Ok(Duration::ZERO))),
             Err(TryAcquireError::Closed) => {
                 Admit::Done(Some(Err(self.reject(RejectReason::Closed, Duration::ZERO))))
             }
@@ -433,7 +437,7 @@ impl Shared {
         }
     }
 
-    async fn admit_waiting(&self) -> Result<(), Rejected> {
+    async fn admit_waiting(&self) -> Result<Duration, Rejected> {
         if self.max_wait == Some(Duration::ZERO) {
             return Err(self.reject(RejectReason::Full, Duration::ZERO));
         }
@@ -458,13 +462,14 @@ impl Shared {
             Ok(permit) => {
                 // The permit now belongs to the call; `Held` gives it back.
                 permit.forget();
-                self.permitted(waited);
-                Ok(())
+                Ok(waited)
             }
             Err(reason) => Err(self.reject(reason, waited)),
         }
     }
 
+    /// Counts an admitted call and tells the observer. Call it once the
+    /// permit is owned by a guard.
     #[inline]
     fn permitted(&self, waited: Duration) {
         Counters::bump(&self.counters.permitted);
@@ -506,12 +511,12 @@ impl Drop for Watching<'_> {
 
 /// The future of [`Shared::admit`]: decided at once, or waiting (boxed).
 enum Admit<'a> {
-    Done(Option<Result<(), Rejected>>),
-    Waiting(Pin<Box<dyn Future<Output = Result<(), Rejected>> + Send + 'a>>),
+    Done(Option<Result<Duration, Rejected>>),
+    Waiting(Pin<Box<dyn Future<Output = Result<Duration, Rejected>> + Send + 'a>>),
 }
 
 impl Future for Admit<'_> {
-    type Output = Result<(), Rejected>;
+    type Output = Result<Duration, Rejected>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
