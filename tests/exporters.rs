@@ -77,7 +77,14 @@ fn metrics_feature_publishes_counters_gauges_and_histograms() {
             "{name} in {seen:#?}"
         );
     }
-    assert_eq!(seen.len(), expect.len(), "no other series: {seen:#?}");
+    // Every series is registered when the bulkhead is built: one per
+    // rejection reason and call outcome, and no more (bounded labels).
+    assert_eq!(seen.len(), 1 + 3 + 6 + 1 + 2, "{seen:#?}");
+    for (name, value) in &seen {
+        if !expect.iter().any(|(n, _)| n == name) {
+            assert!(value == "0" || value == "0 samples", "{name} = {value}");
+        }
+    }
 }
 
 /// With the `tracing` feature, rejections and finished calls are events

@@ -182,7 +182,7 @@ impl BulkheadBuilder {
         let mut observers = self.observers;
         if self.exporters {
             #[cfg(feature = "metrics")]
-            observers.push(Arc::new(super::export::MetricsExporter));
+            observers.push(Arc::new(super::export::MetricsExporter::new(&name)));
             #[cfg(feature = "tracing")]
             observers.push(Arc::new(super::export::TracingExporter));
         }

@@ -8,9 +8,12 @@ pub(crate) use self::tracing_export::TracingExporter;
 
 #[cfg(feature = "metrics")]
 mod metrics_export {
-    use super::super::observer::{Finished, Observer, Permitted, Rejection};
+    use metrics::{Counter, Gauge, Histogram};
 
-    /// Publishes through the `metrics` crate's global recorder. Names, all
+    use super::super::error::RejectReason;
+    use super::super::observer::{CallOutcome, Finished, Observer, Permitted, Rejection};
+
+    /// Publishes through the `metrics` crate's recorder. Names, all
     /// labelled `bulkhead=<name>`:
     ///
     /// | name | kind | extra labels |
@@ -23,39 +26,76 @@ mod metrics_export {
     /// | `bulkhead_hold_seconds` | histogram | |
     ///
     /// Labels are bounded: one bulkhead name, three reasons, six outcomes.
+    /// The handles are registered once, when the bulkhead is built, so an
+    /// event costs no allocation or lookup; install the recorder before
+    /// building bulkheads.
     #[derive(Debug)]
-    pub(crate) struct MetricsExporter;
+    pub(crate) struct MetricsExporter {
+        permitted: Counter,
+        rejected: [Counter; 3],
+        finished: [Counter; 6],
+        in_flight: Gauge,
+        wait: Histogram,
+        hold: Histogram,
+    }
+
+    const REASONS: [RejectReason; 3] = [
+        RejectReason::Full,
+        RejectReason::Timeout,
+        RejectReason::Closed,
+    ];
+    const OUTCOMES: [CallOutcome; 6] = [
+        CallOutcome::Success,
+        CallOutcome::Failure,
+        CallOutcome::TimedOut,
+        CallOutcome::Cancelled,
+        CallOutcome::Panicked,
+        CallOutcome::Released,
+    ];
+
+    impl MetricsExporter {
+        pub(crate) fn new(name: &str) -> Self {
+            let name = name.to_owned();
+            Self {
+                permitted: metrics::counter!("bulkhead_calls_permitted_total", "bulkhead" => name.clone()),
+                rejected: REASONS.map(|r| {
+                    metrics::counter!(
+                        "bulkhead_calls_rejected_total",
+                        "bulkhead" => name.clone(),
+                        "reason" => r.as_str()
+                    )
+                }),
+                finished: OUTCOMES.map(|o| {
+                    metrics::counter!(
+                        "bulkhead_calls_finished_total",
+                        "bulkhead" => name.clone(),
+                        "outcome" => o.as_str()
+                    )
+                }),
+                in_flight: metrics::gauge!("bulkhead_calls_in_flight", "bulkhead" => name.clone()),
+                wait: metrics::histogram!("bulkhead_wait_seconds", "bulkhead" => name.clone()),
+                hold: metrics::histogram!("bulkhead_hold_seconds", "bulkhead" => name),
+            }
+        }
+    }
 
     impl Observer for MetricsExporter {
         fn on_permitted(&self, e: &Permitted<'_>) {
-            let name = e.name.to_owned();
-            metrics::counter!("bulkhead_calls_permitted_total", "bulkhead" => name.clone())
-                .increment(1);
-            metrics::gauge!("bulkhead_calls_in_flight", "bulkhead" => name.clone()).increment(1.0);
-            metrics::histogram!("bulkhead_wait_seconds", "bulkhead" => name)
-                .record(e.waited.as_secs_f64());
+            self.permitted.increment(1);
+            self.in_flight.increment(1.0);
+            self.wait.record(e.waited.as_secs_f64());
         }
 
         fn on_rejected(&self, e: &Rejection<'_>) {
-            metrics::counter!(
-                "bulkhead_calls_rejected_total",
-                "bulkhead" => e.name.to_owned(),
-                "reason" => e.reason.as_str()
-            )
-            .increment(1);
+            let i = REASONS.iter().position(|r| *r == e.reason).unwrap_or(0);
+            self.rejected[i].increment(1);
         }
 
         fn on_finished(&self, e: &Finished<'_>) {
-            let name = e.name.to_owned();
-            metrics::counter!(
-                "bulkhead_calls_finished_total",
-                "bulkhead" => name.clone(),
-                "outcome" => e.outcome.as_str()
-            )
-            .increment(1);
-            metrics::gauge!("bulkhead_calls_in_flight", "bulkhead" => name.clone()).decrement(1.0);
-            metrics::histogram!("bulkhead_hold_seconds", "bulkhead" => name)
-                .record(e.held.as_secs_f64());
+            let i = OUTCOMES.iter().position(|o| *o == e.outcome).unwrap_or(0);
+            self.finished[i].increment(1);
+            self.in_flight.decrement(1.0);
+            self.hold.record(e.held.as_secs_f64());
         }
     }
 }
