@@ -221,8 +221,14 @@ fn a_waiter_served_in_time_is_admitted() {
         .build()
         .unwrap();
     let held = bh.try_acquire().unwrap();
+    let watcher = bh.clone();
     std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(20));
+        // Return the permit once the caller below is waiting for it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while watcher.metrics().queued() == 0 {
+            assert!(Instant::now() < deadline, "the caller never queued");
+            std::thread::yield_now();
+        }
         drop(held);
     });
     let permit = block_on(bh.acquire()).expect("admitted when the holder finished");
