@@ -1,5 +1,5 @@
 //! The `metrics` and `tracing` exporters publish what users rely on.
-#![cfg(all(not(loom), any(feature = "metrics", feature = "tracing")))]
+#![cfg(all(not(loom), feature = "metrics"))]
 
 use std::time::Duration;
 
@@ -85,61 +85,6 @@ fn metrics_feature_publishes_counters_gauges_and_histograms() {
             assert!(value == "0" || value == "0 samples", "{name} = {value}");
         }
     }
-}
-
-/// With the `tracing` feature, rejections and finished calls are events
-/// that name the bulkhead.
-#[cfg(feature = "tracing")]
-#[test]
-fn tracing_feature_emits_events() {
-    use std::io::Write;
-    use std::sync::{Arc, Mutex};
-
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, || {
-        let bh = Bulkhead::builder()
-            .name("gpu")
-            .max_concurrent_calls(1)
-            .max_wait(Duration::ZERO)
-            .build()
-            .unwrap();
-        let held = bh.try_acquire().unwrap();
-        assert!(bh.try_acquire().is_err());
-        drop(held);
-    });
-    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-    let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 3, "{out}");
-    assert!(
-        lines[0].contains("call permitted") && lines[0].contains("bulkhead=\"gpu\""),
-        "{out}"
-    );
-    assert!(
-        lines[1].contains("WARN") && lines[1].contains("call rejected"),
-        "{out}"
-    );
-    assert!(lines[1].contains("reason=\"full\""), "{out}");
-    assert!(
-        lines[2].contains("call finished") && lines[2].contains("outcome=\"released\""),
-        "{out}"
-    );
 }
 
 /// `exporters(false)` turns the feature exporters off for one bulkhead.
