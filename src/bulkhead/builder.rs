@@ -8,7 +8,7 @@ use std::time::Duration;
 use event_listener::Event;
 
 use super::error::{BuildError, BuildErrorKind};
-use super::metrics::Counters;
+use super::policy::Policy;
 use super::observer::Observer;
 use super::{Bulkhead, Shared};
 use crate::semaphore::Semaphore;
@@ -198,17 +198,17 @@ impl BulkheadBuilder {
         };
         Ok(Bulkhead {
             shared: Arc::new(Shared {
-                name: name.into(),
+                policy: Policy::new(
+                    name.into(),
+                    self.max_wait,
+                    self.max_queue,
+                    self.call_timeout,
+                    timer,
+                    observer,
+                ),
                 sem,
                 limit: Mutex::new(limit),
                 limit_now: AtomicUsize::new(limit),
-                max_wait: self.max_wait,
-                max_queue: self.max_queue,
-                call_timeout: self.call_timeout,
-                timer,
-                observer,
-                counters: Counters::default(),
-                waiting: AtomicUsize::new(0),
                 idle: Event::new(),
                 idle_watchers: AtomicUsize::new(0),
             }),

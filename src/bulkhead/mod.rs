@@ -30,7 +30,8 @@ mod export;
 mod metrics;
 pub(crate) mod observer;
 mod permit;
-mod timeout;
+pub(crate) mod policy;
+pub(crate) mod timeout;
 
 pub use builder::BulkheadBuilder;
 pub use error::{BuildError, BuildErrorKind, BulkheadError, RejectReason, Rejected};
@@ -44,17 +45,15 @@ use core::pin::Pin;
 use core::task::{Context, Poll};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use event_listener::Event;
 
 use crate::error::TryAcquireError;
 use crate::semaphore::Semaphore;
-use crate::timer::Timer;
 use metrics::Counters;
-use observer::{Permitted, Rejection};
 use permit::Held;
-use timeout::Timeout;
+use policy::Policy;
 
 /// Limits how many calls reach a downstream dependency at once, and decides
 /// what happens to the rest: wait in a fair line (for at most `max_wait`,
@@ -94,22 +93,13 @@ pub struct Bulkhead {
 
 /// The state every clone of a bulkhead shares.
 pub(crate) struct Shared {
-    pub(crate) name: Arc<str>,
+    pub(crate) policy: Policy,
     pub(crate) sem: Semaphore,
     /// The configured limit. Held while changing the limit and while reading
     /// `limit - balance`, so the two are read as one.
     limit: Mutex<usize>,
     /// A copy of `limit` for lock-free reads (the idle check on release).
     limit_now: AtomicUsize,
-    max_wait: Option<Duration>,
-    max_queue: Option<usize>,
-    call_timeout: Option<Duration>,
-    /// Present whenever `max_wait` is non-zero or `call_timeout` is set.
-    timer: Option<Arc<dyn Timer>>,
-    pub(crate) observer: Option<Arc<dyn Observer>>,
-    counters: Counters,
-    /// Callers waiting for a permit now (the bounded line).
-    waiting: AtomicUsize,
     /// Notified when the balance comes back up to the limit.
     idle: Event,
     /// How many `wait_idle` futures are watching. Notifying an `Event`
@@ -138,7 +128,7 @@ impl Bulkhead {
 
     /// The bulkhead's name, as given to the builder.
     pub fn name(&self) -> &str {
-        &self.shared.name
+        &self.shared.policy.name
     }
 
     /// Runs `call` once a permit is granted, then gives the permit back.
@@ -179,22 +169,9 @@ impl Bulkhead {
         // The guard owns the permit before any user code (the observer) runs,
         // so a panicking hook cannot leak it.
         let mut held = Held::new(shared, CallOutcome::Cancelled);
-        shared.permitted(waited);
-        let result = match (shared.call_timeout, &shared.timer) {
-            (Some(limit), Some(timer)) => match Timeout::new(call, timer.sleep(limit)).await {
-                Ok(out) => out.map_err(BulkheadError::Inner),
-                Err(_elapsed) => {
-                    Counters::bump(&shared.counters.call_timeouts);
-                    Err(BulkheadError::CallTimeout)
-                }
-            },
-            _ => call.await.map_err(BulkheadError::Inner),
-        };
-        held.set_outcome(match &result {
-            Ok(_) => CallOutcome::Success,
-            Err(BulkheadError::CallTimeout) => CallOutcome::TimedOut,
-            Err(_) => CallOutcome::Failure,
-        });
+        shared.policy.permitted(waited);
+        let (result, outcome) = shared.policy.run(call).await;
+        held.set_outcome(outcome);
         drop(held);
         result
     }
@@ -227,7 +204,7 @@ impl Bulkhead {
     pub async fn acquire(&self) -> Result<BulkheadPermit, Rejected> {
         let waited = self.shared.admit().await?;
         let permit = BulkheadPermit::new(self.shared.clone());
-        self.shared.permitted(waited);
+        self.shared.policy.permitted(waited);
         Ok(permit)
     }
 
@@ -250,7 +227,7 @@ impl Bulkhead {
     pub fn try_acquire(&self) -> Result<BulkheadPermit, Rejected> {
         self.shared.admit_now()?;
         let permit = BulkheadPermit::new(self.shared.clone());
-        self.shared.permitted(Duration::ZERO);
+        self.shared.policy.permitted(Duration::ZERO);
         Ok(permit)
     }
 
@@ -268,14 +245,14 @@ impl Bulkhead {
     pub fn metrics(&self) -> Metrics {
         let s = &*self.shared;
         let (limit, in_flight) = s.limit_and_in_flight();
-        let c = &s.counters;
+        let c = &s.policy.counters;
         Metrics {
-            name: s.name.clone(),
+            name: s.policy.name.clone(),
             max_concurrent_calls: limit,
             in_flight,
-            queued: s.waiting.load(Ordering::Relaxed),
-            max_queue: s.max_queue,
-            max_wait: s.max_wait,
+            queued: s.policy.queued(),
+            max_queue: s.policy.max_queue,
+            max_wait: s.policy.max_wait,
             closed: s.sem.is_closed(),
             permitted: Counters::get(&c.permitted),
             rejected_full: Counters::get(&c.rejected_full),
@@ -413,8 +390,8 @@ impl Shared {
     fn admit_now(&self) -> Result<(), Rejected> {
         match self.sem.try_take(1) {
             Ok(()) => Ok(()),
-            Err(TryAcquireError::NoPermits) => Err(self.reject(RejectReason::Full, Duration::ZERO)),
-            Err(TryAcquireError::Closed) => Err(self.reject(RejectReason::Closed, Duration::ZERO)),
+            Err(TryAcquireError::NoPermits) => Err(self.policy.reject(RejectReason::Full, Duration::ZERO)),
+            Err(TryAcquireError::Closed) => Err(self.policy.reject(RejectReason::Closed, Duration::ZERO)),
         }
     }
 
@@ -431,72 +408,18 @@ impl Shared {
         match self.sem.try_take(1) {
             Ok(()) => Admit::Done(Some(Ok(Duration::ZERO))),
             Err(TryAcquireError::Closed) => {
-                Admit::Done(Some(Err(self.reject(RejectReason::Closed, Duration::ZERO))))
+                Admit::Done(Some(Err(self.policy.reject(RejectReason::Closed, Duration::ZERO))))
             }
             Err(TryAcquireError::NoPermits) => Admit::Waiting(Box::pin(self.admit_waiting())),
         }
     }
 
     async fn admit_waiting(&self) -> Result<Duration, Rejected> {
-        if self.max_wait == Some(Duration::ZERO) {
-            return Err(self.reject(RejectReason::Full, Duration::ZERO));
-        }
-        let place = Place::take(&self.waiting);
-        if self.max_queue.is_some_and(|max| place.ahead >= max) {
-            drop(place);
-            return Err(self.reject(RejectReason::Full, Duration::ZERO));
-        }
-        let start = Instant::now();
-        let outcome = match (self.max_wait, &self.timer) {
-            (Some(limit), Some(timer)) => {
-                match Timeout::new(self.sem.acquire(), timer.sleep(limit)).await {
-                    Ok(acquired) => acquired.map_err(|_| RejectReason::Closed),
-                    Err(_elapsed) => Err(RejectReason::Timeout),
-                }
-            }
-            _ => self.sem.acquire().await.map_err(|_| RejectReason::Closed),
-        };
-        drop(place);
-        let waited = start.elapsed();
-        match outcome {
-            Ok(permit) => {
-                // The permit now belongs to the call; `Held` gives it back.
-                permit.forget();
-                Ok(waited)
-            }
-            Err(reason) => Err(self.reject(reason, waited)),
-        }
-    }
-
-    /// Counts an admitted call and tells the observer. Call it once the
-    /// permit is owned by a guard.
-    #[inline]
-    fn permitted(&self, waited: Duration) {
-        Counters::bump(&self.counters.permitted);
-        if let Some(observer) = &self.observer {
-            observer.on_permitted(&Permitted {
-                name: &self.name,
-                waited,
-            });
-        }
-    }
-
-    #[cold]
-    fn reject(&self, reason: RejectReason, waited: Duration) -> Rejected {
-        let c = &self.counters;
-        Counters::bump(match reason {
-            RejectReason::Full => &c.rejected_full,
-            RejectReason::Timeout => &c.rejected_timeout,
-            RejectReason::Closed => &c.rejected_closed,
-        });
-        if let Some(observer) = &self.observer {
-            observer.on_rejected(&Rejection {
-                name: &self.name,
-                reason,
-                waited,
-            });
-        }
-        Rejected::new(reason, waited, self.name.clone())
+        let acquire = async { self.sem.acquire().await.map_err(|_| RejectReason::Closed) };
+        let (permit, waited) = self.policy.wait_for(acquire).await?;
+        // The permit now belongs to the call; `Held` gives it back.
+        permit.forget();
+        Ok(waited)
     }
 }
 
@@ -527,35 +450,14 @@ impl Future for Admit<'_> {
     }
 }
 
-/// A place in the bulkhead's waiting line, given up on drop (also when the
-/// waiting future is cancelled).
-struct Place<'a> {
-    waiting: &'a AtomicUsize,
-    /// How many were waiting before this caller.
-    ahead: usize,
-}
-
-impl<'a> Place<'a> {
-    fn take(waiting: &'a AtomicUsize) -> Self {
-        let ahead = waiting.fetch_add(1, Ordering::Relaxed);
-        Self { waiting, ahead }
-    }
-}
-
-impl Drop for Place<'_> {
-    fn drop(&mut self) {
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 impl fmt::Debug for Bulkhead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (limit, in_flight) = self.shared.limit_and_in_flight();
         f.debug_struct("Bulkhead")
-            .field("name", &self.shared.name)
+            .field("name", &self.shared.policy.name)
             .field("max_concurrent_calls", &limit)
             .field("in_flight", &in_flight)
-            .field("queued", &self.shared.waiting.load(Ordering::Relaxed))
+            .field("queued", &self.shared.policy.queued())
             .field("closed", &self.shared.sem.is_closed())
             .finish()
     }

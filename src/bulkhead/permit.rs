@@ -3,10 +3,10 @@
 use core::fmt;
 use core::ops::Deref;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::Shared;
-use super::observer::{CallOutcome, Finished};
+use super::observer::CallOutcome;
 
 /// One admitted call's hold on a permit: gives the permit back on drop,
 /// tells the observer how the call ended, and wakes `wait_idle` when the
@@ -23,7 +23,7 @@ pub(crate) struct Held<S: Deref<Target = Shared>> {
 impl<S: Deref<Target = Shared>> Held<S> {
     #[inline]
     pub(crate) fn new(shared: S, outcome_if_dropped: CallOutcome) -> Self {
-        let since = shared.observer.as_ref().map(|_| Instant::now());
+        let since = shared.policy.clock();
         Self {
             shared,
             since,
@@ -36,10 +36,6 @@ impl<S: Deref<Target = Shared>> Held<S> {
     pub(crate) fn set_outcome(&mut self, outcome: CallOutcome) {
         self.outcome = outcome;
     }
-
-    fn held(&self) -> Duration {
-        self.since.map_or(Duration::ZERO, |t| t.elapsed())
-    }
 }
 
 impl<S: Deref<Target = Shared>> Drop for Held<S> {
@@ -50,18 +46,7 @@ impl<S: Deref<Target = Shared>> Drop for Held<S> {
         if balance >= shared.limit() as isize {
             shared.became_idle();
         }
-        if let Some(observer) = &shared.observer {
-            let outcome = if std::thread::panicking() {
-                CallOutcome::Panicked
-            } else {
-                self.outcome
-            };
-            observer.on_finished(&Finished {
-                name: &shared.name,
-                held: self.held(),
-                outcome,
-            });
-        }
+        shared.policy.finished(self.since, self.outcome);
     }
 }
 
@@ -96,7 +81,7 @@ impl BulkheadPermit {
 
     /// The name of the bulkhead the permit came from.
     pub fn bulkhead_name(&self) -> &str {
-        &self.held.shared.name
+        &self.held.shared.policy.name
     }
 
     /// Marks how the guarded work ended, for the observer (the default is
@@ -119,7 +104,7 @@ impl BulkheadPermit {
 impl fmt::Debug for BulkheadPermit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BulkheadPermit")
-            .field("bulkhead", &self.held.shared.name)
+            .field("bulkhead", &self.held.shared.policy.name)
             .finish_non_exhaustive()
     }
 }
