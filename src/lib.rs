@@ -98,6 +98,8 @@ mod bulkhead;
 mod error;
 mod list;
 mod loom;
+#[cfg(all(not(loom), feature = "redis"))]
+pub mod redis;
 mod semaphore;
 #[cfg(not(loom))]
 pub mod timer;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use event_listener::Event;
 
 use super::error::{BuildError, BuildErrorKind};
-use super::policy::Policy;
 use super::observer::Observer;
+use super::policy::Policy;
 use super::{Bulkhead, Shared};
 use crate::semaphore::Semaphore;
 use crate::timer::Timer;
@@ -52,7 +52,7 @@ pub struct BulkheadBuilder {
 }
 
 impl BulkheadBuilder {
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             name: None,
             max_concurrent_calls: None,
@@ -162,12 +162,37 @@ impl BulkheadBuilder {
             Some(n) if n > Semaphore::MAX_PERMITS => return fail(BuildErrorKind::LimitTooLarge),
             Some(n) => n,
         };
-        let name = self.name.unwrap_or_else(|| "bulkhead".to_owned());
+        let fair = self.fair;
+        let policy = self.into_policy(None)?;
+        let sem = if fair {
+            Semaphore::new(limit)
+        } else {
+            Semaphore::new_unfair(limit)
+        };
+        Ok(Bulkhead {
+            shared: Arc::new(Shared {
+                policy,
+                sem,
+                limit: Mutex::new(limit),
+                limit_now: AtomicUsize::new(limit),
+                idle: Event::new(),
+                idle_watchers: AtomicUsize::new(0),
+            }),
+        })
+    }
+}
+
+impl BulkheadBuilder {
+    /// Everything but the permits: checks the name, `call_timeout` and the
+    /// timer, and gathers the observers. `name` overrides the builder's
+    /// (the Redis bulkhead takes its semaphore's).
+    pub(crate) fn into_policy(self, name: Option<String>) -> Result<Policy, BuildError> {
+        let name = name.or(self.name).unwrap_or_else(|| "bulkhead".to_owned());
         if name.is_empty() {
-            return fail(BuildErrorKind::EmptyName);
+            return Err(BuildError::new(BuildErrorKind::EmptyName));
         }
         if self.call_timeout == Some(Duration::ZERO) {
-            return fail(BuildErrorKind::ZeroCallTimeout);
+            return Err(BuildError::new(BuildErrorKind::ZeroCallTimeout));
         }
         let needs_timer =
             self.max_wait.is_some_and(|d| !d.is_zero()) || self.call_timeout.is_some();
@@ -175,7 +200,7 @@ impl BulkheadBuilder {
             Some(timer) => Some(timer),
             None if needs_timer => match crate::timer::default_timer() {
                 Some(timer) => Some(timer),
-                None => return fail(BuildErrorKind::NoTimer),
+                None => return Err(BuildError::new(BuildErrorKind::NoTimer)),
             },
             None => None,
         };
@@ -191,28 +216,14 @@ impl BulkheadBuilder {
             1 => observers.pop(),
             _ => Some(Arc::new(super::export::Fanout(observers))),
         };
-        let sem = if self.fair {
-            Semaphore::new(limit)
-        } else {
-            Semaphore::new_unfair(limit)
-        };
-        Ok(Bulkhead {
-            shared: Arc::new(Shared {
-                policy: Policy::new(
-                    name.into(),
-                    self.max_wait,
-                    self.max_queue,
-                    self.call_timeout,
-                    timer,
-                    observer,
-                ),
-                sem,
-                limit: Mutex::new(limit),
-                limit_now: AtomicUsize::new(limit),
-                idle: Event::new(),
-                idle_watchers: AtomicUsize::new(0),
-            }),
-        })
+        Ok(Policy::new(
+            name.into(),
+            self.max_wait,
+            self.max_queue,
+            self.call_timeout,
+            timer,
+            observer,
+        ))
     }
 }
 

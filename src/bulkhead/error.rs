@@ -17,11 +17,14 @@ pub enum RejectReason {
     Timeout,
     /// The bulkhead was closed.
     Closed,
+    /// The permits live elsewhere (the Redis backend) and could not be
+    /// reached: the bulkhead fails closed rather than admit uncounted calls.
+    Unavailable,
 }
 
 impl RejectReason {
     /// A short lowercase label, for metrics and logs: `"full"`,
-    /// `"timeout"` or `"closed"`.
+    /// `"timeout"`, `"closed"` or `"unavailable"`.
     ///
     /// # Examples
     ///
@@ -35,6 +38,7 @@ impl RejectReason {
             Self::Full => "full",
             Self::Timeout => "timeout",
             Self::Closed => "closed",
+            Self::Unavailable => "unavailable",
         }
     }
 }
@@ -110,6 +114,9 @@ impl fmt::Display for Rejected {
                 Duration::from_millis(self.waited.as_millis() as u64)
             ),
             RejectReason::Closed => write!(f, "bulkhead {} is closed", self.name),
+            RejectReason::Unavailable => {
+                write!(f, "bulkhead {} cannot reach its shared permits", self.name)
+            }
         }
     }
 }

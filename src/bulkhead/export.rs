@@ -25,24 +25,25 @@ mod metrics_export {
     /// | `bulkhead_wait_seconds` | histogram | |
     /// | `bulkhead_hold_seconds` | histogram | |
     ///
-    /// Labels are bounded: one bulkhead name, three reasons, six outcomes.
+    /// Labels are bounded: one bulkhead name, four reasons, six outcomes.
     /// The handles are registered once, when the bulkhead is built, so an
     /// event costs no allocation or lookup; install the recorder before
     /// building bulkheads.
     #[derive(Debug)]
     pub(crate) struct MetricsExporter {
         permitted: Counter,
-        rejected: [Counter; 3],
+        rejected: [Counter; 4],
         finished: [Counter; 6],
         in_flight: Gauge,
         wait: Histogram,
         hold: Histogram,
     }
 
-    const REASONS: [RejectReason; 3] = [
+    const REASONS: [RejectReason; 4] = [
         RejectReason::Full,
         RejectReason::Timeout,
         RejectReason::Closed,
+        RejectReason::Unavailable,
     ];
     const OUTCOMES: [CallOutcome; 6] = [
         CallOutcome::Success,

@@ -12,6 +12,7 @@ pub(crate) struct Counters {
     pub(crate) rejected_full: AtomicU64,
     pub(crate) rejected_timeout: AtomicU64,
     pub(crate) rejected_closed: AtomicU64,
+    pub(crate) rejected_unavailable: AtomicU64,
     pub(crate) call_timeouts: AtomicU64,
 }
 
@@ -68,6 +69,7 @@ pub struct Metrics {
     pub(crate) rejected_full: u64,
     pub(crate) rejected_timeout: u64,
     pub(crate) rejected_closed: u64,
+    pub(crate) rejected_unavailable: u64,
     pub(crate) call_timeouts: u64,
 }
 
@@ -136,9 +138,18 @@ impl Metrics {
         self.rejected_closed
     }
 
+    /// Calls rejected because the shared permits (the Redis backend) could
+    /// not be reached. Always zero for an in-process bulkhead.
+    pub fn rejected_unavailable(&self) -> u64 {
+        self.rejected_unavailable
+    }
+
     /// All rejections.
     pub fn rejected(&self) -> u64 {
-        self.rejected_full + self.rejected_timeout + self.rejected_closed
+        self.rejected_full
+            + self.rejected_timeout
+            + self.rejected_closed
+            + self.rejected_unavailable
     }
 
     /// Admitted calls that have given their permit back

@@ -258,6 +258,7 @@ impl Bulkhead {
             rejected_full: Counters::get(&c.rejected_full),
             rejected_timeout: Counters::get(&c.rejected_timeout),
             rejected_closed: Counters::get(&c.rejected_closed),
+            rejected_unavailable: Counters::get(&c.rejected_unavailable),
             call_timeouts: Counters::get(&c.call_timeouts),
         }
     }
@@ -390,8 +391,12 @@ impl Shared {
     fn admit_now(&self) -> Result<(), Rejected> {
         match self.sem.try_take(1) {
             Ok(()) => Ok(()),
-            Err(TryAcquireError::NoPermits) => Err(self.policy.reject(RejectReason::Full, Duration::ZERO)),
-            Err(TryAcquireError::Closed) => Err(self.policy.reject(RejectReason::Closed, Duration::ZERO)),
+            Err(TryAcquireError::NoPermits) => {
+                Err(self.policy.reject(RejectReason::Full, Duration::ZERO))
+            }
+            Err(TryAcquireError::Closed) => {
+                Err(self.policy.reject(RejectReason::Closed, Duration::ZERO))
+            }
         }
     }
 
@@ -407,9 +412,9 @@ impl Shared {
     fn admit(&self) -> Admit<'_> {
         match self.sem.try_take(1) {
             Ok(()) => Admit::Done(Some(Ok(Duration::ZERO))),
-            Err(TryAcquireError::Closed) => {
-                Admit::Done(Some(Err(self.policy.reject(RejectReason::Closed, Duration::ZERO))))
-            }
+            Err(TryAcquireError::Closed) => Admit::Done(Some(Err(self
+                .policy
+                .reject(RejectReason::Closed, Duration::ZERO)))),
             Err(TryAcquireError::NoPermits) => Admit::Waiting(Box::pin(self.admit_waiting())),
         }
     }

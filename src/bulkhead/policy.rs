@@ -129,6 +129,7 @@ impl Policy {
             RejectReason::Full => &c.rejected_full,
             RejectReason::Timeout => &c.rejected_timeout,
             RejectReason::Closed => &c.rejected_closed,
+            RejectReason::Unavailable => &c.rejected_unavailable,
         });
         if let Some(observer) = &self.observer {
             observer.on_rejected(&Rejection {

@@ -1,0 +1,227 @@
+//! The lease keeper: renews this process's leases, and turns pub/sub
+//! messages into local wake-ups. Both run as background tasks that hold
+//! only weak references, and stop once the last handle is dropped.
+
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use event_listener::{Event, IntoNotification};
+use futures_core::Stream;
+
+use super::Inner;
+use super::error::LostReason;
+use crate::timer::Timer;
+
+/// Wake-ups shared by the semaphore's handles and its background tasks.
+#[derive(Default)]
+pub(super) struct Signals {
+    /// Notified when permits may have come free (a pub/sub message, a
+    /// (re)subscription, `close`).
+    pub(super) wake: Event,
+    /// Set, and `shutdown` notified, when the last handle is gone.
+    stopped: AtomicBool,
+    shutdown: Event,
+}
+
+impl Signals {
+    fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.signals.stopped.store(true, Ordering::SeqCst);
+        self.signals.shutdown.notify(usize::MAX);
+    }
+}
+
+pub(super) fn start(inner: &Arc<Inner>, client: redis::Client) {
+    let weak = Arc::downgrade(inner);
+    inner.spawner.spawn(renew_loop(
+        weak,
+        inner.timer.clone(),
+        inner.renew_every,
+        inner.signals.clone(),
+    ));
+    inner.spawner.spawn(pubsub_loop(
+        client,
+        inner.keys.channel.clone(),
+        inner.signals.clone(),
+        inner.timer.clone(),
+    ));
+}
+
+/// Renews every lease this process holds, every `every`, in one script
+/// call per round (in chunks, for very many leases).
+async fn renew_loop(
+    weak: Weak<Inner>,
+    timer: Arc<dyn Timer>,
+    every: Duration,
+    signals: Arc<Signals>,
+) {
+    loop {
+        if !sleep_unless_stopped(&*timer, every, &signals).await {
+            return;
+        }
+        let Some(inner) = weak.upgrade() else { return };
+        inner.renew_all().await;
+    }
+}
+
+impl Inner {
+    async fn renew_all(&self) {
+        let leases: Vec<_> = self
+            .lock_leases()
+            .values()
+            .filter(|l| l.lost_reason().is_none())
+            .cloned()
+            .collect();
+        for chunk in leases.chunks(512) {
+            let sent = Instant::now();
+            let mut call = self.scripts.renew.prepare_invoke();
+            call.key(&self.keys.leases)
+                .key(&self.keys.info)
+                .key(&self.keys.fence)
+                .key(&self.keys.limit)
+                .key(&self.keys.channel)
+                .arg(self.ttl.as_millis() as u64);
+            for lease in chunk {
+                call.arg(&lease.id);
+            }
+            let answer: redis::RedisResult<Vec<i64>> =
+                call.invoke_async(&mut self.conn.clone()).await;
+            match answer {
+                Ok(ttls) => {
+                    for (lease, ttl) in chunk.iter().zip(ttls) {
+                        if ttl > 0 {
+                            lease.renewed(sent, self.ttl);
+                        } else {
+                            self.lost(lease, LostReason::Expired);
+                        }
+                    }
+                }
+                Err(_) => {
+                    // Out of reach: a lease whose local deadline has passed
+                    // may have been granted to someone else by now.
+                    let now = Instant::now();
+                    for lease in chunk {
+                        if lease.deadline() <= now {
+                            self.lost(lease, LostReason::Unreachable);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn lost(&self, lease: &super::Lease, reason: LostReason) {
+        if lease.mark_lost(reason) {
+            self.forget_lease(&lease.id);
+        }
+    }
+}
+
+/// Keeps one subscription to the semaphore's channel and wakes local
+/// waiters for each message: `free n` wakes `n` more of them. Whenever the
+/// subscription is (re)made or lost, every waiter is woken, since messages
+/// may have been missed. Waiters never depend on this: they also retry at
+/// the earliest lease deadline and at least every `max_poll`.
+async fn pubsub_loop(
+    client: redis::Client,
+    channel: String,
+    signals: Arc<Signals>,
+    timer: Arc<dyn Timer>,
+) {
+    let mut backoff = Duration::from_millis(50);
+    while !signals.is_stopped() {
+        if let Ok(mut pubsub) = client.get_async_pubsub().await
+            && pubsub.subscribe(&channel).await.is_ok()
+        {
+            backoff = Duration::from_millis(50);
+            signals.wake.notify(usize::MAX);
+            let mut messages = pubsub.into_on_message();
+            loop {
+                match (NextOrStop {
+                    stream: &mut messages,
+                    signals: &signals,
+                    listener: None,
+                })
+                .await
+                {
+                    Next::Message(msg) => {
+                        let payload: String = msg.get_payload().unwrap_or_default();
+                        let n = payload
+                            .strip_prefix("free ")
+                            .and_then(|n| n.parse::<usize>().ok())
+                            .unwrap_or(usize::MAX);
+                        signals.wake.notify(n.additional());
+                    }
+                    Next::Ended => break,
+                    Next::Stopped => return,
+                }
+            }
+        }
+        signals.wake.notify(usize::MAX);
+        if !sleep_unless_stopped(&*timer, backoff, &signals).await {
+            return;
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// Sleeps for `d`; returns `false` early if the semaphore is dropped.
+async fn sleep_unless_stopped(timer: &dyn Timer, d: Duration, signals: &Signals) -> bool {
+    let stop = signals.shutdown.listen();
+    if signals.is_stopped() {
+        return false;
+    }
+    let sleep = timer.sleep(d);
+    match crate::bulkhead::timeout::Timeout::new(stop, sleep).await {
+        Ok(()) => false,
+        Err(_elapsed) => !signals.is_stopped(),
+    }
+}
+
+enum Next {
+    Message(redis::Msg),
+    Ended,
+    Stopped,
+}
+
+/// The next pub/sub message, or the end of the subscription, or the
+/// semaphore's shutdown, whichever comes first.
+struct NextOrStop<'a, S> {
+    stream: &'a mut S,
+    signals: &'a Signals,
+    listener: Option<event_listener::EventListener>,
+}
+
+impl<S: Stream<Item = redis::Msg> + Unpin> Future for NextOrStop<'_, S> {
+    type Output = Next;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Next> {
+        let this = &mut *self;
+        if let Poll::Ready(item) = Pin::new(&mut *this.stream).poll_next(cx) {
+            return Poll::Ready(item.map_or(Next::Ended, Next::Message));
+        }
+        loop {
+            if this.signals.is_stopped() {
+                return Poll::Ready(Next::Stopped);
+            }
+            match &mut this.listener {
+                None => this.listener = Some(this.signals.shutdown.listen()),
+                Some(l) => {
+                    if Pin::new(l).poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    this.listener = None;
+                }
+            }
+        }
+    }
+}

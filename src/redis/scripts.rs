@@ -1,0 +1,157 @@
+//! The Lua scripts: every state change is one script call that reads the
+//! Redis primary's own clock (`TIME`), so clients' clocks never matter.
+//!
+//! Keys of one semaphore (all share the hash tag `{name}`, so they live in
+//! one Redis Cluster slot):
+//!
+//! * `KEYS[1]` `…:leases`: sorted set, permit id → lease deadline (ms).
+//! * `KEYS[2]` `…:info`: hash, permit id → `fence:acquired_ms:label`.
+//! * `KEYS[3]` `…:fence`: the fence counter (never expires).
+//! * `KEYS[4]` `…:limit`: the limit every client obeys.
+//! * `KEYS[5]` `…:wake`: the pub/sub channel (only published to).
+
+use redis::Script;
+
+/// Shared by every script: the server's clock in milliseconds, and the
+/// removal of expired leases, published so that waiters look again.
+const PRELUDE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function purge()
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+  if #expired > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+    for _, id in ipairs(expired) do
+      redis.call('HDEL', KEYS[2], id)
+    end
+    redis.call('PUBLISH', KEYS[5], 'free ' .. #expired)
+  end
+end
+local function limit_of(default)
+  local limit = tonumber(redis.call('GET', KEYS[4]))
+  if not limit then
+    limit = tonumber(default)
+    redis.call('SET', KEYS[4], default)
+  end
+  return limit
+end
+";
+
+/// `ARGV`: id, ttl_ms, default limit, label.
+///
+/// Returns `{1, fence, ttl_left_ms, limit, holders}` when granted (also for
+/// a retry of an id that already holds: same fence, lease extended), or
+/// `{0, 0, retry_after_ms, limit, holders}`, where `retry_after_ms` is the
+/// time until the earliest lease expires (-1 when nothing is held, as with
+/// a limit of zero).
+const ACQUIRE: &str = r"
+purge()
+local id, ttl = ARGV[1], tonumber(ARGV[2])
+local limit = limit_of(ARGV[3])
+local info = redis.call('HGET', KEYS[2], id)
+if info then
+  redis.call('ZADD', KEYS[1], 'XX', now + ttl, id)
+  local fence = string.match(info, '^(%d+):')
+  return {1, tonumber(fence), ttl, limit, redis.call('ZCARD', KEYS[1])}
+end
+local holders = redis.call('ZCARD', KEYS[1])
+if holders < limit then
+  local fence = redis.call('INCR', KEYS[3])
+  redis.call('ZADD', KEYS[1], now + ttl, id)
+  redis.call('HSET', KEYS[2], id, fence .. ':' .. now .. ':' .. ARGV[4])
+  return {1, fence, ttl, limit, holders + 1}
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local retry = -1
+if first[2] then
+  retry = tonumber(first[2]) - now
+end
+return {0, 0, retry, limit, holders}
+";
+
+/// `ARGV`: ttl_ms, then the ids to renew. Returns one number per id: the
+/// lease's new time to live in ms, or -1 if the lease is gone or expired
+/// (then it is removed: a lost lease is never revived).
+const RENEW: &str = r"
+local ttl = tonumber(ARGV[1])
+local out = {}
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  local deadline = tonumber(redis.call('ZSCORE', KEYS[1], id))
+  if deadline and deadline > now then
+    redis.call('ZADD', KEYS[1], 'XX', now + ttl, id)
+    out[#out + 1] = ttl
+  else
+    out[#out + 1] = -1
+  end
+end
+purge()
+return out
+";
+
+/// `ARGV`: id. Returns the ms the lease had left (> 0: released in time),
+/// or how long ago it expired as a negative number or zero (an overrun;
+/// the entry is removed either way), or `nil` if the id held nothing
+/// (expired and purged, possibly granted to someone else since).
+const RELEASE: &str = r"
+local deadline = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+purge()
+if not deadline then
+  return nil
+end
+if deadline > now then
+  redis.call('PUBLISH', KEYS[5], 'free 1')
+end
+return deadline - now
+";
+
+/// Returns `{now_ms, limit or -1, fence counter, id, deadline, info, id,
+/// deadline, info, …}` for the unexpired leases, earliest deadline first.
+const HOLDERS: &str = r"
+local limit = tonumber(redis.call('GET', KEYS[4])) or -1
+local fence = tonumber(redis.call('GET', KEYS[3])) or 0
+local out = {now, limit, fence}
+local leases = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+for i = 1, #leases, 2 do
+  out[#out + 1] = leases[i]
+  out[#out + 1] = tonumber(leases[i + 1])
+  out[#out + 1] = redis.call('HGET', KEYS[2], leases[i]) or ''
+end
+return out
+";
+
+/// `ARGV`: the new limit. Stores it for every client and wakes waiters.
+const SET_LIMIT: &str = r"
+local old = tonumber(redis.call('GET', KEYS[4])) or 0
+redis.call('SET', KEYS[4], ARGV[1])
+if tonumber(ARGV[1]) > old then
+  redis.call('PUBLISH', KEYS[5], 'free ' .. (tonumber(ARGV[1]) - old))
+end
+purge()
+return old
+";
+
+/// The compiled scripts (each is sent by SHA, and re-sent in full when the
+/// server answers `NOSCRIPT`, as after a restart).
+pub(super) struct Scripts {
+    pub(super) acquire: Script,
+    pub(super) renew: Script,
+    pub(super) release: Script,
+    pub(super) holders: Script,
+    pub(super) set_limit: Script,
+}
+
+impl Scripts {
+    pub(super) fn new() -> Self {
+        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        Self {
+            acquire: with_prelude(ACQUIRE),
+            renew: with_prelude(RENEW),
+            release: with_prelude(RELEASE),
+            holders: with_prelude(HOLDERS),
+            set_limit: with_prelude(SET_LIMIT),
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! The Redis semaphore and bulkhead against a real `redis-server`, started
+//! per test on a free loopback port with persistence off.
+#![cfg(all(not(loom), feature = "redis", feature = "tokio"))]
+
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+use std::time::Duration;
+
+use bulkhead::RejectReason;
+use bulkhead::redis::{LeaseError, RedisBulkhead, RedisSemaphore, ReleaseError};
+use redis_server::RedisServer;
+
+async fn semaphore(server: &RedisServer, name: &str, limit: usize, ttl_ms: u64) -> RedisSemaphore {
+    let client = redis::Client::open(server.url()).unwrap();
+    RedisSemaphore::builder(client, name)
+        .limit(limit)
+        .lease_ttl(Duration::from_millis(ttl_ms))
+        .max_poll(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Grants stop at the limit, fences increase, a release frees a permit and
+/// wakes a waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_up_to_the_limit_with_increasing_fences() {
+    let server = RedisServer::start();
+    let sem = semaphore(&server, "api", 2, 5_000).await;
+    let a = sem.acquire().await.unwrap();
+    let b = sem.try_acquire().await.unwrap();
+    assert!(b.fence() > a.fence());
+    match sem.try_acquire().await {
+        Err(LeaseError::NoPermits { retry_after, limit }) => {
+            assert_eq!(limit, 2);
+            let hint = retry_after.expect("leases are held");
+            assert!(
+                hint <= Duration::from_millis(5_000) && hint > Duration::from_millis(3_000),
+                "{hint:?}"
+            );
+        }
+        other => panic!("expected NoPermits, got {other:?}"),
+    }
+    let holders = sem.holders().await.unwrap();
+    assert_eq!(holders.len(), 2);
+    assert_eq!(
+        holders.iter().map(|h| h.fence).collect::<Vec<_>>(),
+        vec![a.fence(), b.fence()]
+    );
+    let waiter = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await.map(|p| p.fence()) }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiter.is_finished());
+    let fence_b = b.fence();
+    b.release().await.unwrap();
+    let c = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(c > fence_b);
+    drop(a);
+}
+
+/// A dropped permit is released at once in the background.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_permit_is_released() {
+    let server = RedisServer::start();
+    let sem = semaphore(&server, "drop", 1, 30_000).await;
+    drop(sem.acquire().await.unwrap());
+    let again = tokio::time::timeout(Duration::from_secs(2), sem.acquire())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(sem.holders().await.unwrap().len(), 1);
+    again.release().await.unwrap();
+    assert!(sem.holders().await.unwrap().is_empty());
+}
+
+/// A lease that expired before release is reported as an overrun.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_release_reports_the_overrun() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let sem = RedisSemaphore::builder(client, "late")
+        .limit(1)
+        .lease_ttl(Duration::from_millis(300))
+        .renew_every(Duration::from_millis(290))
+        .build()
+        .await
+        .unwrap();
+    let permit = sem.acquire().await.unwrap();
+    server.pause(Duration::from_millis(400)); // DEBUG SLEEP: renewals can't land
+    let lost = tokio::time::timeout(Duration::from_secs(3), permit.lost()).await;
+    assert!(lost.is_ok(), "the loss was not noticed");
+    assert!(matches!(
+        permit.release().await,
+        Err(ReleaseError::Overrun { .. })
+    ));
+}
+
+/// The bulkhead policy over Redis: fail fast reports Full, a limit change
+/// reaches another client, an unreachable Redis rejects as Unavailable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulkhead_policy_over_redis() {
+    let server = RedisServer::start();
+    let one = RedisBulkhead::builder(semaphore(&server, "bh", 1, 5_000).await)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let other = RedisBulkhead::builder(semaphore(&server, "bh", 1, 5_000).await)
+        .max_wait(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let held = one.acquire().await.unwrap();
+    assert_eq!(
+        one.try_acquire().await.unwrap_err().reason(),
+        RejectReason::Full
+    );
+    let waiting = tokio::spawn({
+        let other = other.clone();
+        async move { other.call(async { Ok::<_, ()>(7) }).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    one.set_max_concurrent_calls(2).await.unwrap();
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(2), waiting)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap(),
+        7
+    );
+    assert_eq!(other.metrics().max_concurrent_calls(), 2);
+    assert_eq!(one.metrics().in_flight(), 1);
+    drop(held);
+    server.stop();
+    let r = one.call(async { Ok::<_, ()>(()) }).await.unwrap_err();
+    assert_eq!(r.rejected().unwrap().reason(), RejectReason::Unavailable);
+    assert_eq!(one.metrics().rejected_unavailable(), 1);
+}
