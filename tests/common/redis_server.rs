@@ -1,0 +1,1066 @@
+//! A std-only test harness for the Redis backend tests:
+//!
+//! - [`RedisServer`]: a throwaway `redis-server` on a free loopback port, with
+//!   persistence off, that can be stopped, restarted on the same port and sent
+//!   raw commands;
+//! - process helpers for multi-process tests: [`signal`], [`spawn_child`],
+//!   [`ChildTest`], [`ChildLines`] and [`read_line_timeout`];
+//! - [`ConcurrencyProbe`] and [`ProbeClient`]: an independent count of
+//!   concurrent holders (threads or processes) that uses neither the library
+//!   nor Redis.
+//!
+//! Include it with `#[path = "common/redis_server.rs"] mod redis_server;`.
+//! Nothing here may hang a test: every socket read has a timeout and every
+//! wait is bounded.
+
+// Each test crate uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How long a server may take to answer `PING` after it was started.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The default read/write timeout of [`RedisServer::cmd`].
+pub const CMD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The environment variable that marks a re-executed test binary as a child.
+pub const CHILD_ENV: &str = "BULKHEAD_CHILD";
+
+/// Overrides the `redis-server` binary (default: `redis-server` from `PATH`).
+pub const REDIS_SERVER_ENV: &str = "BULKHEAD_REDIS_SERVER";
+
+const LOCALHOST: Ipv4Addr = Ipv4Addr::LOCALHOST;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking test must not turn every later `Drop` into a second panic.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+// ---------------------------------------------------------------------------
+// RedisServer
+// ---------------------------------------------------------------------------
+
+/// A `redis-server` child process on `127.0.0.1:<free port>`, with
+/// persistence off and its own temporary directory (holding `redis.log`).
+///
+/// All methods take `&self`, so an `Arc<RedisServer>` can be shared between
+/// threads and tasks, and one of them may `stop` or `restart` it. Dropping it
+/// kills the server and removes the directory.
+///
+/// `DEBUG` is enabled (`--enable-debug-command yes`); Redis 7 refuses it by
+/// default.
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    dir: PathBuf,
+    log: PathBuf,
+    extra_args: Vec<String>,
+    child: Mutex<Option<Child>>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port and waits until it answers `PING`.
+    ///
+    /// Panics (with the tail of the server's log) if it does not within
+    /// [`STARTUP_TIMEOUT`].
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Like [`start`](Self::start), with extra `redis-server` arguments
+    /// appended to the defaults (e.g. `&["--maxmemory", "10mb"]`). They are
+    /// kept for [`restart`](Self::restart).
+    pub fn start_with(extra_args: &[&str]) -> RedisServer {
+        let dir = temp_dir("redis");
+        let log = dir.join("redis.log");
+        let mut server = RedisServer {
+            port: 0,
+            dir,
+            log,
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            child: Mutex::new(None),
+        };
+        let mut last_error = String::new();
+        for _ in 0..10 {
+            server.port = free_port();
+            match server.launch() {
+                Ok(()) => return server,
+                Err(Launch::PortTaken(e)) => last_error = e,
+                // Dropping `server` removes its directory.
+                Err(Launch::Failed(e)) => panic!("{e}"),
+            }
+        }
+        panic!("redis-server found no free port after 10 attempts: {last_error}");
+    }
+
+    /// The server's TCP port (the same across restarts).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's address, `127.0.0.1:PORT`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((LOCALHOST, self.port))
+    }
+
+    /// `redis://127.0.0.1:PORT/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The server's temporary directory (its `--dir`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The server's log file.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// The last `lines` lines of the server's log, and of its stdout and
+    /// stderr (`redis.out`, where redis-server reports bad arguments before
+    /// it opens the log).
+    pub fn log_tail(&self, lines: usize) -> String {
+        let out = log_tail(&self.dir.join("redis.out"), lines);
+        let log = log_tail(&self.log, lines);
+        if out.is_empty() {
+            log
+        } else {
+            format!("{log}\n--- stdout/stderr ---\n{out}")
+        }
+    }
+
+    /// The server's process id, or `None` while it is stopped.
+    pub fn pid(&self) -> Option<u32> {
+        lock(&self.child).as_ref().map(Child::id)
+    }
+
+    /// Whether the server process is running (it may be frozen).
+    pub fn is_running(&self) -> bool {
+        match lock(&self.child).as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Kills the server (`SIGKILL`, no clean shutdown) and waits for it to
+    /// exit. Every connection to it is closed. Does nothing if it is stopped.
+    pub fn stop(&self) {
+        if let Some(mut child) = lock(&self.child).take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops the server and starts a new one on the same port (and with the
+    /// same directory and arguments), then waits until it answers `PING`.
+    /// With persistence off, the new server starts empty: every key, script
+    /// and client is gone.
+    ///
+    /// Retries for about 5 s if the port is briefly unavailable; panics with
+    /// the log tail if the server does not come back.
+    pub fn restart(&self) {
+        self.stop();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match self.launch() {
+                Ok(()) => return,
+                Err(Launch::PortTaken(_)) if Instant::now() < deadline => {
+                    thread::sleep(Duration::from_millis(100));
+                }
+                Err(Launch::PortTaken(e) | Launch::Failed(e)) => {
+                    panic!("redis-server did not restart on port {}: {e}", self.port)
+                }
+            }
+        }
+    }
+
+    /// Freezes the server process with `SIGSTOP`: connections stay open but
+    /// nothing is answered until [`thaw`](Self::thaw).
+    pub fn freeze(&self) {
+        let pid = self.pid().expect("freeze: the redis server is stopped");
+        signal(pid, "STOP");
+    }
+
+    /// Resumes a server frozen by [`freeze`](Self::freeze) (`SIGCONT`).
+    pub fn thaw(&self) {
+        let pid = self.pid().expect("thaw: the redis server is stopped");
+        signal(pid, "CONT");
+    }
+
+    /// `CLIENT PAUSE <ms> ALL`: the server holds every client's commands
+    /// for `dur`. Returns at once.
+    pub fn pause(&self, dur: Duration) {
+        let reply = self.cmd(&["CLIENT", "PAUSE", &dur.as_millis().to_string(), "ALL"]);
+        assert!(reply.starts_with("+OK"), "CLIENT PAUSE failed: {reply:?}");
+    }
+
+    /// Sends one command over a fresh connection and returns the complete
+    /// raw RESP reply as text, including the type byte and CRLFs, e.g.
+    /// `"+PONG\r\n"`, `":3\r\n"`, `"$3\r\nbar\r\n"`, `"$-1\r\n"`,
+    /// `"-ERR ...\r\n"`. Error replies are returned, not panicked on.
+    ///
+    /// Panics if the server cannot be reached or does not reply within
+    /// [`CMD_TIMEOUT`].
+    pub fn cmd(&self, args: &[&str]) -> String {
+        self.cmd_timeout(args, CMD_TIMEOUT)
+    }
+
+    /// [`cmd`](Self::cmd) with a read/write timeout of `timeout` (e.g. for
+    /// `DEBUG SLEEP` longer than [`CMD_TIMEOUT`]).
+    pub fn cmd_timeout(&self, args: &[&str], timeout: Duration) -> String {
+        self.try_cmd_timeout(args, timeout).unwrap_or_else(|e| {
+            panic!(
+                "redis command {args:?} on port {} failed: {e}\n--- log tail ---\n{}",
+                self.port,
+                self.log_tail(20)
+            )
+        })
+    }
+
+    /// [`cmd`](Self::cmd), returning connection errors and timeouts (e.g.
+    /// to check that a stopped or frozen server does not answer).
+    pub fn try_cmd(&self, args: &[&str]) -> io::Result<String> {
+        self.try_cmd_timeout(args, CMD_TIMEOUT)
+    }
+
+    /// [`try_cmd`](Self::try_cmd) with a read/write timeout of `timeout`.
+    pub fn try_cmd_timeout(&self, args: &[&str], timeout: Duration) -> io::Result<String> {
+        resp_command(self.addr(), args, timeout)
+    }
+
+    /// Sends a command whose reply is an integer (`ZCARD`, `DBSIZE`,
+    /// `EXISTS`, ...) and returns it; panics on any other reply.
+    pub fn cmd_int(&self, args: &[&str]) -> i64 {
+        let reply = self.cmd(args);
+        parse_int(&reply).unwrap_or_else(|| panic!("{args:?}: expected an integer, got {reply:?}"))
+    }
+
+    fn launch(&self) -> Result<(), Launch> {
+        let bin =
+            std::env::var_os(REDIS_SERVER_ENV).unwrap_or_else(|| OsString::from("redis-server"));
+        let out_path = self.dir.join("redis.out");
+        let log_start = fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
+        let out_start = fs::metadata(&out_path).map(|m| m.len()).unwrap_or(0);
+        let out = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&out_path)
+            .map_err(|e| Launch::Failed(format!("could not create redis.out: {e}")))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| Launch::Failed(format!("could not clone redis.out: {e}")))?;
+        let mut command = Command::new(&bin);
+        command
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--daemonize", "no"])
+            .args(["--enable-debug-command", "yes"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(&self.log)
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        let mut child = command.spawn().map_err(|e| {
+            Launch::Failed(format!(
+                "could not run {bin:?} (is redis-server on PATH? set {REDIS_SERVER_ENV} to override): {e}"
+            ))
+        })?;
+        let pid = child.id();
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                // Only this attempt's output: the files grow across restarts.
+                let port_taken =
+                    [(&self.log, log_start), (&out_path, out_start)]
+                        .iter()
+                        .any(|(path, start)| {
+                            let bytes = fs::read(path).unwrap_or_default();
+                            let new = bytes.get(*start as usize..).unwrap_or(&[]);
+                            String::from_utf8_lossy(new).contains("Address already in use")
+                        });
+                let message = format!(
+                    "redis-server exited during startup ({status}) on port {}\n--- log tail ---\n{}",
+                    self.port,
+                    self.log_tail(20)
+                );
+                return Err(if port_taken {
+                    Launch::PortTaken(message)
+                } else {
+                    Launch::Failed(message)
+                });
+            }
+            // Check that the PONG comes from our child, not from some other
+            // server that holds the port.
+            if let Ok(reply) =
+                resp_command(self.addr(), &["INFO", "server"], Duration::from_millis(500))
+            {
+                if reply.contains(&format!("process_id:{pid}\r\n")) {
+                    let ping = resp_command(self.addr(), &["PING"], Duration::from_millis(500));
+                    if matches!(&ping, Ok(p) if p.starts_with("+PONG")) {
+                        *lock(&self.child) = Some(child);
+                        return Ok(());
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Launch::Failed(format!(
+                    "redis-server (pid {pid}) on port {} did not answer PING within {STARTUP_TIMEOUT:?}\n--- log tail ---\n{}",
+                    self.port,
+                    self.log_tail(20)
+                )));
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+enum Launch {
+    /// The port was in use (worth retrying).
+    PortTaken(String),
+    Failed(String),
+}
+
+/// A port that was free a moment ago: bind `127.0.0.1:0` and drop the
+/// listener.
+pub fn free_port() -> u16 {
+    for _ in 0..10 {
+        if let Ok(listener) = TcpListener::bind((LOCALHOST, 0)) {
+            if let Ok(addr) = listener.local_addr() {
+                return addr.port();
+            }
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    panic!("could not bind 127.0.0.1:0 to find a free port");
+}
+
+/// A fresh, empty directory under the system temp dir.
+fn temp_dir(tag: &str) -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!(
+        "bulkhead-{tag}-{}-{}-{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("could not create {}: {e}", dir.display()));
+    dir
+}
+
+/// The last `lines` lines of a file, or a note that it could not be read.
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    match fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("(could not read {}: {e})", path.display()),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// RESP
+// ---------------------------------------------------------------------------
+
+/// Sends one command as a RESP array of bulk strings over a fresh
+/// connection to `addr` and returns the complete raw reply as text.
+pub fn resp_command(addr: SocketAddr, args: &[&str], timeout: Duration) -> io::Result<String> {
+    let stream = TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(2)))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.set_nodelay(true)?;
+    (&stream).write_all(&encode_command(args))?;
+    let mut reader = BufReader::new(&stream);
+    let mut reply = Vec::new();
+    read_reply(&mut reader, &mut reply)?;
+    let _ = stream.shutdown(Shutdown::Both);
+    String::from_utf8(reply).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// A command as a RESP array of bulk strings.
+pub fn encode_command(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// Reads one complete RESP2 or RESP3 reply, appending its raw bytes to `out`.
+pub fn read_reply(reader: &mut impl BufRead, out: &mut Vec<u8>) -> io::Result<()> {
+    let start = out.len();
+    let n = reader.read_until(b'\n', out)?;
+    if n == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "connection closed before a reply",
+        ));
+    }
+    let line = &out[start..];
+    if !line.ends_with(b"\r\n") || line.len() < 3 {
+        return Err(bad_reply(line));
+    }
+    let kind = line[0];
+    let header = String::from_utf8_lossy(&line[1..line.len() - 2]).into_owned();
+    let count = || {
+        header
+            .parse::<i64>()
+            .map_err(|_| bad_reply(header.as_bytes()))
+    };
+    match kind {
+        // Simple string, error, integer; RESP3 null, double, boolean, big number.
+        b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => Ok(()),
+        // Bulk string; RESP3 blob error, verbatim string.
+        b'$' | b'!' | b'=' => {
+            let len = count()?;
+            if len >= 0 {
+                let mut body = vec![0; len as usize + 2];
+                reader.read_exact(&mut body)?;
+                out.extend_from_slice(&body);
+            }
+            Ok(())
+        }
+        // Array; RESP3 set, push, map (two replies per entry), attribute.
+        b'*' | b'~' | b'>' | b'%' | b'|' => {
+            let len = count()?;
+            let items = if matches!(kind, b'%' | b'|') {
+                len * 2
+            } else {
+                len
+            };
+            for _ in 0..items.max(0) {
+                read_reply(reader, out)?;
+            }
+            if kind == b'|' {
+                // An attribute precedes the actual reply.
+                read_reply(reader, out)?;
+            }
+            Ok(())
+        }
+        _ => Err(bad_reply(line)),
+    }
+}
+
+fn bad_reply(bytes: &[u8]) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("malformed RESP reply: {:?}", String::from_utf8_lossy(bytes)),
+    )
+}
+
+/// The value of an integer reply (`":42\r\n"` → `42`).
+pub fn parse_int(reply: &str) -> Option<i64> {
+    reply.strip_prefix(':')?.trim_end().parse().ok()
+}
+
+/// The value of a bulk-string reply (`"$3\r\nbar\r\n"` → `Some("bar")`,
+/// `"$-1\r\n"` → `None`). Panics on any other reply.
+pub fn parse_bulk(reply: &str) -> Option<String> {
+    let rest = reply
+        .strip_prefix('$')
+        .unwrap_or_else(|| panic!("expected a bulk string reply, got {reply:?}"));
+    let (len, body) = rest.split_once("\r\n").expect("bulk reply without CRLF");
+    let len: i64 = len.parse().expect("bulk reply with a bad length");
+    if len < 0 {
+        None
+    } else {
+        Some(body[..len as usize].to_owned())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Processes
+// ---------------------------------------------------------------------------
+
+/// Sends a signal with the `kill` command: `signal(pid, "STOP")` (or
+/// `"-STOP"`, `"CONT"`, `"KILL"`, `"TERM"`, ...). Panics if `kill` fails
+/// (e.g. the process no longer exists); see [`try_signal`].
+pub fn signal(pid: u32, sig: &str) {
+    let sig = sig.trim_start_matches('-');
+    let output = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("could not run `kill`: {e}"));
+    assert!(
+        output.status.success(),
+        "kill -{sig} {pid} failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+}
+
+/// Like [`signal`], but returns whether `kill` succeeded instead of
+/// panicking.
+pub fn try_signal(pid: u32, sig: &str) -> bool {
+    Command::new("kill")
+        .arg(format!("-{}", sig.trim_start_matches('-')))
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Whether this process is a child spawned by [`spawn_child`]. Child test
+/// functions start with `if !is_child() { return; }`, so they are no-ops in
+/// the normal run.
+pub fn is_child() -> bool {
+    std::env::var_os(CHILD_ENV).is_some()
+}
+
+/// Re-executes the current test binary to run the single test `test_name`
+/// (its full path inside the test crate, e.g. `"child_holds"` or
+/// `"module::child_holds"`) with `--exact --nocapture --test-threads=1`,
+/// `BULKHEAD_CHILD=1` and `env`.
+///
+/// stdout is piped (wrap it in [`ChildLines`]), stdin is null and stderr is
+/// inherited. The child's `println!` lines arrive in order, but libtest's own
+/// output is mixed in: `""`, `"running 1 test"`, and the child's first line
+/// is prefixed with `"test NAME ... "`. Use [`ChildLines::expect`], which
+/// matches a marker anywhere in a line.
+pub fn spawn_child(test_name: &str, env: &[(&str, String)]) -> Child {
+    child_command(test_name, env)
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("could not re-execute the test binary for {test_name}: {e}"))
+}
+
+fn child_command(test_name: &str, env: &[(&str, String)]) -> Command {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut command = Command::new(exe);
+    command
+        .arg(test_name)
+        .args(["--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command
+}
+
+/// The lines of a child's stdout, read by a background thread so that a
+/// read can time out instead of blocking forever.
+#[derive(Debug)]
+pub struct ChildLines {
+    rx: Receiver<String>,
+    /// Every line received so far, for failure messages.
+    seen: Vec<String>,
+}
+
+impl ChildLines {
+    /// Starts a thread that reads `stdout` line by line (until EOF or an
+    /// error).
+    pub fn new(stdout: impl Read + Send + 'static) -> ChildLines {
+        let (tx, rx) = mpsc::channel();
+        thread::Builder::new()
+            .name("child-stdout".into())
+            .spawn(move || {
+                let mut reader = BufReader::new(stdout);
+                let mut line = Vec::new();
+                loop {
+                    line.clear();
+                    match reader.read_until(b'\n', &mut line) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {
+                            let text = String::from_utf8_lossy(&line);
+                            let text = text.trim_end_matches(['\n', '\r']).to_owned();
+                            if tx.send(text).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+            })
+            .expect("spawn the child-stdout reader");
+        ChildLines {
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Takes the piped stdout of `child`.
+    pub fn of(child: &mut Child) -> ChildLines {
+        ChildLines::new(
+            child
+                .stdout
+                .take()
+                .expect("the child's stdout is not piped (or was taken)"),
+        )
+    }
+
+    /// The next line (without its newline), or `None` if none arrives within
+    /// `timeout` or the child closed its stdout.
+    pub fn next_line(&mut self, timeout: Duration) -> Option<String> {
+        match self.rx.recv_timeout(timeout) {
+            Ok(line) => {
+                self.seen.push(line.clone());
+                Some(line)
+            }
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
+        }
+    }
+
+    /// Skips lines until one contains `marker` and returns that line from
+    /// `marker` on (so a libtest prefix is cut off). `None` if no such line
+    /// arrives within `timeout` (in total) or stdout closes first.
+    ///
+    /// Panics if libtest reports `running 0 tests` (the test name given to
+    /// [`spawn_child`] does not exist).
+    pub fn wait_for(&mut self, marker: &str, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self.next_line(left)?;
+            if let Some(at) = line.find(marker) {
+                return Some(line[at..].to_owned());
+            }
+            assert!(
+                line.trim() != "running 0 tests",
+                "the child test binary ran no test: is the test name exact?"
+            );
+        }
+    }
+
+    /// [`wait_for`](Self::wait_for), panicking with every line seen so far
+    /// if the marker does not arrive in time.
+    pub fn expect(&mut self, marker: &str, timeout: Duration) -> String {
+        self.wait_for(marker, timeout).unwrap_or_else(|| {
+            panic!(
+                "no line containing {marker:?} from the child within {timeout:?}; its output so far:\n{}",
+                self.seen.join("\n")
+            )
+        })
+    }
+
+    /// Every line received so far.
+    pub fn seen(&self) -> &[String] {
+        &self.seen
+    }
+}
+
+/// The next line from `lines` within `timeout`, or `None`. Never blocks
+/// longer than `timeout`: the reading happens on [`ChildLines`]'s thread.
+pub fn read_line_timeout(lines: &mut ChildLines, timeout: Duration) -> Option<String> {
+    lines.next_line(timeout)
+}
+
+/// A child test process (see [`spawn_child`]) with its stdout lines. Dropping
+/// it kills the child (`SIGKILL`, which also ends a stopped one) and reaps it.
+#[derive(Debug)]
+pub struct ChildTest {
+    name: String,
+    child: Child,
+    lines: ChildLines,
+}
+
+impl ChildTest {
+    /// Spawns `test_name` as a child (see [`spawn_child`]).
+    pub fn spawn(test_name: &str, env: &[(&str, String)]) -> ChildTest {
+        let mut child = spawn_child(test_name, env);
+        let lines = ChildLines::of(&mut child);
+        ChildTest {
+            name: test_name.to_owned(),
+            child,
+            lines,
+        }
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The child's stdout lines.
+    pub fn lines(&mut self) -> &mut ChildLines {
+        &mut self.lines
+    }
+
+    /// The next line within `timeout`, or `None`.
+    pub fn read_line(&mut self, timeout: Duration) -> Option<String> {
+        self.lines.next_line(timeout)
+    }
+
+    /// The first line containing `marker`, from `marker` on (see
+    /// [`ChildLines::expect`]); panics if none arrives within `timeout`.
+    pub fn expect_line(&mut self, marker: &str, timeout: Duration) -> String {
+        let name = self.name.clone();
+        self.lines.wait_for(marker, timeout).unwrap_or_else(|| {
+            panic!(
+                "child {name}: no line containing {marker:?} within {timeout:?}; its output so far:\n{}",
+                self.lines.seen().join("\n")
+            )
+        })
+    }
+
+    /// Sends `sig` to the child (see [`signal`]).
+    pub fn signal(&self, sig: &str) {
+        signal(self.pid(), sig);
+    }
+
+    /// Freezes the child (`SIGSTOP`).
+    pub fn stop(&self) {
+        self.signal("STOP");
+    }
+
+    /// Resumes a frozen child (`SIGCONT`).
+    pub fn cont(&self) {
+        self.signal("CONT");
+    }
+
+    /// Kills the child (`SIGKILL`) and reaps it.
+    pub fn kill(&mut self) -> ExitStatus {
+        let _ = self.child.kill();
+        self.child.wait().expect("wait for the killed child")
+    }
+
+    /// The child's exit status if it exits within `timeout`.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        wait_timeout(&mut self.child, timeout)
+    }
+
+    /// Waits up to `timeout` for the child to exit and asserts that it
+    /// succeeded (its test passed).
+    pub fn assert_success(&mut self, timeout: Duration) {
+        match self.wait_timeout(timeout) {
+            Some(status) => assert!(
+                status.success(),
+                "child {} failed ({status}); its output:\n{}",
+                self.name,
+                self.lines.seen().join("\n")
+            ),
+            None => panic!(
+                "child {} did not exit within {timeout:?}; its output so far:\n{}",
+                self.name,
+                self.lines.seen().join("\n")
+            ),
+        }
+    }
+
+    /// The underlying process.
+    pub fn child(&mut self) -> &mut Child {
+        &mut self.child
+    }
+}
+
+impl Drop for ChildTest {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits up to `timeout` for `child` to exit (polling `try_wait`).
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// For a `Child` spawned elsewhere with a piped stdout.
+impl From<ChildStdout> for ChildLines {
+    fn from(stdout: ChildStdout) -> ChildLines {
+        ChildLines::new(stdout)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// ConcurrencyProbe
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Default)]
+struct ProbeCounts {
+    current: usize,
+    max: usize,
+    total: usize,
+}
+
+#[derive(Debug, Default)]
+struct ProbeShared {
+    counts: Mutex<ProbeCounts>,
+    changed: Condvar,
+    shutdown: AtomicBool,
+}
+
+/// An independent count of concurrent holders, from any thread or process:
+/// a line-protocol TCP server on `127.0.0.1:0`. A client sends `enter\n` when
+/// it starts holding and `exit\n` when it stops (or closes the connection,
+/// e.g. because its process was killed); each is acked with `ok\n`, so with
+/// [`ProbeClient`] the counts are updated before `enter`/`exit` return.
+///
+/// One connection may enter several times; closing it exits every hold it
+/// still has. A client that is only frozen (`SIGSTOP`) still counts.
+#[derive(Debug)]
+pub struct ConcurrencyProbe {
+    addr: SocketAddr,
+    shared: Arc<ProbeShared>,
+}
+
+impl ConcurrencyProbe {
+    /// Starts the probe's server on a background thread.
+    pub fn start() -> ConcurrencyProbe {
+        let listener = TcpListener::bind((LOCALHOST, 0)).expect("bind the concurrency probe");
+        let addr = listener.local_addr().expect("probe address");
+        let shared = Arc::new(ProbeShared::default());
+        let accept_shared = shared.clone();
+        thread::Builder::new()
+            .name("concurrency-probe".into())
+            .spawn(move || {
+                for stream in listener.incoming() {
+                    if accept_shared.shutdown.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let Ok(stream) = stream else { continue };
+                    let shared = accept_shared.clone();
+                    let _ = thread::Builder::new()
+                        .name("concurrency-probe-conn".into())
+                        .spawn(move || probe_connection(stream, &shared));
+                }
+            })
+            .expect("spawn the concurrency probe");
+        ConcurrencyProbe { addr, shared }
+    }
+
+    /// The address clients connect to (pass `addr().to_string()` to a child
+    /// process).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The most holders seen at once.
+    pub fn max_seen(&self) -> usize {
+        lock(&self.shared.counts).max
+    }
+
+    /// How many `enter`s there were in all.
+    pub fn total_enters(&self) -> usize {
+        lock(&self.shared.counts).total
+    }
+
+    /// How many holders there are now.
+    pub fn current(&self) -> usize {
+        lock(&self.shared.counts).current
+    }
+
+    /// Resets `max_seen` to the current count.
+    pub fn reset_max(&self) {
+        let mut counts = lock(&self.shared.counts);
+        counts.max = counts.current;
+    }
+
+    /// Waits up to `timeout` until `current() == n` (e.g. after a holder
+    /// process was killed, whose exit the probe sees asynchronously).
+    /// Returns whether it got there.
+    pub fn wait_current(&self, n: usize, timeout: Duration) -> bool {
+        self.wait_until(timeout, |c| c.current == n)
+    }
+
+    /// Waits up to `timeout` until `total_enters() >= n`. Returns whether it
+    /// got there.
+    pub fn wait_total(&self, n: usize, timeout: Duration) -> bool {
+        self.wait_until(timeout, |c| c.total >= n)
+    }
+
+    fn wait_until(&self, timeout: Duration, done: impl Fn(&ProbeCounts) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut counts = lock(&self.shared.counts);
+        loop {
+            if done(&counts) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            counts = self
+                .shared
+                .changed
+                .wait_timeout(counts, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+impl Drop for ConcurrencyProbe {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        // Wake the accept loop so that it sees the flag.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+    }
+}
+
+fn probe_connection(stream: TcpStream, shared: &ProbeShared) {
+    let _ = stream.set_nodelay(true);
+    let mut held = 0;
+    let mut reader = BufReader::new(&stream);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let reply: &[u8] = match line.trim() {
+            "enter" => {
+                held += 1;
+                let mut counts = lock(&shared.counts);
+                counts.current += 1;
+                counts.total += 1;
+                counts.max = counts.max.max(counts.current);
+                shared.changed.notify_all();
+                b"ok\n"
+            }
+            "exit" if held > 0 => {
+                held -= 1;
+                lock(&shared.counts).current -= 1;
+                shared.changed.notify_all();
+                b"ok\n"
+            }
+            _ => b"err\n",
+        };
+        if (&stream).write_all(reply).is_err() {
+            break;
+        }
+    }
+    if held > 0 {
+        lock(&shared.counts).current -= held;
+        shared.changed.notify_all();
+    }
+}
+
+/// One holder registered with a [`ConcurrencyProbe`]. Blocking (a round trip
+/// on loopback), so usable from threads, async tasks and child processes.
+#[derive(Debug)]
+pub struct ProbeClient {
+    stream: Option<BufReader<TcpStream>>,
+}
+
+impl ProbeClient {
+    /// Connects to the probe at `addr` (a `SocketAddr` or `"127.0.0.1:PORT"`)
+    /// and enters; the probe has counted it when this returns.
+    pub fn enter(addr: impl ToSocketAddrs) -> ProbeClient {
+        let addr = addr
+            .to_socket_addrs()
+            .expect("probe address")
+            .next()
+            .expect("probe address resolves to nothing");
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("connect to the concurrency probe at {addr}: {e}"));
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("set_read_timeout");
+        stream
+            .set_write_timeout(Some(Duration::from_secs(10)))
+            .expect("set_write_timeout");
+        let _ = stream.set_nodelay(true);
+        let mut stream = BufReader::new(stream);
+        probe_round_trip(&mut stream, "enter").unwrap_or_else(|e| panic!("probe enter: {e}"));
+        ProbeClient {
+            stream: Some(stream),
+        }
+    }
+
+    /// Exits; the probe has counted it when this returns.
+    pub fn exit(mut self) {
+        if let Some(mut stream) = self.stream.take() {
+            probe_round_trip(&mut stream, "exit").unwrap_or_else(|e| panic!("probe exit: {e}"));
+        }
+    }
+
+    /// Closes the connection without `exit`, like a crashed holder. The
+    /// probe counts the exit asynchronously (see
+    /// [`ConcurrencyProbe::wait_current`]).
+    pub fn abandon(mut self) {
+        self.stream.take();
+    }
+}
+
+impl Drop for ProbeClient {
+    fn drop(&mut self) {
+        if let Some(mut stream) = self.stream.take() {
+            // Never panic in drop (the test may be unwinding already).
+            let _ = probe_round_trip(&mut stream, "exit");
+        }
+    }
+}
+
+fn probe_round_trip(stream: &mut BufReader<TcpStream>, request: &str) -> io::Result<()> {
+    stream
+        .get_mut()
+        .write_all(format!("{request}\n").as_bytes())?;
+    let mut reply = String::new();
+    stream.read_line(&mut reply)?;
+    if reply.trim() == "ok" {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "probe answered {reply:?} to {request:?}"
+        )))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Small utilities
+// ---------------------------------------------------------------------------
+
+/// Retries `check` every 10 ms until it returns true or `timeout` passes.
+/// Returns whether it became true.
+pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
