@@ -76,6 +76,14 @@
 //! - `tracing`: a [`tracing`](https://docs.rs/tracing) event for every
 //!   admission, rejection and finished call.
 //!
+//! One feature shares permits between processes:
+//!
+//! - `redis`: `bulkhead::redis`, a semaphore whose permits are leases in
+//!   Redis (renewed while held, with fencing tokens) and a bulkhead over it.
+//!   Needs `tokio` or `smol` as well, for the `redis` crate's connections
+//!   and the background renewals; `smol` also brings the `async-io` timer.
+//!   The `redis` crate needs Rust 1.88.
+//!
 //! With `default-features = false` and neither runtime feature there is no
 //! default timer, and building a bulkhead that needs one fails with a
 //! [`BuildError`] that says so, rather than waiting forever. Any executor's
