@@ -100,6 +100,8 @@
 )]
 
 #[cfg(not(loom))]
+pub mod adaptive;
+#[cfg(not(loom))]
 mod blocking;
 #[cfg(not(loom))]
 mod bulkhead;
@@ -111,6 +113,8 @@ pub mod redis;
 mod semaphore;
 #[cfg(not(loom))]
 pub mod timer;
+#[cfg(all(not(loom), feature = "tower"))]
+pub mod tower;
 mod wake_list;
 
 #[cfg(not(loom))]
@@ -125,7 +129,9 @@ pub use semaphore::{OwnedPermit, Permit, Semaphore};
 /// receive.
 #[cfg(not(loom))]
 pub mod observer {
-    pub use crate::bulkhead::observer::{CallOutcome, Finished, Observer, Permitted, Rejection};
+    pub use crate::bulkhead::observer::{
+        CallOutcome, Finished, LeakSuspected, Observer, Permitted, Rejection,
+    };
 }
 
 /// The named future types, so they can be stored in structs and polled by

@@ -542,3 +542,83 @@ fn a_panicking_hook_leaks_no_permit() {
         );
     }
 }
+
+/// A rejection carries a retry hint from recent hold times, scaled by the
+/// line ahead and the limit; none before any call finished, none when
+/// closed.
+#[test]
+fn rejections_carry_a_retry_hint_from_hold_times() {
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(2)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let a = bh.try_acquire().unwrap();
+    let b = bh.try_acquire().unwrap();
+    assert_eq!(bh.try_acquire().unwrap_err().retry_after(), None);
+    drop((a, b));
+    // One call in 8 is timed; time them all at about 20 ms.
+    for _ in 0..48 {
+        let p = bh.try_acquire().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        drop(p);
+    }
+    let _a = bh.try_acquire().unwrap();
+    let _b = bh.try_acquire().unwrap();
+    let hint = bh.try_acquire().unwrap_err().retry_after().unwrap();
+    // hold × (0 waiting + 1) / 2 permits: about 10 ms once the average has
+    // caught up (it started from a near-zero sample).
+    assert!(
+        hint >= Duration::from_millis(4) && hint < Duration::from_millis(200),
+        "{hint:?}"
+    );
+    bh.close();
+    assert_eq!(bh.try_acquire().unwrap_err().retry_after(), None);
+}
+
+/// A permit held past `leak_threshold` is reported once, naming the
+/// bulkhead; one released in time is not reported.
+#[test]
+fn leak_detection_reports_permits_held_too_long() {
+    use bulkhead::observer::{LeakSuspected, Observer};
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Leaks(Mutex<Vec<(String, Duration)>>);
+    impl Observer for Leaks {
+        fn on_leak_suspected(&self, e: &LeakSuspected<'_>) {
+            self.0.lock().unwrap().push((e.name.to_owned(), e.held));
+        }
+    }
+    let leaks = Arc::new(Leaks::default());
+    let bh = Bulkhead::builder()
+        .name("pool")
+        .max_concurrent_calls(4)
+        .leak_threshold(Duration::from_millis(100))
+        .observer(leaks.clone())
+        .build()
+        .unwrap();
+    // Released in time: never reported, even after the threshold passes.
+    drop(bh.try_acquire().unwrap());
+    let leaked = bh.try_acquire().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while leaks.0.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let seen = leaks.0.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].0, "pool");
+    assert!(seen[0].1 >= Duration::from_millis(100));
+    assert_eq!(bh.metrics().leaks_suspected(), 1);
+    drop(leaked);
+    assert_eq!(
+        Bulkhead::builder()
+            .max_concurrent_calls(1)
+            .leak_threshold(Duration::ZERO)
+            .build()
+            .unwrap_err()
+            .kind(),
+        bulkhead::BuildErrorKind::ZeroLeakThreshold
+    );
+}

@@ -9,7 +9,7 @@ use event_listener::Event;
 
 use super::error::{BuildError, BuildErrorKind};
 use super::observer::Observer;
-use super::policy::Policy;
+use super::policy::{Policy, Settings};
 use super::{Bulkhead, Shared};
 use crate::semaphore::Semaphore;
 use crate::timer::Timer;
@@ -49,6 +49,7 @@ pub struct BulkheadBuilder {
     timer: Option<Arc<dyn Timer>>,
     observers: Vec<Arc<dyn Observer>>,
     exporters: bool,
+    leak_threshold: Option<Duration>,
 }
 
 impl BulkheadBuilder {
@@ -63,6 +64,7 @@ impl BulkheadBuilder {
             timer: None,
             observers: Vec::new(),
             exporters: true,
+            leak_threshold: None,
         }
     }
 
@@ -136,6 +138,35 @@ impl BulkheadBuilder {
         self
     }
 
+    /// Reports every permit held longer than `threshold`, as a connection
+    /// pool's leak detector does: [`Observer::on_leak_suspected`] runs
+    /// (once per permit, naming the bulkhead), the `tracing` exporter warns,
+    /// and [`Metrics::leaks_suspected`](crate::Metrics::leaks_suspected)
+    /// counts it. Each permit then carries a timer entry, so this costs a
+    /// sleep registration per call; it is off by default. Must be greater
+    /// than zero.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bulkhead::Bulkhead;
+    ///
+    /// let bh = Bulkhead::builder()
+    ///     .max_concurrent_calls(2)
+    ///     .leak_threshold(Duration::from_millis(20))
+    ///     .build()
+    ///     .unwrap();
+    /// let forgotten = bh.try_acquire().unwrap();
+    /// std::thread::sleep(Duration::from_millis(300));
+    /// assert_eq!(bh.metrics().leaks_suspected(), 1);
+    /// drop(forgotten);
+    /// ```
+    pub fn leak_threshold(mut self, threshold: Duration) -> Self {
+        self.leak_threshold = Some(threshold);
+        self
+    }
+
     /// Checks the configuration and makes the bulkhead.
     ///
     /// # Errors
@@ -163,7 +194,7 @@ impl BulkheadBuilder {
             Some(n) => n,
         };
         let fair = self.fair;
-        let policy = self.into_policy(None)?;
+        let policy = self.into_policy(None, limit)?;
         let sem = if fair {
             Semaphore::new(limit)
         } else {
@@ -186,7 +217,11 @@ impl BulkheadBuilder {
     /// Everything but the permits: checks the name, `call_timeout` and the
     /// timer, and gathers the observers. `name` overrides the builder's
     /// (the Redis bulkhead takes its semaphore's).
-    pub(crate) fn into_policy(self, name: Option<String>) -> Result<Policy, BuildError> {
+    pub(crate) fn into_policy(
+        self,
+        name: Option<String>,
+        limit: usize,
+    ) -> Result<Policy, BuildError> {
         let name = name.or(self.name).unwrap_or_else(|| "bulkhead".to_owned());
         if name.is_empty() {
             return Err(BuildError::new(BuildErrorKind::EmptyName));
@@ -194,8 +229,12 @@ impl BulkheadBuilder {
         if self.call_timeout == Some(Duration::ZERO) {
             return Err(BuildError::new(BuildErrorKind::ZeroCallTimeout));
         }
-        let needs_timer =
-            self.max_wait.is_some_and(|d| !d.is_zero()) || self.call_timeout.is_some();
+        if self.leak_threshold == Some(Duration::ZERO) {
+            return Err(BuildError::new(BuildErrorKind::ZeroLeakThreshold));
+        }
+        let needs_timer = self.max_wait.is_some_and(|d| !d.is_zero())
+            || self.call_timeout.is_some()
+            || self.leak_threshold.is_some();
         let timer = match self.timer {
             Some(timer) => Some(timer),
             None if needs_timer => match crate::timer::default_timer() {
@@ -216,14 +255,16 @@ impl BulkheadBuilder {
             1 => observers.pop(),
             _ => Some(Arc::new(super::export::Fanout(observers))),
         };
-        Ok(Policy::new(
-            name.into(),
-            self.max_wait,
-            self.max_queue,
-            self.call_timeout,
+        Ok(Policy::new(Settings {
+            name: name.into(),
+            max_wait: self.max_wait,
+            max_queue: self.max_queue,
+            call_timeout: self.call_timeout,
             timer,
             observer,
-        ))
+            limit,
+            leak_threshold: self.leak_threshold,
+        }))
     }
 }
 

@@ -74,14 +74,21 @@ pub struct Rejected {
     reason: RejectReason,
     waited: Duration,
     name: Arc<str>,
+    retry_after: Option<Duration>,
 }
 
 impl Rejected {
-    pub(crate) fn new(reason: RejectReason, waited: Duration, name: Arc<str>) -> Self {
+    pub(crate) fn new(
+        reason: RejectReason,
+        waited: Duration,
+        name: Arc<str>,
+        retry_after: Option<Duration>,
+    ) -> Self {
         Self {
             reason,
             waited,
             name,
+            retry_after,
         }
     }
 
@@ -99,6 +106,41 @@ impl Rejected {
     /// The name of the bulkhead that rejected the call.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// When trying again is likely to find a free permit: an estimate from
+    /// the bulkhead's recent hold times (an average over a sample of
+    /// calls), the callers already waiting and the limit, as
+    /// `hold × (waiting + 1) / limit`. Use it for an HTTP `Retry-After` or
+    /// a client's back-off. `None` for [`RejectReason::Closed`] and
+    /// [`RejectReason::Unavailable`], and before any call has finished.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bulkhead::Bulkhead;
+    ///
+    /// let bh = Bulkhead::builder()
+    ///     .max_concurrent_calls(1)
+    ///     .max_wait(Duration::ZERO)
+    ///     .build()
+    ///     .unwrap();
+    /// let held = bh.try_acquire().unwrap();
+    /// // No call has finished yet: nothing to estimate from.
+    /// assert_eq!(bh.try_acquire().unwrap_err().retry_after(), None);
+    /// drop(held);
+    /// for _ in 0..16 {
+    ///     let p = bh.try_acquire().unwrap();
+    ///     std::thread::sleep(Duration::from_millis(1));
+    ///     drop(p);
+    /// }
+    /// let _held = bh.try_acquire().unwrap();
+    /// let hint = bh.try_acquire().unwrap_err().retry_after().unwrap();
+    /// assert!(hint > Duration::ZERO);
+    /// ```
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
     }
 }
 
@@ -201,6 +243,8 @@ pub enum BuildErrorKind {
     EmptyName,
     /// `call_timeout` was zero: every call would time out.
     ZeroCallTimeout,
+    /// `leak_threshold` was zero: every permit would be reported.
+    ZeroLeakThreshold,
     /// A non-zero `max_wait` or a `call_timeout` needs a timer, and none is
     /// available: no timer was given, and no runtime feature (`tokio`,
     /// `async-io`) or the default `thread-timer` feature is enabled.
@@ -228,6 +272,7 @@ impl fmt::Display for BuildError {
             }
             BuildErrorKind::EmptyName => "the bulkhead name must not be empty",
             BuildErrorKind::ZeroCallTimeout => "call_timeout must be greater than zero",
+            BuildErrorKind::ZeroLeakThreshold => "leak_threshold must be greater than zero",
             BuildErrorKind::NoTimer => {
                 "max_wait or call_timeout needs a timer: pass one with .timer(..) or enable the \
                  `tokio`, `async-io` or `thread-timer` feature"

@@ -11,7 +11,9 @@ mod metrics_export {
     use metrics::{Counter, Gauge, Histogram};
 
     use super::super::error::RejectReason;
-    use super::super::observer::{CallOutcome, Finished, Observer, Permitted, Rejection};
+    use super::super::observer::{
+        CallOutcome, Finished, LeakSuspected, Observer, Permitted, Rejection,
+    };
 
     /// Publishes through the `metrics` crate's recorder. Names, all
     /// labelled `bulkhead=<name>`:
@@ -24,6 +26,7 @@ mod metrics_export {
     /// | `bulkhead_calls_in_flight` | gauge | |
     /// | `bulkhead_wait_seconds` | histogram | |
     /// | `bulkhead_hold_seconds` | histogram | |
+    /// | `bulkhead_leaks_suspected_total` | counter | |
     ///
     /// Labels are bounded: one bulkhead name, four reasons, six outcomes.
     /// The handles are registered once, when the bulkhead is built, so an
@@ -37,6 +40,7 @@ mod metrics_export {
         in_flight: Gauge,
         wait: Histogram,
         hold: Histogram,
+        leaks: Counter,
     }
 
     const REASONS: [RejectReason; 4] = [
@@ -75,7 +79,8 @@ mod metrics_export {
                 }),
                 in_flight: metrics::gauge!("bulkhead_calls_in_flight", "bulkhead" => name.clone()),
                 wait: metrics::histogram!("bulkhead_wait_seconds", "bulkhead" => name.clone()),
-                hold: metrics::histogram!("bulkhead_hold_seconds", "bulkhead" => name),
+                hold: metrics::histogram!("bulkhead_hold_seconds", "bulkhead" => name.clone()),
+                leaks: metrics::counter!("bulkhead_leaks_suspected_total", "bulkhead" => name),
             }
         }
     }
@@ -98,12 +103,16 @@ mod metrics_export {
             self.in_flight.decrement(1.0);
             self.hold.record(e.held.as_secs_f64());
         }
+
+        fn on_leak_suspected(&self, _: &LeakSuspected<'_>) {
+            self.leaks.increment(1);
+        }
     }
 }
 
 #[cfg(feature = "tracing")]
 mod tracing_export {
-    use super::super::observer::{Finished, Observer, Permitted, Rejection};
+    use super::super::observer::{Finished, LeakSuspected, Observer, Permitted, Rejection};
 
     /// Emits a `tracing` event for every admission (debug), rejection (warn)
     /// and finished call (debug; warn when it timed out or panicked), with
@@ -145,6 +154,16 @@ mod tracing_export {
                 ),
             }
         }
+
+        fn on_leak_suspected(&self, e: &LeakSuspected<'_>) {
+            tracing::warn!(
+                target: "bulkhead",
+                bulkhead = e.name,
+                held = ?e.held,
+                threshold = ?e.threshold,
+                "permit held past the leak threshold"
+            );
+        }
     }
 }
 
@@ -162,5 +181,9 @@ impl super::Observer for Fanout {
 
     fn on_finished(&self, e: &super::observer::Finished<'_>) {
         self.0.iter().for_each(|o| o.on_finished(e));
+    }
+
+    fn on_leak_suspected(&self, e: &super::observer::LeakSuspected<'_>) {
+        self.0.iter().for_each(|o| o.on_leak_suspected(e));
     }
 }

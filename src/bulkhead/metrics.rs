@@ -14,6 +14,8 @@ pub(crate) struct Counters {
     pub(crate) rejected_closed: AtomicU64,
     pub(crate) rejected_unavailable: AtomicU64,
     pub(crate) call_timeouts: AtomicU64,
+    /// Shared with the leak watches, which outlive a borrow of the policy.
+    pub(crate) leaks_suspected: std::sync::Arc<AtomicU64>,
 }
 
 impl Counters {
@@ -71,6 +73,7 @@ pub struct Metrics {
     pub(crate) rejected_closed: u64,
     pub(crate) rejected_unavailable: u64,
     pub(crate) call_timeouts: u64,
+    pub(crate) leaks_suspected: u64,
 }
 
 impl Metrics {
@@ -161,5 +164,11 @@ impl Metrics {
     /// Admitted calls cut off by `call_timeout`.
     pub fn call_timeouts(&self) -> u64 {
         self.call_timeouts
+    }
+
+    /// Permits held past the bulkhead's
+    /// [`leak_threshold`](crate::BulkheadBuilder::leak_threshold).
+    pub fn leaks_suspected(&self) -> u64 {
+        self.leaks_suspected
     }
 }

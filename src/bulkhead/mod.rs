@@ -260,6 +260,7 @@ impl Bulkhead {
             rejected_closed: Counters::get(&c.rejected_closed),
             rejected_unavailable: Counters::get(&c.rejected_unavailable),
             call_timeouts: Counters::get(&c.call_timeouts),
+            leaks_suspected: Counters::get(&c.leaks_suspected),
         }
     }
 
@@ -301,6 +302,7 @@ impl Bulkhead {
             }
             *current = limit;
             s.limit_now.store(limit, Ordering::Release);
+            s.policy.hint_limit.store(limit, Ordering::Relaxed);
         }
         // In-flight counts against a new limit: let `wait_idle` look again.
         s.became_idle();

@@ -105,6 +105,28 @@ pub trait Observer: Send + Sync + 'static {
     fn on_finished(&self, event: &Finished<'_>) {
         let _ = event;
     }
+
+    /// A permit has been held longer than the bulkhead's
+    /// [`leak_threshold`](crate::BulkheadBuilder::leak_threshold): the
+    /// call may be stuck, or the permit leaked (kept alive by mistake).
+    /// Called at most once per permit, from the timer (its thread, or the
+    /// runtime's timer driver), not from the holder's task, with no lock
+    /// held; the permit may be released meanwhile.
+    fn on_leak_suspected(&self, event: &LeakSuspected<'_>) {
+        let _ = event;
+    }
+}
+
+/// What [`Observer::on_leak_suspected`] sees.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct LeakSuspected<'a> {
+    /// The bulkhead's name.
+    pub name: &'a str,
+    /// How long the permit has been held so far.
+    pub held: Duration,
+    /// The configured threshold it passed.
+    pub threshold: Duration,
 }
 
 /// What [`Observer::on_permitted`] sees.

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use super::Shared;
 use super::observer::CallOutcome;
+use super::policy::LeakWatch;
 
 /// One admitted call's hold on a permit: gives the permit back on drop,
 /// tells the observer how the call ended, and wakes `wait_idle` when the
@@ -18,15 +19,19 @@ pub(crate) struct Held<S: Deref<Target = Shared>> {
     since: Option<Instant>,
     /// Reported to the observer on drop, unless a panic is unwinding.
     outcome: CallOutcome,
+    /// Reports the permit if held past the leak threshold.
+    watch: Option<LeakWatch>,
 }
 
 impl<S: Deref<Target = Shared>> Held<S> {
     #[inline]
     pub(crate) fn new(shared: S, outcome_if_dropped: CallOutcome) -> Self {
         let since = shared.policy.clock();
+        let watch = shared.policy.watch();
         Self {
             shared,
             since,
+            watch,
             outcome: outcome_if_dropped,
         }
     }
@@ -41,6 +46,8 @@ impl<S: Deref<Target = Shared>> Held<S> {
 impl<S: Deref<Target = Shared>> Drop for Held<S> {
     #[inline]
     fn drop(&mut self) {
+        // Disarm the leak watch before the permit goes back.
+        drop(self.watch.take());
         let shared = &*self.shared;
         let balance = shared.sem.release(1);
         if balance >= shared.limit() as isize {

@@ -5,14 +5,15 @@
 
 use core::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use super::error::{BulkheadError, RejectReason, Rejected};
 use super::metrics::Counters;
-use super::observer::{CallOutcome, Finished, Observer, Permitted, Rejection};
+use super::observer::{CallOutcome, Finished, LeakSuspected, Observer, Permitted, Rejection};
 use super::timeout::Timeout;
-use crate::timer::Timer;
+use crate::timer::{Sleep, Timer};
 
 pub(crate) struct Policy {
     pub(crate) name: Arc<str>,
@@ -25,17 +26,45 @@ pub(crate) struct Policy {
     pub(crate) counters: Counters,
     /// Callers waiting for a permit now (the bounded line).
     pub(crate) waiting: AtomicUsize,
+    /// Report permits held longer than this (needs `timer`).
+    pub(crate) leak_threshold: Option<Duration>,
+    /// The limit, as last known, for retry hints.
+    pub(crate) hint_limit: AtomicUsize,
+    /// A moving average of hold times in nanoseconds (0: no sample yet),
+    /// from one call in `HOLD_SAMPLE` (and every call when an observer
+    /// measures them anyway).
+    hold_ns: AtomicU64,
 }
 
+/// What a builder decided, for `Policy::new`.
+pub(crate) struct Settings {
+    pub(crate) name: Arc<str>,
+    pub(crate) max_wait: Option<Duration>,
+    pub(crate) max_queue: Option<usize>,
+    pub(crate) call_timeout: Option<Duration>,
+    pub(crate) timer: Option<Arc<dyn Timer>>,
+    pub(crate) observer: Option<Arc<dyn Observer>>,
+    /// The limit at first, for retry hints.
+    pub(crate) limit: usize,
+    pub(crate) leak_threshold: Option<Duration>,
+}
+
+/// One call in this many has its hold time measured for retry hints, so
+/// the uncontended path reads no clock.
+const HOLD_SAMPLE: u64 = 8;
+
 impl Policy {
-    pub(crate) fn new(
-        name: Arc<str>,
-        max_wait: Option<Duration>,
-        max_queue: Option<usize>,
-        call_timeout: Option<Duration>,
-        timer: Option<Arc<dyn Timer>>,
-        observer: Option<Arc<dyn Observer>>,
-    ) -> Self {
+    pub(crate) fn new(settings: Settings) -> Self {
+        let Settings {
+            name,
+            max_wait,
+            max_queue,
+            call_timeout,
+            timer,
+            observer,
+            limit,
+            leak_threshold,
+        } = settings;
         Self {
             name,
             max_wait,
@@ -45,6 +74,9 @@ impl Policy {
             observer,
             counters: Counters::default(),
             waiting: AtomicUsize::new(0),
+            leak_threshold,
+            hint_limit: AtomicUsize::new(limit),
+            hold_ns: AtomicU64::new(0),
         }
     }
 
@@ -138,20 +170,54 @@ impl Policy {
                 waited,
             });
         }
-        Rejected::new(reason, waited, self.name.clone())
+        Rejected::new(reason, waited, self.name.clone(), self.retry_hint(reason))
     }
 
-    /// When a permit was granted, for the observer's hold time; only
-    /// measured when an observer listens.
+    /// How long until a rejected caller may find a free permit: see
+    /// [`Rejected::retry_after`].
+    fn retry_hint(&self, reason: RejectReason) -> Option<Duration> {
+        if !matches!(reason, RejectReason::Full | RejectReason::Timeout) {
+            return None;
+        }
+        let hold = self.hold_ns.load(Ordering::Relaxed);
+        if hold == 0 {
+            return None;
+        }
+        let ahead = self.queued() as u128 + 1;
+        let limit = self.hint_limit.load(Ordering::Relaxed).max(1) as u128;
+        let ns = (u128::from(hold) * ahead).div_ceil(limit);
+        Some(Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX)))
+    }
+
+    /// When a permit was granted, for the hold time: measured when an
+    /// observer listens, and for one call in `HOLD_SAMPLE` (retry hints).
     #[inline]
     pub(crate) fn clock(&self) -> Option<Instant> {
-        self.observer.as_ref().map(|_| Instant::now())
+        let sampled = self.counters.permitted.load(Ordering::Relaxed) % HOLD_SAMPLE == 0;
+        (sampled || self.observer.is_some()).then(Instant::now)
+    }
+
+    /// Folds one hold time into the moving average (weight 1/4). Racing
+    /// updates may lose one sample; the average stays an average.
+    fn record_hold(&self, held: Duration) {
+        let held = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let old = self.hold_ns.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            held
+        } else {
+            (old - old / 4).saturating_add(held / 4).max(1)
+        };
+        self.hold_ns.store(new, Ordering::Relaxed);
     }
 
     /// Tells the observer that a call granted at `since` ended. Call it
     /// after the permit is given back, with no lock held.
     #[inline]
     pub(crate) fn finished(&self, since: Option<Instant>, outcome: CallOutcome) {
+        let held = since.map_or(Duration::ZERO, |t| t.elapsed());
+        if since.is_some() {
+            self.record_hold(held);
+        }
         if let Some(observer) = &self.observer {
             let outcome = if std::thread::panicking() {
                 CallOutcome::Panicked
@@ -160,8 +226,99 @@ impl Policy {
             };
             observer.on_finished(&Finished {
                 name: &self.name,
-                held: since.map_or(Duration::ZERO, |t| t.elapsed()),
+                held,
                 outcome,
+            });
+        }
+    }
+}
+
+impl Policy {
+    /// Starts watching a newly granted permit for a leak, if a threshold
+    /// is set: a sleep of the threshold, polled once with a waker that
+    /// reports the leak when the timer fires. Dropping the watch (when the
+    /// permit goes back) cancels the sleep and disarms the report.
+    pub(crate) fn watch(&self) -> Option<LeakWatch> {
+        let (Some(threshold), Some(timer)) = (self.leak_threshold, &self.timer) else {
+            return None;
+        };
+        let check = Arc::new(LeakCheck {
+            name: self.name.clone(),
+            observer: self.observer.clone(),
+            leaks: self.counters.leaks_suspected.clone(),
+            since: Instant::now(),
+            threshold,
+            state: AtomicU8::new(ARMED),
+        });
+        let mut sleep = timer.sleep(threshold);
+        let waker = Waker::from(check.clone());
+        if sleep
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_ready()
+        {
+            waker.wake_by_ref();
+        }
+        Some(LeakWatch {
+            _sleep: sleep,
+            check,
+        })
+    }
+}
+
+/// A permit under watch for leaks; dropped with the permit.
+pub(crate) struct LeakWatch {
+    _sleep: Sleep,
+    check: Arc<LeakCheck>,
+}
+
+impl Drop for LeakWatch {
+    fn drop(&mut self) {
+        self.check.state.store(DISARMED, Ordering::Release);
+    }
+}
+
+const ARMED: u8 = 0;
+const DISARMED: u8 = 1;
+const FIRED: u8 = 2;
+
+/// The waker of a leak watch's sleep: when the timer wakes it, the permit
+/// is still held unless the watch was dropped first.
+struct LeakCheck {
+    name: Arc<str>,
+    observer: Option<Arc<dyn Observer>>,
+    leaks: Arc<AtomicU64>,
+    since: Instant,
+    threshold: Duration,
+    state: AtomicU8,
+}
+
+impl Wake for LeakCheck {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Spurious or repeated wake-ups report once, and only while held.
+        if self
+            .state
+            .compare_exchange(ARMED, FIRED, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
+        let held = self.since.elapsed();
+        if held < self.threshold {
+            // Woken early (a timer may wake spuriously): not a leak yet.
+            self.state.store(ARMED, Ordering::Release);
+            return;
+        }
+        self.leaks.fetch_add(1, Ordering::Relaxed);
+        if let Some(observer) = &self.observer {
+            observer.on_leak_suspected(&LeakSuspected {
+                name: &self.name,
+                held,
+                threshold: self.threshold,
             });
         }
     }

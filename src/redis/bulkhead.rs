@@ -10,7 +10,7 @@ use event_listener::Event;
 
 use super::{LeaseError, LeasedPermit, Lost, LostReason, RedisSemaphore, ReleaseError};
 use crate::bulkhead::observer::{CallOutcome, Observer};
-use crate::bulkhead::policy::Policy;
+use crate::bulkhead::policy::{LeakWatch, Policy};
 use crate::timer::Timer;
 use crate::{BuildError, BulkheadBuilder, BulkheadError, Metrics, RejectReason, Rejected};
 
@@ -86,6 +86,12 @@ impl RedisBulkheadBuilder {
         self
     }
 
+    /// As [`BulkheadBuilder::leak_threshold`].
+    pub fn leak_threshold(mut self, threshold: Duration) -> Self {
+        self.policy = self.policy.leak_threshold(threshold);
+        self
+    }
+
     /// As [`BulkheadBuilder::exporters`].
     pub fn exporters(mut self, enabled: bool) -> Self {
         self.policy = self.policy.exporters(enabled);
@@ -99,7 +105,7 @@ impl RedisBulkheadBuilder {
     /// As [`BulkheadBuilder::build`], for the settings above.
     pub fn build(self) -> Result<RedisBulkhead, BuildError> {
         let name = self.sem.name().to_owned();
-        let policy = self.policy.into_policy(Some(name))?;
+        let policy = self.policy.into_policy(Some(name), self.sem.limit_seen())?;
         Ok(RedisBulkhead {
             shared: Arc::new(Shared {
                 policy,
@@ -167,7 +173,9 @@ impl RedisBulkhead {
     /// or [`RejectReason::Unavailable`].
     pub async fn try_acquire(&self) -> Result<RedisBulkheadPermit, Rejected> {
         let s = &self.shared;
-        match s.sem.try_acquire().await {
+        let first = s.sem.try_acquire().await;
+        self.note_limit();
+        match first {
             Ok(lease) => Ok(self.admitted(lease, Duration::ZERO, CallOutcome::Released)),
             Err(e) => Err(s.policy.reject(reason_of(&e), Duration::ZERO)),
         }
@@ -175,7 +183,9 @@ impl RedisBulkhead {
 
     async fn acquire_as(&self, outcome: CallOutcome) -> Result<RedisBulkheadPermit, Rejected> {
         let s = &self.shared;
-        let lease = match s.sem.try_acquire().await {
+        let first = s.sem.try_acquire().await;
+        self.note_limit();
+        let lease = match first {
             Ok(lease) => return Ok(self.admitted(lease, Duration::ZERO, outcome)),
             Err(LeaseError::NoPermits { .. }) => {
                 let acquire = async { s.sem.acquire().await.map_err(|e| reason_of(&e)) };
@@ -185,6 +195,14 @@ impl RedisBulkhead {
         };
         let (lease, waited) = lease;
         Ok(self.admitted(lease, waited, outcome))
+    }
+
+    /// Keeps the retry hint's limit in step with the limit in Redis.
+    fn note_limit(&self) {
+        let s = &self.shared;
+        s.policy
+            .hint_limit
+            .store(s.sem.limit_seen(), Ordering::Relaxed);
     }
 
     fn admitted(
@@ -200,6 +218,7 @@ impl RedisBulkhead {
             lease: Some(lease),
             since: s.policy.clock(),
             outcome,
+            watch: s.policy.watch(),
         };
         s.policy.permitted(waited);
         permit
@@ -225,6 +244,7 @@ impl RedisBulkhead {
             rejected_closed: get(&c.rejected_closed),
             rejected_unavailable: get(&c.rejected_unavailable),
             call_timeouts: get(&c.call_timeouts),
+            leaks_suspected: get(&c.leaks_suspected),
         }
     }
 
@@ -292,6 +312,7 @@ pub struct RedisBulkheadPermit {
     lease: Option<LeasedPermit>,
     since: Option<Instant>,
     outcome: CallOutcome,
+    watch: Option<LeakWatch>,
 }
 
 impl RedisBulkheadPermit {
@@ -332,6 +353,7 @@ impl RedisBulkheadPermit {
     ///
     /// As [`LeasedPermit::release`].
     pub async fn release(mut self) -> Result<(), ReleaseError> {
+        drop(self.watch.take());
         let lease = self.lease.take().expect("released once");
         let released = lease.release().await;
         self.finish();
@@ -339,6 +361,7 @@ impl RedisBulkheadPermit {
     }
 
     fn finish(&mut self) {
+        drop(self.watch.take());
         let s = &*self.shared;
         if s.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             s.idle.notify(usize::MAX);
