@@ -27,6 +27,7 @@ use crate::timer::Timer;
 /// | `timer` | picked by [`default_timer`](crate::timer::default_timer) | where delays come from |
 /// | `observer` | none | hooks that see every call (may be given several times) |
 /// | `exporters` | `true` | publish to `metrics` / `tracing` when those features are on |
+/// | `leak_threshold` | none | report permits held longer than this |
 ///
 /// # Examples
 ///
