@@ -187,7 +187,13 @@ impl RedisBulkhead {
         self.note_limit();
         let lease = match first {
             Ok(lease) => return Ok(self.admitted(lease, Duration::ZERO, outcome)),
+            // Busy, or Redis out of reach when the caller may wait: wait
+            // (riding out a short outage) within the policy's bounds.
             Err(LeaseError::NoPermits { .. }) => {
+                let acquire = async { s.sem.acquire().await.map_err(|e| reason_of(&e)) };
+                s.policy.wait_for(acquire).await?
+            }
+            Err(LeaseError::Unavailable(_)) if s.policy.max_wait != Some(Duration::ZERO) => {
                 let acquire = async { s.sem.acquire().await.map_err(|e| reason_of(&e)) };
                 s.policy.wait_for(acquire).await?
             }

@@ -99,6 +99,7 @@ pub struct RedisSemaphoreBuilder {
     label: Option<String>,
     response_timeout: Duration,
     retries: usize,
+    outage_tolerance: Duration,
     timer: Option<Arc<dyn Timer>>,
 }
 
@@ -159,6 +160,16 @@ impl RedisSemaphoreBuilder {
     /// call fails with [`LeaseError::Unavailable`] (default 2).
     pub fn retries(mut self, retries: usize) -> Self {
         self.retries = retries;
+        self
+    }
+
+    /// How long a *waiting* [`acquire`](RedisSemaphore::acquire) keeps
+    /// trying while Redis is unreachable (a restart, a failover) before it
+    /// fails with [`LeaseError::Unavailable`] (default 5 s). Zero fails at
+    /// the first unanswered attempt. [`try_acquire`](RedisSemaphore::try_acquire)
+    /// never waits: it fails once its `retries` are used up.
+    pub fn outage_tolerance(mut self, tolerance: Duration) -> Self {
+        self.outage_tolerance = tolerance;
         self
     }
 
@@ -227,6 +238,7 @@ impl RedisSemaphoreBuilder {
             label,
             default_limit: self.limit,
             retries: self.retries,
+            outage_tolerance: self.outage_tolerance,
             timer,
             spawner,
             signals,
@@ -252,6 +264,7 @@ pub(crate) struct Inner {
     label: String,
     default_limit: usize,
     retries: usize,
+    outage_tolerance: Duration,
     timer: Arc<dyn Timer>,
     spawner: Spawner,
     signals: Arc<driver::Signals>,
@@ -322,6 +335,7 @@ impl RedisSemaphore {
             label: None,
             response_timeout: Duration::from_secs(2),
             retries: 2,
+            outage_tolerance: Duration::from_secs(5),
             timer: None,
         }
     }
@@ -352,8 +366,10 @@ impl RedisSemaphore {
     ///
     /// # Errors
     ///
-    /// [`LeaseError::Unavailable`] if Redis cannot be reached (fails
-    /// closed), [`LeaseError::Closed`] after [`close`](Self::close).
+    /// [`LeaseError::Unavailable`] if Redis stays unreachable for the
+    /// builder's `outage_tolerance` (fails closed; a shorter outage, such as
+    /// a restart, is ridden out with the same permit id),
+    /// [`LeaseError::Closed`] after [`close`](Self::close).
     ///
     /// # Cancel safety
     ///
@@ -362,6 +378,7 @@ impl RedisSemaphore {
     /// within its time to live if Redis cannot be reached.
     pub async fn acquire(&self) -> Result<LeasedPermit, LeaseError> {
         let mut pending = self.inner.pending();
+        let mut down_since: Option<Instant> = None;
         loop {
             if self.is_closed() {
                 return Err(LeaseError::Closed);
@@ -369,13 +386,25 @@ impl RedisSemaphore {
             // Listen before asking, so a release between the answer and the
             // wait is not missed.
             let listener = self.inner.signals.wake.listen();
-            match self.inner.grant(&mut pending).await? {
-                Grant::Granted(permit) => return Ok(permit),
-                Grant::Busy { retry_after, .. } => {
-                    let pause = self.inner.pause(retry_after);
-                    let _ = Timeout::new(listener, self.inner.timer.sleep(pause)).await;
+            let pause = match self.inner.grant(&mut pending).await {
+                Ok(Grant::Granted(permit)) => return Ok(permit),
+                Ok(Grant::Busy { retry_after, .. }) => {
+                    down_since = None;
+                    self.inner.pause(retry_after)
                 }
-            }
+                Err(LeaseError::Unavailable(e)) => {
+                    // `pending` keeps its id (a grant may have landed): the
+                    // next attempt returns that grant, or the id is released
+                    // when this future ends.
+                    let since = *down_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= self.inner.outage_tolerance {
+                        return Err(LeaseError::Unavailable(e));
+                    }
+                    self.inner.pause(Some(Duration::from_millis(100)))
+                }
+                Err(e) => return Err(e),
+            };
+            let _ = Timeout::new(listener, self.inner.timer.sleep(pause)).await;
         }
     }
 
