@@ -93,17 +93,55 @@ impl Rejected {
     }
 
     /// Why the call was turned away.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::{Bulkhead, RejectReason};
+    ///
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    /// bh.close();
+    /// assert_eq!(bh.try_acquire().unwrap_err().reason(), RejectReason::Closed);
+    /// ```
     pub fn reason(&self) -> RejectReason {
         self.reason
     }
 
     /// How long the caller waited before it was turned away (zero when it
     /// was rejected at once; measured only when the caller had to wait).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bulkhead::Bulkhead;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder()
+    ///     .max_concurrent_calls(1)
+    ///     .max_wait(Duration::from_millis(20))
+    ///     .build()
+    ///     .unwrap();
+    /// let _held = bh.try_acquire().unwrap();
+    /// assert!(bh.acquire().await.unwrap_err().waited() >= Duration::from_millis(20));
+    /// assert_eq!(bh.try_acquire().unwrap_err().waited(), Duration::ZERO);
+    /// # });
+    /// ```
     pub fn waited(&self) -> Duration {
         self.waited
     }
 
     /// The name of the bulkhead that rejected the call.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Bulkhead;
+    ///
+    /// let bh = Bulkhead::builder().name("ledger").max_concurrent_calls(1).build().unwrap();
+    /// let _held = bh.try_acquire().unwrap();
+    /// assert_eq!(bh.try_acquire().unwrap_err().name(), "ledger");
+    /// ```
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -180,6 +218,20 @@ pub enum BulkheadError<E> {
 
 impl<E> BulkheadError<E> {
     /// The rejection, if the call was not admitted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::{Bulkhead, BulkheadError, RejectReason};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    /// bh.close();
+    /// let err = bh.call(async { Ok::<(), ()>(()) }).await.unwrap_err();
+    /// assert_eq!(err.rejected().map(|r| r.reason()), Some(RejectReason::Closed));
+    /// assert_eq!(BulkheadError::<()>::CallTimeout.rejected(), None);
+    /// # });
+    /// ```
     pub fn rejected(&self) -> Option<&Rejected> {
         match self {
             Self::Rejected(r) => Some(r),
@@ -188,6 +240,19 @@ impl<E> BulkheadError<E> {
     }
 
     /// The call's own error, if it ran and failed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::{Bulkhead, BulkheadError};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    /// let err = bh.call(async { Err::<(), _>("no such invoice") }).await.unwrap_err();
+    /// assert_eq!(err.into_inner(), Some("no such invoice"));
+    /// assert_eq!(BulkheadError::<&str>::CallTimeout.into_inner(), None);
+    /// # });
+    /// ```
     pub fn into_inner(self) -> Option<E> {
         match self {
             Self::Inner(e) => Some(e),
@@ -257,6 +322,15 @@ impl BuildError {
     }
 
     /// What is wrong.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::{Bulkhead, BuildErrorKind};
+    ///
+    /// let err = Bulkhead::builder().build().unwrap_err();
+    /// assert_eq!(err.kind(), BuildErrorKind::MissingLimit);
+    /// ```
     pub fn kind(&self) -> BuildErrorKind {
         self.kind
     }
