@@ -54,7 +54,7 @@ mod error;
 mod permit;
 mod scripts;
 
-pub use bulkhead::{RedisBulkhead, RedisBulkheadBuilder};
+pub use bulkhead::{RedisBulkhead, RedisBulkheadBuilder, RedisBulkheadPermit};
 pub use error::{ConfigError, LeaseError, LostReason, ReleaseError};
 pub use permit::{LeasedPermit, Lost};
 

@@ -1,0 +1,767 @@
+//! `bulkhead::tower`: the bulkhead as a tower layer, in real hyper server
+//! and client stacks on loopback, and at the service level for what a
+//! network cannot show precisely: no permit held by idle (ready) services,
+//! the wait policy, typed errors through `BoxError`, and permits released
+//! when a response future is dropped.
+#![cfg(all(not(loom), feature = "tower"))]
+
+use std::convert::Infallible;
+use std::future::pending;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bulkhead::observer::{Finished, Observer};
+use bulkhead::tower::{BoxError, BulkheadLayer, BulkheadService, CallTimeout};
+use bulkhead::{Bulkhead, CallOutcome, RejectReason, Rejected};
+use futures::FutureExt;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode, header};
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, Semaphore as Gate};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, timeout};
+use tower::limit::ConcurrencyLimit;
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+/// A whole test fails, rather than hangs, past this.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+// ---------------------------------------------------------------------------
+// A handler that counts the requests it is working on
+// ---------------------------------------------------------------------------
+
+/// What the handler saw.
+#[derive(Debug, Default)]
+struct Stats {
+    in_flight: AtomicUsize,
+    peak: AtomicUsize,
+    served: AtomicU64,
+    /// Notified whenever a request enters the handler.
+    arrived: Notify,
+}
+
+impl Stats {
+    fn peak(&self) -> usize {
+        self.peak.load(Ordering::SeqCst)
+    }
+    fn served(&self) -> u64 {
+        self.served.load(Ordering::SeqCst)
+    }
+    fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+}
+
+/// How the handler works on a request.
+#[derive(Clone)]
+enum Work {
+    /// Sleeps this long.
+    Sleep(Duration),
+    /// Waits for a permit from the gate (which the test hands out).
+    Gate(Arc<Gate>),
+}
+
+/// Counts the request in flight while it works, then answers 200 "ok".
+async fn handle(stats: Arc<Stats>, work: Work) -> Result<Response<Full<Bytes>>, Infallible> {
+    /// Uncounts the request even if its future is dropped.
+    struct Counted<'a>(&'a Stats);
+    impl Drop for Counted<'_> {
+        fn drop(&mut self) {
+            self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    let now = stats.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    let counted = Counted(&stats);
+    stats.peak.fetch_max(now, Ordering::SeqCst);
+    stats.arrived.notify_one();
+    match work {
+        Work::Sleep(d) => sleep(d).await,
+        Work::Gate(gate) => gate.acquire().await.expect("gate closed").forget(),
+    }
+    stats.served.fetch_add(1, Ordering::SeqCst);
+    drop(counted);
+    Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))
+}
+
+// ---------------------------------------------------------------------------
+// A hyper server that serves a tower service
+// ---------------------------------------------------------------------------
+
+/// An HTTP/1.1 server on `127.0.0.1`, stopped (no new connections) on drop.
+struct Server {
+    addr: SocketAddr,
+    accept_loop: JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.accept_loop.abort();
+    }
+}
+
+/// Serves `service` (a tower service) on a fresh loopback port: each
+/// connection gets a clone, and each request is handed to a clone of that
+/// with `oneshot` (what `hyper_util::service::TowerToHyperService` does).
+async fn serve<S>(service: S) -> Server
+where
+    S: Service<Request<Incoming>, Response = Response<Full<Bytes>>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+{
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("local addr");
+    let accept_loop = tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.expect("accept");
+            let service = service.clone();
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |request| service.clone().oneshot(request));
+                // A failed connection shows up in the client's result.
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Server { addr, accept_loop }
+}
+
+/// The server's stack: a bulkhead in front of the counting handler, and
+/// above it a layer that answers a rejection with `503` and the reason
+/// (where a hyper server would otherwise close the connection).
+async fn serve_with_bulkhead(bh: &Bulkhead, stats: &Arc<Stats>, work: Work) -> Server {
+    let stats = stats.clone();
+    let service = ServiceBuilder::new()
+        .map_result(rejection_to_503)
+        .layer(BulkheadLayer::new(bh.clone()))
+        .service_fn(move |_request: Request<Incoming>| handle(stats.clone(), work.clone()));
+    serve(service).await
+}
+
+fn rejection_to_503(
+    result: Result<Response<Full<Bytes>>, BoxError>,
+) -> Result<Response<Full<Bytes>>, BoxError> {
+    match result {
+        Err(e) => match e.downcast_ref::<Rejected>() {
+            Some(rejected) => {
+                let mut busy = Response::new(Full::new(Bytes::from(rejected.to_string())));
+                *busy.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                busy.headers_mut().insert(
+                    "x-bulkhead-reject-reason",
+                    rejected.reason().as_str().parse().unwrap(),
+                );
+                Ok(busy)
+            }
+            None => Err(e),
+        },
+        ok => ok,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A hyper client as a tower service
+// ---------------------------------------------------------------------------
+
+/// `GET /` on a connection of its own; the status and the whole body.
+async fn get(addr: SocketAddr) -> Result<(StatusCode, Bytes), BoxError> {
+    let stream = TcpStream::connect(addr).await?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    let request = Request::get("/")
+        .header(header::HOST, addr.to_string())
+        .body(Empty::<Bytes>::new())?;
+    let response = sender.send_request(request).await?;
+    let status = response.status();
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok((status, body))
+}
+
+/// A hyper client as a tower service: `GET /` for each `()`.
+fn client(
+    addr: SocketAddr,
+) -> impl Service<(), Response = (StatusCode, Bytes), Error = BoxError, Future: Send>
++ Clone
++ Send
++ 'static {
+    tower::service_fn(move |()| get(addr))
+}
+
+// ---------------------------------------------------------------------------
+// An observer that records how calls ended
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Default)]
+struct Outcomes(Mutex<Vec<CallOutcome>>);
+
+impl Outcomes {
+    fn take(&self) -> Vec<CallOutcome> {
+        std::mem::take(&mut self.0.lock().unwrap())
+    }
+}
+
+impl Observer for Outcomes {
+    fn on_finished(&self, event: &Finished<'_>) {
+        self.0.lock().unwrap().push(event.outcome);
+    }
+}
+
+fn ok_service()
+-> impl Service<(), Response = &'static str, Error = Infallible, Future: Send> + Clone + Send + 'static
+{
+    tower::service_fn(|()| async { Ok::<_, Infallible>("ok") })
+}
+
+/// Polls once with a no-op waker: `None` if the future is pending.
+fn poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> Option<F::Output> {
+    fut.now_or_never()
+}
+
+// ---------------------------------------------------------------------------
+// Real hyper stacks on loopback
+// ---------------------------------------------------------------------------
+
+/// Many concurrent requests from hyper clients to a hyper server whose
+/// stack has a `BulkheadLayer` of `N` that waits as long as it takes: the
+/// handler never works on more than `N` at once, and every request is
+/// answered `200`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hyper_server_behind_the_layer_never_exceeds_the_limit() {
+    const N: usize = 4;
+    const REQUESTS: usize = 200;
+
+    timeout(PATIENCE, async {
+        let bh = Bulkhead::builder()
+            .name("server")
+            .max_concurrent_calls(N)
+            .build()
+            .unwrap();
+        let stats = Arc::new(Stats::default());
+        let server = serve_with_bulkhead(&bh, &stats, Work::Sleep(Duration::from_millis(5))).await;
+
+        let requests: Vec<_> = (0..REQUESTS)
+            .map(|_| tokio::spawn(get(server.addr)))
+            .collect();
+        for request in requests {
+            let (status, body) = request
+                .await
+                .expect("client task panicked")
+                .expect("request failed");
+            assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+        }
+
+        println!("server peak {}, bulkhead {:?}", stats.peak(), bh.metrics());
+        assert!(
+            stats.peak() <= N,
+            "the handler saw {} at once",
+            stats.peak()
+        );
+        assert_eq!(
+            stats.peak(),
+            N,
+            "the limit was never reached: a vacuous test"
+        );
+        assert_eq!(stats.served(), REQUESTS as u64);
+        let m = bh.metrics();
+        assert_eq!((m.permitted(), m.rejected()), (REQUESTS as u64, 0));
+        assert_eq!((m.in_flight(), m.queued()), (0, 0));
+    })
+    .await
+    .expect("the test hung");
+}
+
+/// The same from the client's side: a hyper client wrapped in the layer
+/// (a bulkhead guarding a downstream), many requests at once from clones
+/// of one client service, and a server with no limit of its own that never
+/// sees more than `N` of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hyper_client_behind_the_layer_never_sends_more_than_the_limit() {
+    const N: usize = 3;
+    const REQUESTS: usize = 150;
+
+    timeout(PATIENCE, async {
+        let stats = Arc::new(Stats::default());
+        let server = serve(tower::service_fn({
+            let stats = stats.clone();
+            move |_request: Request<Incoming>| {
+                handle(stats.clone(), Work::Sleep(Duration::from_millis(5)))
+            }
+        }))
+        .await;
+        let bh = Bulkhead::builder()
+            .name("downstream")
+            .max_concurrent_calls(N)
+            .max_wait(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let client = ServiceBuilder::new()
+            .layer(BulkheadLayer::new(bh.clone()))
+            .service(client(server.addr));
+
+        let requests: Vec<_> = (0..REQUESTS)
+            .map(|_| tokio::spawn(client.clone().oneshot(())))
+            .collect();
+        for request in requests {
+            let (status, _) = request
+                .await
+                .expect("client task panicked")
+                .expect("request failed");
+            assert_eq!(status, StatusCode::OK);
+        }
+
+        assert!(stats.peak() <= N, "the server saw {} at once", stats.peak());
+        assert_eq!(
+            stats.peak(),
+            N,
+            "the limit was never reached: a vacuous test"
+        );
+        assert_eq!(stats.served(), REQUESTS as u64);
+        let m = bh.metrics();
+        assert_eq!(
+            (m.permitted(), m.in_flight(), m.queued()),
+            (REQUESTS as u64, 0, 0)
+        );
+    })
+    .await
+    .expect("the test hung");
+}
+
+/// A fail-fast bulkhead in a hyper client stack: while one request is in
+/// flight, the next fails with a `BoxError` that downcasts to `Rejected`
+/// with reason `Full`, and never reaches the network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fail_fast_rejection_in_a_client_stack_downcasts_to_rejected() {
+    timeout(PATIENCE, async {
+        let stats = Arc::new(Stats::default());
+        let gate = Arc::new(Gate::new(0));
+        let server = serve(tower::service_fn({
+            let (stats, gate) = (stats.clone(), gate.clone());
+            move |_request: Request<Incoming>| handle(stats.clone(), Work::Gate(gate.clone()))
+        }))
+        .await;
+        let bh = Bulkhead::builder()
+            .name("partner")
+            .max_concurrent_calls(1)
+            .max_wait(Duration::ZERO)
+            .build()
+            .unwrap();
+        let client = ServiceBuilder::new()
+            .layer(BulkheadLayer::new(bh.clone()))
+            .service(client(server.addr));
+
+        let first = tokio::spawn(client.clone().oneshot(()));
+        stats.arrived.notified().await;
+
+        let err: BoxError = client.clone().oneshot(()).await.unwrap_err();
+        let rejected = err
+            .downcast_ref::<Rejected>()
+            .unwrap_or_else(|| panic!("not a rejection: {err:?}"));
+        assert_eq!(rejected.reason(), RejectReason::Full);
+        assert_eq!(rejected.name(), "partner");
+        assert_eq!(rejected.waited(), Duration::ZERO);
+        assert_eq!(err.to_string(), "bulkhead partner is full");
+        assert!(err.downcast_ref::<hyper::Error>().is_none());
+        assert_eq!(
+            stats.in_flight(),
+            1,
+            "the rejected request reached the server"
+        );
+
+        gate.add_permits(1);
+        let (status, _) = first.await.unwrap().expect("the first request failed");
+        assert_eq!(status, StatusCode::OK);
+        let m = bh.metrics();
+        assert_eq!((m.permitted(), m.rejected_full(), m.in_flight()), (1, 1, 0));
+        assert_eq!((stats.peak(), stats.served()), (1, 1));
+    })
+    .await
+    .expect("the test hung");
+}
+
+/// A fail-fast bulkhead in a hyper server stack, with rejections turned
+/// into `503` above it: the reason reaches the client, and the handler sees
+/// only the admitted request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fail_fast_rejection_in_a_server_stack_becomes_a_503() {
+    timeout(PATIENCE, async {
+        let bh = Bulkhead::builder()
+            .name("server")
+            .max_concurrent_calls(1)
+            .max_wait(Duration::ZERO)
+            .build()
+            .unwrap();
+        let stats = Arc::new(Stats::default());
+        let gate = Arc::new(Gate::new(0));
+        let server = serve_with_bulkhead(&bh, &stats, Work::Gate(gate.clone())).await;
+
+        let first = tokio::spawn(get(server.addr));
+        stats.arrived.notified().await;
+        let (status, body) = get(server.addr).await.expect("request failed");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(&body[..], b"bulkhead server is full");
+
+        gate.add_permits(1);
+        let (status, _) = first.await.unwrap().expect("the first request failed");
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!((stats.peak(), stats.served()), (1, 1));
+        let m = bh.metrics();
+        assert_eq!((m.permitted(), m.rejected_full(), m.in_flight()), (1, 1, 0));
+    })
+    .await
+    .expect("the test hung");
+}
+
+/// A client that hangs up while its request is in a handler: hyper drops
+/// the service's response future, and the permit comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_releases_the_servers_permit() {
+    timeout(PATIENCE, async {
+        let outcomes = Arc::new(Outcomes::default());
+        let bh = Bulkhead::builder()
+            .name("server")
+            .max_concurrent_calls(1)
+            .observer(outcomes.clone())
+            .build()
+            .unwrap();
+        let stats = Arc::new(Stats::default());
+        let gate = Arc::new(Gate::new(0)); // never opened
+        let server = serve_with_bulkhead(&bh, &stats, Work::Gate(gate)).await;
+
+        let hung_up = tokio::spawn(get(server.addr));
+        stats.arrived.notified().await;
+        assert_eq!(bh.metrics().in_flight(), 1);
+        hung_up.abort(); // drops the client's connection
+        let _ = hung_up.await;
+
+        while bh.metrics().in_flight() != 0 {
+            sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(stats.in_flight(), 0);
+        assert_eq!(outcomes.take(), [CallOutcome::Cancelled]);
+        assert!(bh.try_acquire().is_ok());
+    })
+    .await
+    .expect("the permit was never released");
+}
+
+// ---------------------------------------------------------------------------
+// No permit while idle
+// ---------------------------------------------------------------------------
+
+/// Ten clones of the service that were polled ready and then sit idle hold
+/// no permit: the bulkhead shows nothing in flight, a direct `try_acquire`
+/// succeeds, and each clone still serves a request when one comes.
+/// tower's `ConcurrencyLimit` is the contrast: one ready, idle clone holds
+/// its only permit and the next clone cannot become ready.
+#[tokio::test]
+async fn ready_idle_clones_hold_no_permit() {
+    let bh = Bulkhead::builder()
+        .name("idle")
+        .max_concurrent_calls(1)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let service = ServiceBuilder::new()
+        .layer(BulkheadLayer::new(bh.clone()))
+        .service(ok_service());
+    let mut clones: Vec<_> = (0..10).map(|_| service.clone()).collect();
+    for clone in &mut clones {
+        ServiceExt::<()>::ready(clone).await.unwrap();
+    }
+    let m = bh.metrics();
+    assert_eq!((m.in_flight(), m.permitted()), (0, 0));
+    drop(bh.try_acquire().expect("an idle service holds the permit"));
+
+    for clone in &mut clones {
+        assert_eq!(clone.call(()).await.unwrap(), "ok");
+        ServiceExt::<()>::ready(clone).await.unwrap();
+    }
+    let m = bh.metrics();
+    assert_eq!((m.in_flight(), m.permitted(), m.rejected()), (0, 11, 0));
+
+    // tower's ConcurrencyLimit: the permit is taken in `poll_ready`.
+    let limited = ConcurrencyLimit::new(ok_service(), 1);
+    let mut idle = limited.clone();
+    let mut other = limited.clone();
+    ServiceExt::<()>::ready(&mut idle).await.unwrap();
+    assert!(
+        poll_once(&mut ServiceExt::<()>::ready(&mut other)).is_none(),
+        "ConcurrencyLimit let a second clone become ready"
+    );
+    drop(idle);
+    assert!(poll_once(&mut ServiceExt::<()>::ready(&mut other)).is_some());
+}
+
+/// `poll_ready` delegates to the inner service (so its back-pressure
+/// comes through), and `call` calls the very instance that was polled
+/// ready: a `ConcurrencyLimit` inside, whose permit belongs to one
+/// instance, would panic if a fresh clone were called instead.
+#[tokio::test]
+async fn readiness_comes_from_the_inner_service_and_the_ready_instance_is_called() {
+    let bh = Bulkhead::builder()
+        .name("outer")
+        .max_concurrent_calls(10)
+        .build()
+        .unwrap();
+    let inner = ConcurrencyLimit::new(ok_service(), 1);
+    let mut service = BulkheadService::new(inner, bh.clone());
+
+    for _ in 0..5 {
+        ServiceExt::<()>::ready(&mut service).await.unwrap();
+        assert_eq!(service.call(()).await.unwrap(), "ok");
+    }
+
+    // Another instance holds the inner limit's only permit: not ready.
+    let mut holder = service.get_ref().clone();
+    ServiceExt::<()>::ready(&mut holder).await.unwrap();
+    assert!(poll_once(&mut ServiceExt::<()>::ready(&mut service)).is_none());
+    drop(holder);
+    ServiceExt::<()>::ready(&mut service).await.unwrap();
+    assert_eq!(bh.metrics().in_flight(), 0, "readiness took no permit");
+    assert_eq!(service.call(()).await.unwrap(), "ok");
+    assert_eq!(bh.metrics().permitted(), 6);
+}
+
+// ---------------------------------------------------------------------------
+// The wait policy
+// ---------------------------------------------------------------------------
+
+/// `max_queue` and waiting: with the only permit taken, one request waits
+/// in line, the next finds the line full (`Full`, at once), and the waiter
+/// is served when the permit comes back.
+#[tokio::test]
+async fn requests_wait_in_a_bounded_line() {
+    let bh = Bulkhead::builder()
+        .name("line")
+        .max_concurrent_calls(1)
+        .max_queue(1)
+        .build()
+        .unwrap();
+    let mut service = BulkheadService::new(ok_service(), bh.clone());
+
+    let held = bh.try_acquire().unwrap();
+    let mut waiting = service.call(());
+    assert!(poll_once(&mut waiting).is_none());
+    assert_eq!(bh.metrics().queued(), 1);
+
+    let err = service.call(()).await.unwrap_err();
+    let rejected = err.downcast_ref::<Rejected>().expect("a rejection");
+    assert_eq!(rejected.reason(), RejectReason::Full);
+
+    drop(held);
+    assert_eq!(waiting.await.unwrap(), "ok");
+    let m = bh.metrics();
+    assert_eq!((m.permitted(), m.rejected_full(), m.queued()), (2, 1, 0));
+}
+
+/// `max_wait`: a request that gets no permit in time is rejected with
+/// `Timeout`, having waited at least `max_wait`.
+#[tokio::test]
+async fn a_request_that_waits_too_long_is_rejected_with_timeout() {
+    const MAX_WAIT: Duration = Duration::from_millis(30);
+    let bh = Bulkhead::builder()
+        .name("patient")
+        .max_concurrent_calls(1)
+        .max_wait(MAX_WAIT)
+        .build()
+        .unwrap();
+    let service = BulkheadService::new(ok_service(), bh.clone());
+
+    let _held = bh.try_acquire().unwrap();
+    let err = service.oneshot(()).await.unwrap_err();
+    let rejected = err.downcast_ref::<Rejected>().expect("a rejection");
+    assert_eq!(rejected.reason(), RejectReason::Timeout);
+    assert!(
+        rejected.waited() >= MAX_WAIT,
+        "waited {:?}",
+        rejected.waited()
+    );
+    assert_eq!(bh.metrics().rejected_timeout(), 1);
+}
+
+/// A closed bulkhead rejects with `Closed`, and the inner service is never
+/// called.
+#[tokio::test]
+async fn a_closed_bulkhead_rejects_with_closed() {
+    let bh = Bulkhead::builder()
+        .name("closing")
+        .max_concurrent_calls(4)
+        .build()
+        .unwrap();
+    let called = Arc::new(AtomicUsize::new(0));
+    let service = BulkheadService::new(
+        tower::service_fn({
+            let called = called.clone();
+            move |()| {
+                called.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, Infallible>(()) }
+            }
+        }),
+        bh.clone(),
+    );
+    bh.close();
+    let err = service.oneshot(()).await.unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<Rejected>().map(Rejected::reason),
+        Some(RejectReason::Closed)
+    );
+    assert_eq!(called.load(Ordering::SeqCst), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Errors and outcomes
+// ---------------------------------------------------------------------------
+
+/// The inner service's errors pass through, boxed once (a `BoxError` is not
+/// boxed again), and the observer sees a failure.
+#[tokio::test]
+async fn the_inner_services_errors_pass_through() {
+    #[derive(Debug)]
+    struct Declined;
+    impl std::fmt::Display for Declined {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("declined")
+        }
+    }
+    impl std::error::Error for Declined {}
+
+    let outcomes = Arc::new(Outcomes::default());
+    let bh = Bulkhead::builder()
+        .name("errors")
+        .max_concurrent_calls(2)
+        .observer(outcomes.clone())
+        .build()
+        .unwrap();
+
+    let io = BulkheadService::new(
+        tower::service_fn(|()| async { Err::<(), _>(std::io::Error::other("boom")) }),
+        bh.clone(),
+    );
+    let err = io.oneshot(()).await.unwrap_err();
+    let io_err = err.downcast_ref::<std::io::Error>().expect("an io::Error");
+    assert_eq!(io_err.to_string(), "boom");
+
+    let boxed = BulkheadService::new(
+        tower::service_fn(|()| async { Err::<(), BoxError>(Box::new(Declined)) }),
+        bh.clone(),
+    );
+    let err = boxed.oneshot(()).await.unwrap_err();
+    assert!(err.is::<Declined>(), "boxed twice: {err:?}");
+
+    assert_eq!(
+        outcomes.take(),
+        [CallOutcome::Failure, CallOutcome::Failure]
+    );
+    assert_eq!(bh.metrics().in_flight(), 0);
+}
+
+/// `call_timeout`: a request that runs too long is dropped, its permit
+/// released, and the error downcasts to `CallTimeout`.
+#[tokio::test]
+async fn a_request_past_call_timeout_fails_with_call_timeout() {
+    let outcomes = Arc::new(Outcomes::default());
+    let bh = Bulkhead::builder()
+        .name("slow")
+        .max_concurrent_calls(1)
+        .call_timeout(Duration::from_millis(20))
+        .observer(outcomes.clone())
+        .build()
+        .unwrap();
+    let service = BulkheadService::new(
+        tower::service_fn(|()| pending::<Result<(), Infallible>>()),
+        bh.clone(),
+    );
+    let err = service.clone().oneshot(()).await.unwrap_err();
+    let timed_out = err.downcast_ref::<CallTimeout>().expect("a call timeout");
+    assert_eq!(timed_out.bulkhead_name(), "slow");
+    assert_eq!(err.to_string(), "call timed out inside bulkhead slow");
+    assert!(err.downcast_ref::<Rejected>().is_none());
+
+    let m = bh.metrics();
+    assert_eq!((m.call_timeouts(), m.in_flight()), (1, 0));
+    assert_eq!(outcomes.take(), [CallOutcome::TimedOut]);
+    assert!(bh.try_acquire().is_ok());
+}
+
+/// Successes are reported as such.
+#[tokio::test]
+async fn a_success_is_reported_to_the_observer() {
+    let outcomes = Arc::new(Outcomes::default());
+    let bh = Bulkhead::builder()
+        .name("ok")
+        .max_concurrent_calls(1)
+        .observer(outcomes.clone())
+        .build()
+        .unwrap();
+    let service = BulkheadService::new(ok_service(), bh.clone());
+    assert_eq!(service.oneshot(()).await.unwrap(), "ok");
+    assert_eq!(outcomes.take(), [CallOutcome::Success]);
+}
+
+// ---------------------------------------------------------------------------
+// Dropping the response future
+// ---------------------------------------------------------------------------
+
+/// Dropping a response future whose request is running releases its permit
+/// (reported as `Cancelled`); dropping one that waits in line gives up its
+/// place and takes nothing.
+#[tokio::test]
+async fn dropping_the_response_future_releases_the_permit() {
+    let outcomes = Arc::new(Outcomes::default());
+    let bh = Bulkhead::builder()
+        .name("dropped")
+        .max_concurrent_calls(1)
+        .observer(outcomes.clone())
+        .build()
+        .unwrap();
+    let mut service = BulkheadService::new(
+        tower::service_fn(|()| pending::<Result<(), Infallible>>()),
+        bh.clone(),
+    );
+
+    // Running: holds the permit until dropped.
+    ServiceExt::<()>::ready(&mut service).await.unwrap();
+    let mut running = service.call(());
+    assert!(poll_once(&mut running).is_none());
+    assert_eq!(bh.metrics().in_flight(), 1);
+
+    // Waiting behind it: in line until dropped.
+    ServiceExt::<()>::ready(&mut service).await.unwrap();
+    let mut waiting = service.call(());
+    assert!(poll_once(&mut waiting).is_none());
+    assert_eq!(bh.metrics().queued(), 1);
+    drop(waiting);
+    assert_eq!((bh.metrics().queued(), bh.metrics().in_flight()), (0, 1));
+
+    drop(running);
+    let m = bh.metrics();
+    assert_eq!((m.in_flight(), m.queued(), m.permitted()), (0, 0, 1));
+    assert_eq!(outcomes.take(), [CallOutcome::Cancelled]);
+    assert!(bh.try_acquire().is_ok());
+
+    // A response future that was never polled holds nothing either.
+    let unpolled = service.call(());
+    assert_eq!(bh.metrics().in_flight(), 0);
+    drop(unpolled);
+}
+
+/// What hyper, tonic and axum ask of a layer and its service: the layer and
+/// the service are `Send + Sync` (axum's `Router::layer`), the response
+/// future is `Send` (spawned on a multi-threaded runtime).
+#[test]
+fn the_layer_fits_multi_threaded_stacks() {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    fn send<T: Send + 'static>() {}
+    send_sync::<BulkheadLayer>();
+    send_sync::<BulkheadService<tower::util::BoxCloneSyncService<(), (), BoxError>>>();
+    send::<bulkhead::tower::ResponseFuture<Response<Full<Bytes>>>>();
+    send_sync::<CallTimeout>();
+}
