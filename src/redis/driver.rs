@@ -14,6 +14,7 @@ use futures_core::Stream;
 
 use super::Inner;
 use super::error::LostReason;
+use crate::bulkhead::timeout::Timeout;
 use crate::timer::Timer;
 
 /// Wake-ups shared by the semaphore's handles and its background tasks.
@@ -56,6 +57,10 @@ pub(super) fn start(inner: &Arc<Inner>, client: redis::Client) {
     ));
 }
 
+/// How long past a lease's local deadline a renewal may still take before
+/// the lease is declared lost as unreachable.
+const LOSS_GRACE: Duration = Duration::from_millis(50);
+
 /// Renews every lease this process holds, every `every`, in one script
 /// call per round (in chunks, for very many leases).
 async fn renew_loop(
@@ -64,17 +69,27 @@ async fn renew_loop(
     every: Duration,
     signals: Arc<Signals>,
 ) {
+    let mut pause = every;
     loop {
-        if !sleep_unless_stopped(&*timer, every, &signals).await {
+        if !sleep_unless_stopped(&*timer, pause, &signals).await {
             return;
         }
         let Some(inner) = weak.upgrade() else { return };
-        inner.renew_all().await;
+        // Renew, then sleep `every` or until the earliest local deadline,
+        // whichever is first: a lease whose renewals keep failing is found
+        // lost at its deadline, not a round later.
+        pause = match inner.renew_all().await {
+            Some(earliest) => every.min(earliest.saturating_duration_since(Instant::now())),
+            None => every,
+        }
+        .max(Duration::from_millis(1));
     }
 }
 
 impl Inner {
-    async fn renew_all(&self) {
+    /// One round of renewals; returns the earliest local deadline of the
+    /// leases still held, if any.
+    async fn renew_all(&self) -> Option<Instant> {
         let leases: Vec<_> = self
             .lock_leases()
             .values()
@@ -93,10 +108,20 @@ impl Inner {
             for lease in chunk {
                 call.arg(&lease.id);
             }
-            let answer: redis::RedisResult<Vec<i64>> =
-                call.invoke_async(&mut self.conn.clone()).await;
+            // A renewal may not outlast the earliest lease it renews (plus
+            // a short grace): past that deadline the lease may be someone
+            // else's, and its holder must hear so at once, not after a
+            // response timeout. A lease already past its deadline (this
+            // process was paused) is still asked about, so that Redis says
+            // whether it expired.
+            let earliest = chunk.iter().map(|l| l.deadline()).min().unwrap_or(sent);
+            let budget = earliest.saturating_duration_since(sent) + LOSS_GRACE;
+            let mut conn = self.conn.clone();
+            let renewal = call.invoke_async(&mut conn);
+            let answer: Option<redis::RedisResult<Vec<i64>>> =
+                Timeout::new(renewal, self.timer.sleep(budget)).await.ok();
             match answer {
-                Ok(ttls) => {
+                Some(Ok(ttls)) => {
                     for (lease, ttl) in chunk.iter().zip(ttls) {
                         if ttl > 0 {
                             lease.renewed(sent, self.ttl);
@@ -105,7 +130,7 @@ impl Inner {
                         }
                     }
                 }
-                Err(_) => {
+                Some(Err(_)) | None => {
                     // Out of reach: a lease whose local deadline has passed
                     // may have been granted to someone else by now.
                     let now = Instant::now();
@@ -117,6 +142,7 @@ impl Inner {
                 }
             }
         }
+        self.lock_leases().values().map(|l| l.deadline()).min()
     }
 
     fn lost(&self, lease: &super::Lease, reason: LostReason) {

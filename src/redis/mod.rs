@@ -386,6 +386,7 @@ impl RedisSemaphore {
             // Listen before asking, so a release between the answer and the
             // wait is not missed.
             let listener = self.inner.signals.wake.listen();
+            let attempt_start = Instant::now();
             let pause = match self.inner.grant(&mut pending).await {
                 Ok(Grant::Granted(permit)) => return Ok(permit),
                 Ok(Grant::Busy { retry_after, .. }) => {
@@ -396,7 +397,8 @@ impl RedisSemaphore {
                     // `pending` keeps its id (a grant may have landed): the
                     // next attempt returns that grant, or the id is released
                     // when this future ends.
-                    let since = *down_since.get_or_insert_with(Instant::now);
+                    // The outage began when the first failed attempt did.
+                    let since = *down_since.get_or_insert(attempt_start);
                     if since.elapsed() >= self.inner.outage_tolerance {
                         return Err(LeaseError::Unavailable(e));
                     }
@@ -442,6 +444,7 @@ impl RedisSemaphore {
             .key(&inner.keys.fence)
             .key(&inner.keys.limit)
             .key(&inner.keys.channel)
+            .arg(inner.default_limit)
             .invoke_async(&mut inner.conn.clone())
             .await?;
         let mut fields = raw.into_iter();

@@ -156,15 +156,41 @@ impl LeasedPermit {
     /// first; [`ReleaseError::Unavailable`] if Redis could not be reached
     /// (the lease then expires by itself).
     pub async fn release(mut self) -> Result<(), ReleaseError> {
+        // From here the permit's drop does nothing: until the answer is
+        // read, the release itself is guarded (if this future is dropped
+        // first, the id is released in the background).
         self.done = true;
         self.inner.forget_lease(&self.lease.id);
         let known_lost = self.lease.lost_reason().is_some();
-        match self.inner.release_id(&self.lease.id).await {
+        let mut guard = ReleaseGuard {
+            inner: &self.inner,
+            id: &self.lease.id,
+            armed: true,
+        };
+        let answer = self.inner.release_id(&self.lease.id).await;
+        guard.armed = false;
+        match answer {
             Ok(ReleaseOutcome::InTime) if !known_lost => Ok(()),
             Ok(ReleaseOutcome::InTime) => Err(ReleaseError::Overrun { by: None }),
             Ok(ReleaseOutcome::Late(by)) => Err(ReleaseError::Overrun { by: Some(by) }),
             Ok(ReleaseOutcome::Gone) => Err(ReleaseError::Overrun { by: None }),
             Err(e) => Err(ReleaseError::Unavailable(e)),
+        }
+    }
+}
+
+/// Releases the id in the background if a `release` future is dropped
+/// before its answer came.
+struct ReleaseGuard<'a> {
+    inner: &'a Arc<Inner>,
+    id: &'a str,
+    armed: bool,
+}
+
+impl Drop for ReleaseGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.inner.release_in_background(self.id.to_owned());
         }
     }
 }

@@ -107,10 +107,12 @@ end
 return deadline - now
 ";
 
-/// Returns `{now_ms, limit or -1, fence counter, id, deadline, info, id,
-/// deadline, info, …}` for the unexpired leases, earliest deadline first.
+/// `ARGV`: the default limit. Returns `{now_ms, limit, fence counter, id,
+/// deadline, info, id, deadline, info, …}` for the unexpired leases,
+/// earliest deadline first (installing the default limit if none is
+/// stored, as acquire would).
 const HOLDERS: &str = r"
-local limit = tonumber(redis.call('GET', KEYS[4])) or -1
+local limit = limit_of(ARGV[1])
 local fence = tonumber(redis.call('GET', KEYS[3])) or 0
 local out = {now, limit, fence}
 local leases = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
