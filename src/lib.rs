@@ -106,6 +106,8 @@ mod blocking;
 #[cfg(not(loom))]
 mod bulkhead;
 mod error;
+#[cfg(not(loom))]
+pub mod keyed;
 mod list;
 mod loom;
 #[cfg(all(not(loom), feature = "redis"))]
@@ -123,6 +125,8 @@ pub use bulkhead::{
     CallOutcome, Metrics, Observer, RejectReason, Rejected,
 };
 pub use error::{AcquireError, TryAcquireError};
+#[cfg(not(loom))]
+pub use keyed::KeyedBulkhead;
 pub use semaphore::{OwnedPermit, Permit, Semaphore};
 
 /// Hooks that see every call a [`Bulkhead`] handles, and the events they

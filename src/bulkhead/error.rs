@@ -310,6 +310,8 @@ pub enum BuildErrorKind {
     ZeroCallTimeout,
     /// `leak_threshold` was zero: every permit would be reported.
     ZeroLeakThreshold,
+    /// A keyed bulkhead's `max_keys` was zero: no key could ever be served.
+    ZeroMaxKeys,
     /// A non-zero `max_wait` or a `call_timeout` needs a timer, and none is
     /// available: no timer was given, and no runtime feature (`tokio`,
     /// `async-io`) or the default `thread-timer` feature is enabled.
@@ -347,6 +349,7 @@ impl fmt::Display for BuildError {
             BuildErrorKind::EmptyName => "the bulkhead name must not be empty",
             BuildErrorKind::ZeroCallTimeout => "call_timeout must be greater than zero",
             BuildErrorKind::ZeroLeakThreshold => "leak_threshold must be greater than zero",
+            BuildErrorKind::ZeroMaxKeys => "max_keys must be at least 1",
             BuildErrorKind::NoTimer => {
                 "max_wait or call_timeout needs a timer: pass one with .timer(..) or enable the \
                  `tokio`, `async-io` or `thread-timer` feature"

@@ -1,0 +1,535 @@
+//! Configuring a keyed bulkhead.
+
+use core::fmt;
+use core::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Inner, KeyedBulkhead, LabelFn, LimitFn};
+#[cfg(doc)]
+use crate::bulkhead::BulkheadBuilder;
+use crate::bulkhead::{BuildError, BuildErrorKind, Bulkhead, Observer};
+use crate::semaphore::Semaphore;
+use crate::timer::Timer;
+
+/// The default of [`KeyedBulkheadBuilder::max_keys`].
+const DEFAULT_MAX_KEYS: usize = 10_000;
+/// The default of [`KeyedBulkheadBuilder::max_labels`].
+const DEFAULT_MAX_LABELS: usize = 100;
+
+/// Configures a [`KeyedBulkhead`]; made by [`KeyedBulkhead::builder`].
+///
+/// Per key (each key gets a [`Bulkhead`] built from these):
+///
+/// | setting | default | meaning |
+/// |---|---|---|
+/// | `max_concurrent_calls` | required, unless `limit_for` is set | each key's limit |
+/// | `limit_for` | none | a function of the key that gives its limit, instead |
+/// | `max_queue` | unbounded | how many callers of one key may wait |
+/// | `fair` | `true` | strict FIFO within a key (and in the global line) |
+/// | `leak_threshold` | none | report a key's permit held longer than this |
+///
+/// For every call:
+///
+/// | setting | default | meaning |
+/// |---|---|---|
+/// | `max_wait` | unbounded | one budget for waiting on the key's limit and then the global one; `Duration::ZERO` fails fast |
+/// | `call_timeout` | none | bound on the guarded call in [`KeyedBulkhead::call`] |
+///
+/// Shared:
+///
+/// | setting | default | meaning |
+/// |---|---|---|
+/// | `name` | `"keyed"` | shown in errors, metrics and events |
+/// | `global_limit` / `global` | none | a limit on all keys' calls together |
+/// | `global_max_queue` | unbounded | how many callers may wait for a global permit (with `global_limit`) |
+/// | `max_keys` | 10,000 | the most keys tracked at once |
+/// | `idle_timeout` | none | keys idle this long are evicted as new keys arrive |
+/// | `key_label` | none | a metric label per key, for the keys' bulkhead names |
+/// | `max_labels` | 100 | distinct labels before the rest are `"other"` |
+/// | `timer` | picked by [`default_timer`](crate::timer::default_timer) | where delays come from |
+/// | `observer` | none | hooks that see every call of every key (and of the built-in global bulkhead) |
+/// | `exporters` | `true` | publish to `metrics` / `tracing` when those features are on |
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use bulkhead::keyed::KeyedBulkhead;
+///
+/// let tenants = KeyedBulkhead::<String>::builder()
+///     .name("tenants")
+///     .max_concurrent_calls(4)
+///     .limit_for(|tenant: &String| if tenant == "bigcorp" { 16 } else { 4 })
+///     .global_limit(64)
+///     .max_wait(Duration::from_millis(500))
+///     .max_queue(32)
+///     .max_keys(5_000)
+///     .idle_timeout(Duration::from_secs(300))
+///     .build()
+///     .unwrap();
+/// assert_eq!(tenants.name(), "tenants");
+/// ```
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct KeyedBulkheadBuilder<K> {
+    name: Option<String>,
+    max_concurrent_calls: Option<usize>,
+    limit_for: Option<LimitFn<K>>,
+    max_wait: Option<Duration>,
+    max_queue: Option<usize>,
+    call_timeout: Option<Duration>,
+    fair: bool,
+    leak_threshold: Option<Duration>,
+    timer: Option<Arc<dyn Timer>>,
+    observers: Vec<Arc<dyn Observer>>,
+    exporters: bool,
+    global: Global,
+    global_max_queue: Option<usize>,
+    max_keys: usize,
+    idle_timeout: Option<Duration>,
+    key_label: Option<LabelFn<K>>,
+    max_labels: usize,
+}
+
+/// Where the global limit comes from.
+#[derive(Clone)]
+enum Global {
+    None,
+    Limit(usize),
+    Shared(Bulkhead),
+}
+
+impl<K> Clone for KeyedBulkheadBuilder<K> {
+    fn clone(&self) -> Self {
+        Self {
+            name: self.name.clone(),
+            max_concurrent_calls: self.max_concurrent_calls,
+            limit_for: self.limit_for.clone(),
+            max_wait: self.max_wait,
+            max_queue: self.max_queue,
+            call_timeout: self.call_timeout,
+            fair: self.fair,
+            leak_threshold: self.leak_threshold,
+            timer: self.timer.clone(),
+            observers: self.observers.clone(),
+            exporters: self.exporters,
+            global: self.global.clone(),
+            global_max_queue: self.global_max_queue,
+            max_keys: self.max_keys,
+            idle_timeout: self.idle_timeout,
+            key_label: self.key_label.clone(),
+            max_labels: self.max_labels,
+        }
+    }
+}
+
+impl<K> KeyedBulkheadBuilder<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    pub(crate) fn new() -> Self {
+        Self {
+            name: None,
+            max_concurrent_calls: None,
+            limit_for: None,
+            max_wait: None,
+            max_queue: None,
+            call_timeout: None,
+            fair: true,
+            leak_threshold: None,
+            timer: None,
+            observers: Vec::new(),
+            exporters: true,
+            global: Global::None,
+            global_max_queue: None,
+            max_keys: DEFAULT_MAX_KEYS,
+            idle_timeout: None,
+            key_label: None,
+            max_labels: DEFAULT_MAX_LABELS,
+        }
+    }
+
+    /// Names the keyed bulkhead (the guarded dependency, or the kind of
+    /// key: `"tenants"`, `"hosts"`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Each key's limit on calls in flight at once, at least 1. Required
+    /// unless [`limit_for`](Self::limit_for) is set. A key's limit can be
+    /// changed later with [`KeyedBulkhead::set_limit_for`].
+    pub fn max_concurrent_calls(mut self, limit: usize) -> Self {
+        self.max_concurrent_calls = Some(limit);
+        self
+    }
+
+    /// Gives each key its own limit: called once when a key starts being
+    /// tracked (again after an eviction), with no lock held. Overrides
+    /// [`max_concurrent_calls`](Self::max_concurrent_calls), and is
+    /// overridden by [`KeyedBulkhead::set_limit_for`]. `0` pauses the key
+    /// (its callers wait or are rejected); values above
+    /// [`Semaphore::MAX_PERMITS`] are capped.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// let tenants = KeyedBulkhead::<String>::builder()
+    ///     .limit_for(|tenant: &String| if tenant.starts_with("enterprise-") { 20 } else { 2 })
+    ///     .build()
+    ///     .unwrap();
+    /// let _p = tenants.try_acquire("enterprise-acme").unwrap();
+    /// assert_eq!(tenants.metrics_for("enterprise-acme").unwrap().max_concurrent_calls(), 20);
+    /// ```
+    pub fn limit_for(mut self, limit: impl Fn(&K) -> usize + Send + Sync + 'static) -> Self {
+        self.limit_for = Some(Arc::new(limit));
+        self
+    }
+
+    /// How long a call may wait, in all: first for one of its key's
+    /// permits, then, with what is left, for a global one. Past it the call
+    /// is rejected with
+    /// [`KeyTimeout`](super::KeyedRejectReason::KeyTimeout) or
+    /// [`GlobalTimeout`](super::KeyedRejectReason::GlobalTimeout).
+    /// `Duration::ZERO` fails fast at both stages. Not set: wait as long as
+    /// it takes.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = Some(max_wait);
+        self
+    }
+
+    /// The most callers of one key that may wait for its permits at once;
+    /// past it, a caller is rejected at once with
+    /// [`KeyFull`](super::KeyedRejectReason::KeyFull). `0` means nobody
+    /// waits for a key.
+    pub fn max_queue(mut self, max_queue: usize) -> Self {
+        self.max_queue = Some(max_queue);
+        self
+    }
+
+    /// A bound on the guarded call in [`KeyedBulkhead::call`]: past it the
+    /// call is dropped, its permits released, and
+    /// [`KeyedError::CallTimeout`](super::KeyedError::CallTimeout)
+    /// returned. Must be greater than zero.
+    pub fn call_timeout(mut self, call_timeout: Duration) -> Self {
+        self.call_timeout = Some(call_timeout);
+        self
+    }
+
+    /// `true` (the default): each key's callers, and the callers waiting
+    /// for a global permit, are admitted strictly in arrival order.
+    /// `false`: a caller that finds a free permit takes it even if others
+    /// wait.
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// Reports every key's permit held longer than `threshold` (see
+    /// [`BulkheadBuilder::leak_threshold`]). Must be greater than zero.
+    pub fn leak_threshold(mut self, threshold: Duration) -> Self {
+        self.leak_threshold = Some(threshold);
+        self
+    }
+
+    /// The timer for `max_wait`, `call_timeout` and `leak_threshold`,
+    /// instead of the one [`default_timer`](crate::timer::default_timer)
+    /// picks.
+    pub fn timer(mut self, timer: Arc<dyn Timer>) -> Self {
+        self.timer = Some(timer);
+        self
+    }
+
+    /// Adds hooks that see every call of every key: each key's bulkhead
+    /// reports to them under its own name (see
+    /// [`key_label`](Self::key_label)), and so does the global bulkhead
+    /// made by [`global_limit`](Self::global_limit), as `"<name>.global"`.
+    /// May be called more than once.
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observers.push(observer);
+        self
+    }
+
+    /// Whether the keys' bulkheads (and the one made by `global_limit`)
+    /// publish to the `metrics` facade and to `tracing` when those features
+    /// are on (default `true`). Their labels are bounded: see
+    /// [`key_label`](Self::key_label).
+    pub fn exporters(mut self, enabled: bool) -> Self {
+        self.exporters = enabled;
+        self
+    }
+
+    /// A limit on the calls of all keys together: a bulkhead named
+    /// `"<name>.global"` that every call also takes a permit from, after
+    /// its key's. Must be at least 1. Replaces an earlier
+    /// [`global`](Self::global).
+    pub fn global_limit(mut self, limit: usize) -> Self {
+        self.global = Global::Limit(limit);
+        self
+    }
+
+    /// With [`global_limit`](Self::global_limit): the most callers that may
+    /// wait for a global permit at once; past it, a caller is rejected at
+    /// once with [`GlobalFull`](super::KeyedRejectReason::GlobalFull).
+    /// Each waiter already holds its key's permit, so this line never holds
+    /// more than the sum of the keys' limits anyway.
+    pub fn global_max_queue(mut self, max_queue: usize) -> Self {
+        self.global_max_queue = Some(max_queue);
+        self
+    }
+
+    /// Shares an existing bulkhead as the global limit: with other keyed
+    /// bulkheads, or with code that calls it directly. Its own policy
+    /// applies as well (its `max_wait` and `max_queue`, its observers); the
+    /// keyed bulkhead's `max_wait` budget bounds the wait too.
+    /// [`KeyedBulkhead::close`] does not close it. Replaces an earlier
+    /// [`global_limit`](Self::global_limit).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Bulkhead;
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// // One database pool of 20 connections, shared by reads and writes,
+    /// // each limited per tenant.
+    /// let pool = Bulkhead::builder().name("db").max_concurrent_calls(20).build().unwrap();
+    /// let reads = KeyedBulkhead::<u64>::builder()
+    ///     .name("reads")
+    ///     .max_concurrent_calls(4)
+    ///     .global(pool.clone())
+    ///     .build()
+    ///     .unwrap();
+    /// let writes = KeyedBulkhead::<u64>::builder()
+    ///     .name("writes")
+    ///     .max_concurrent_calls(2)
+    ///     .global(pool.clone())
+    ///     .build()
+    ///     .unwrap();
+    /// let (_r, _w) = (reads.try_acquire(&7).unwrap(), writes.try_acquire(&7).unwrap());
+    /// assert_eq!(pool.metrics().in_flight(), 2);
+    /// ```
+    pub fn global(mut self, global: Bulkhead) -> Self {
+        self.global = Global::Shared(global);
+        self
+    }
+
+    /// The most keys tracked at once (default 10,000). A call for a new key
+    /// when this many are tracked evicts the key idle the longest (no
+    /// permit held, nobody waiting); if none is idle, the call is rejected
+    /// with [`TooManyKeys`](super::KeyedRejectReason::TooManyKeys).
+    /// Must be at least 1 ([`BuildErrorKind::ZeroMaxKeys`] otherwise).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// Evicts keys that have been idle (no permit held, nobody waiting) for
+    /// at least `idle_timeout`: lazily, in a sweep at most once per
+    /// `idle_timeout` when a new key arrives, and in
+    /// [`KeyedBulkhead::evict_idle`]. Without it, idle keys stay until
+    /// room is needed for a new key or `evict_idle` is called. Eviction
+    /// needs no timer or background task.
+    pub fn idle_timeout(mut self, idle_timeout: Duration) -> Self {
+        self.idle_timeout = Some(idle_timeout);
+        self
+    }
+
+    /// A metric label for each key: each key's bulkhead is named
+    /// `"<name>[<label>]"`, which is what observers, `metrics` and
+    /// `tracing` see. At most [`max_labels`](Self::max_labels) distinct
+    /// labels are ever handed out; keys whose label would be a new one past
+    /// that are labelled `"other"`. A label, once handed out, stays (a
+    /// metrics series outlives an evicted key), so the bulkhead never
+    /// publishes more than `max_labels + 1` label values, however many keys
+    /// come and go. Called once when a key starts being tracked, with no
+    /// lock held.
+    ///
+    /// Without a `key_label`, every key's bulkhead is named `<name>`: the
+    /// exporters publish the keys' sum, and per-key numbers are in
+    /// [`KeyedBulkhead::metrics_for`] and [`KeyedBulkhead::snapshot`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// let tenants = KeyedBulkhead::<String>::builder()
+    ///     .name("tenants")
+    ///     .max_concurrent_calls(2)
+    ///     .key_label(|tenant: &String| tenant.clone())
+    ///     .max_labels(1)
+    ///     .build()
+    ///     .unwrap();
+    /// let a = tenants.try_acquire("acme").unwrap();
+    /// let b = tenants.try_acquire("globex").unwrap();
+    /// assert_eq!(a.bulkhead_name(), "tenants[acme]");
+    /// assert_eq!(b.bulkhead_name(), "tenants[other]");
+    /// ```
+    pub fn key_label(mut self, label: impl Fn(&K) -> String + Send + Sync + 'static) -> Self {
+        self.key_label = Some(Arc::new(label));
+        self
+    }
+
+    /// The most distinct labels [`key_label`](Self::key_label) may hand
+    /// out (default 100); the rest are `"other"`. `0` labels every key
+    /// `"other"`.
+    pub fn max_labels(mut self, max_labels: usize) -> Self {
+        self.max_labels = max_labels;
+        self
+    }
+
+    /// Checks the configuration and makes the keyed bulkhead. No key's
+    /// bulkhead is made until a key is first used.
+    ///
+    /// # Errors
+    ///
+    /// A [`BuildError`] whose [`kind`](BuildError::kind) says what is wrong:
+    /// neither `max_concurrent_calls` nor `limit_for`, a zero
+    /// `max_concurrent_calls` or `global_limit`, one above
+    /// [`Semaphore::MAX_PERMITS`], an empty name, a zero `call_timeout` or
+    /// `leak_threshold`, or a timed setting with no timer available.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::BuildErrorKind;
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// let err = KeyedBulkhead::<u32>::builder().global_limit(8).build().unwrap_err();
+    /// assert_eq!(err.kind(), BuildErrorKind::MissingLimit);
+    /// ```
+    pub fn build(self) -> Result<KeyedBulkhead<K>, BuildError> {
+        let fail = |kind| Err(BuildError::new(kind));
+        let check_limit = |limit: usize| match limit {
+            0 => Err(BuildError::new(BuildErrorKind::ZeroLimit)),
+            n if n > Semaphore::MAX_PERMITS => Err(BuildError::new(BuildErrorKind::LimitTooLarge)),
+            n => Ok(n),
+        };
+        let default_limit = match (self.max_concurrent_calls, &self.limit_for) {
+            (None, None) => return fail(BuildErrorKind::MissingLimit),
+            (None, Some(_)) => 1,
+            (Some(n), _) => check_limit(n)?,
+        };
+        if self.max_keys == 0 {
+            return fail(BuildErrorKind::ZeroMaxKeys);
+        }
+        let name = self.name.unwrap_or_else(|| "keyed".to_owned());
+        if name.is_empty() {
+            return fail(BuildErrorKind::EmptyName);
+        }
+        if self.call_timeout == Some(Duration::ZERO) {
+            return fail(BuildErrorKind::ZeroCallTimeout);
+        }
+        if self.leak_threshold == Some(Duration::ZERO) {
+            return fail(BuildErrorKind::ZeroLeakThreshold);
+        }
+        let needs_timer = self.max_wait.is_some_and(|d| !d.is_zero())
+            || self.call_timeout.is_some()
+            || self.leak_threshold.is_some();
+        let timer = match self.timer {
+            Some(timer) => Some(timer),
+            None if needs_timer => match crate::timer::default_timer() {
+                Some(timer) => Some(timer),
+                None => return fail(BuildErrorKind::NoTimer),
+            },
+            None => None,
+        };
+
+        // Every key's bulkhead is built from this, with its name and limit.
+        let mut template = Bulkhead::builder()
+            .fair(self.fair)
+            .exporters(self.exporters);
+        if let Some(max_wait) = self.max_wait {
+            template = template.max_wait(max_wait);
+        }
+        if let Some(max_queue) = self.max_queue {
+            template = template.max_queue(max_queue);
+        }
+        if let Some(threshold) = self.leak_threshold {
+            template = template.leak_threshold(threshold);
+        }
+        if let Some(timer) = &timer {
+            template = template.timer(timer.clone());
+        }
+        for observer in &self.observers {
+            template = template.observer(observer.clone());
+        }
+        // Check it once now, so making a key's bulkhead later cannot fail.
+        template
+            .clone()
+            .name(name.clone())
+            .max_concurrent_calls(1)
+            .exporters(false)
+            .build()?;
+
+        let (global, global_owned) = match self.global {
+            Global::None => (None, false),
+            Global::Shared(bulkhead) => (Some(bulkhead), false),
+            Global::Limit(limit) => {
+                // No `max_wait` of its own: the keyed bulkhead bounds the
+                // wait with what is left of the call's budget.
+                let mut builder = Bulkhead::builder()
+                    .name(format!("{name}.global"))
+                    .max_concurrent_calls(check_limit(limit)?)
+                    .fair(self.fair)
+                    .exporters(self.exporters);
+                if let Some(max_queue) = self.global_max_queue {
+                    builder = builder.max_queue(max_queue);
+                }
+                for observer in &self.observers {
+                    builder = builder.observer(observer.clone());
+                }
+                (Some(builder.build()?), true)
+            }
+        };
+
+        Ok(KeyedBulkhead {
+            inner: Arc::new(Inner::new(super::Config {
+                name: name.into(),
+                template,
+                default_limit,
+                limit_for: self.limit_for,
+                key_label: self.key_label,
+                max_labels: self.max_labels,
+                max_wait: self.max_wait,
+                call_timeout: self.call_timeout,
+                timer,
+                global,
+                global_owned,
+                max_keys: self.max_keys,
+                idle_timeout: self.idle_timeout,
+            })),
+        })
+    }
+}
+
+impl<K> fmt::Debug for KeyedBulkheadBuilder<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let global = match &self.global {
+            Global::None => None,
+            Global::Limit(n) => Some(format!("limit {n}")),
+            Global::Shared(b) => Some(format!("shared {}", b.name())),
+        };
+        f.debug_struct("KeyedBulkheadBuilder")
+            .field("name", &self.name)
+            .field("max_concurrent_calls", &self.max_concurrent_calls)
+            .field("limit_for", &self.limit_for.is_some())
+            .field("max_wait", &self.max_wait)
+            .field("max_queue", &self.max_queue)
+            .field("call_timeout", &self.call_timeout)
+            .field("fair", &self.fair)
+            .field("timer", &self.timer)
+            .field("observers", &self.observers.len())
+            .field("exporters", &self.exporters)
+            .field("global", &global)
+            .field("global_max_queue", &self.global_max_queue)
+            .field("max_keys", &self.max_keys)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("key_label", &self.key_label.is_some())
+            .field("max_labels", &self.max_labels)
+            .finish()
+    }
+}

@@ -1,0 +1,1185 @@
+//! Per-key bulkheads: each key (a tenant, a downstream host, a user) gets
+//! its own limit, optionally under one global limit, so that one noisy key
+//! cannot take every permit.
+//!
+//! A [`KeyedBulkhead<K>`] keeps one [`Bulkhead`] per key it has seen, made
+//! on first use from one template (limit, `max_wait`, `max_queue`,
+//! fairness), with per-key limits from a function of the key
+//! ([`limit_for`](KeyedBulkheadBuilder::limit_for)) or set at runtime
+//! ([`set_limit_for`](KeyedBulkhead::set_limit_for)). With a global limit,
+//! every call also takes a permit from one shared bulkhead, after its key's.
+//!
+//! It never grows without bound: it tracks at most
+//! [`max_keys`](KeyedBulkheadBuilder::max_keys) keys. A key is *idle* when
+//! no permit of it is held and nobody waits for one; idle keys are evicted
+//! to make room for new ones (the one idle longest first), after
+//! [`idle_timeout`](KeyedBulkheadBuilder::idle_timeout), or by
+//! [`evict_idle`](KeyedBulkhead::evict_idle). A key in use is never
+//! evicted, so its limit always holds; when every tracked key is in use, a
+//! call for a new key is rejected with
+//! [`TooManyKeys`](KeyedRejectReason::TooManyKeys). Metric labels are
+//! bounded too: see [`key_label`](KeyedBulkheadBuilder::key_label).
+//!
+//! ```
+//! use std::time::Duration;
+//! use bulkhead::keyed::{KeyedBulkhead, KeyedError, KeyedRejectReason};
+//!
+//! # futures::executor::block_on(async {
+//! let tenants = KeyedBulkhead::<String>::builder()
+//!     .name("tenants")
+//!     .max_concurrent_calls(2) // each tenant: 2 calls at once
+//!     .global_limit(8)         // all tenants together: 8
+//!     .max_wait(Duration::ZERO)
+//!     .max_keys(1_000)
+//!     .idle_timeout(Duration::from_secs(60))
+//!     .build()?;
+//!
+//! let report = tenants.call("acme", async { Ok::<_, std::io::Error>("report") }).await;
+//! assert_eq!(report.unwrap(), "report");
+//!
+//! // acme is at its limit; globex is not affected.
+//! let _a = tenants.try_acquire("acme").unwrap();
+//! let _b = tenants.try_acquire("acme").unwrap();
+//! let third = tenants.call("acme", async { Ok::<_, std::io::Error>(()) }).await;
+//! assert!(matches!(
+//!     third,
+//!     Err(KeyedError::Rejected(r)) if r.reason() == KeyedRejectReason::KeyFull
+//! ));
+//! assert!(tenants.try_acquire("globex").is_ok());
+//!
+//! let acme = tenants.metrics_for("acme").unwrap();
+//! assert_eq!((acme.in_flight(), acme.admitted(), acme.rejected()), (2, 3, 1));
+//! # Ok::<(), bulkhead::BuildError>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # Order of the two limits
+//!
+//! A call takes its key's permit first (waiting in its key's line if it
+//! must), then a global one (waiting in the global line with what is left
+//! of `max_wait`); if it gets no global permit it gives its key's permit
+//! back. Nobody waits for a key's permit while holding a global one, so the
+//! two cannot deadlock, and a noisy key's excess callers wait in their own
+//! key's line holding nothing that others need: at most its limit of them
+//! can be in the global line, which is FIFO, so every key gets its turn.
+
+mod builder;
+mod error;
+mod metrics;
+mod permit;
+
+pub use builder::KeyedBulkheadBuilder;
+pub use error::{KeyedError, KeyedRejectReason, KeyedRejected};
+pub use metrics::{KeyMetrics, KeyedStats};
+pub use permit::KeyedPermit;
+
+use core::borrow::Borrow;
+use core::fmt;
+use core::future::{Future, poll_fn};
+use core::hash::Hash;
+use core::pin::{Pin, pin};
+use core::task::Poll;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use event_listener::{Event, EventListener};
+
+use crate::bulkhead::timeout::Timeout;
+use crate::bulkhead::{Bulkhead, BulkheadBuilder, BulkheadPermit, CallOutcome, Rejected};
+use crate::semaphore::Semaphore;
+use crate::timer::{Sleep, Timer};
+use permit::User;
+
+/// [`KeyedBulkheadBuilder::limit_for`].
+type LimitFn<K> = Arc<dyn Fn(&K) -> usize + Send + Sync>;
+/// [`KeyedBulkheadBuilder::key_label`].
+type LabelFn<K> = Arc<dyn Fn(&K) -> String + Send + Sync>;
+
+/// A bulkhead per key, optionally under a global limit, tracking a bounded
+/// number of keys. See the [module documentation](self).
+///
+/// A `KeyedBulkhead` is cheap to clone; clones share one state. Keys are
+/// looked up by any borrowed form (`&str` for `String` keys), and a key is
+/// only cloned when it starts being tracked.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use bulkhead::keyed::KeyedBulkhead;
+///
+/// # futures::executor::block_on(async {
+/// // At most 4 requests to any one host, 32 to all hosts together.
+/// let hosts = KeyedBulkhead::<String>::builder()
+///     .name("hosts")
+///     .max_concurrent_calls(4)
+///     .global_limit(32)
+///     .max_wait(Duration::from_secs(1))
+///     .call_timeout(Duration::from_secs(10))
+///     .build()?;
+///
+/// let body = hosts
+///     .call("api.example.com", async { Ok::<_, std::io::Error>("<html>") })
+///     .await
+///     .unwrap();
+/// assert_eq!(body, "<html>");
+/// assert_eq!(hosts.keys_tracked(), 1);
+/// # Ok::<(), bulkhead::BuildError>(())
+/// # }).unwrap();
+/// ```
+pub struct KeyedBulkhead<K> {
+    inner: Arc<Inner<K>>,
+}
+
+impl<K> Clone for KeyedBulkhead<K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+/// What the builder decided.
+struct Config<K> {
+    name: Arc<str>,
+    template: BulkheadBuilder,
+    default_limit: usize,
+    limit_for: Option<LimitFn<K>>,
+    key_label: Option<LabelFn<K>>,
+    max_labels: usize,
+    max_wait: Option<Duration>,
+    call_timeout: Option<Duration>,
+    timer: Option<Arc<dyn Timer>>,
+    global: Option<Bulkhead>,
+    global_owned: bool,
+    max_keys: usize,
+    idle_timeout: Option<Duration>,
+}
+
+/// The state every clone shares.
+struct Inner<K> {
+    name: Arc<str>,
+    /// Every key's bulkhead is built from this, with its name and limit.
+    template: BulkheadBuilder,
+    default_limit: usize,
+    limit_for: Option<LimitFn<K>>,
+    key_label: Option<LabelFn<K>>,
+    labels: Labels,
+    /// The budget for both waits.
+    max_wait: Option<Duration>,
+    call_timeout: Option<Duration>,
+    /// Present whenever `max_wait` is non-zero or `call_timeout` is set.
+    timer: Option<Arc<dyn Timer>>,
+    global: Option<Bulkhead>,
+    /// Whether `global` was made by the builder (and is closed with us).
+    global_owned: bool,
+    max_keys: usize,
+    idle_timeout_ns: Option<u64>,
+    /// The origin of the entries' idle clocks.
+    epoch: Instant,
+    /// The keys. Never held across an await, nor while user code runs
+    /// (`limit_for`, `key_label`, observers and metrics recorders, all
+    /// called by a key's bulkhead's construction); only `K`'s own `Hash`,
+    /// `Eq`, `Clone` and `Drop` run under it.
+    state: Mutex<State<K>>,
+    /// Serialises `set_limit_for` and `clear_limit_for`, so the last one to
+    /// record an override is the last one to apply it.
+    limits: Mutex<()>,
+    /// Set (under `state`) by `close`, which then notifies `closing`.
+    closed: AtomicBool,
+    /// Wakes callers waiting for a global permit when we close: a shared
+    /// global bulkhead is not closed with us.
+    closing: Event,
+    counters: Counters,
+}
+
+struct State<K> {
+    keys: HashMap<K, Arc<Entry>>,
+    /// Limits from `set_limit_for`, which outlive an eviction. As many as
+    /// the application set, not as many as keys were seen.
+    overrides: HashMap<K, usize>,
+    closed: bool,
+    /// When idle keys were last swept out (nanoseconds since `epoch`).
+    last_sweep_ns: u64,
+}
+
+/// One tracked key.
+struct Entry {
+    bulkhead: Bulkhead,
+    label: Option<Arc<str>>,
+    /// Callers holding a permit of this key, or waiting for one: they hold
+    /// a [`User`]. Only grows under the keys' lock; eviction, also under
+    /// the lock, takes only entries where it is zero. So an evicted entry
+    /// has no permit out and nobody waiting, and never will again.
+    users: AtomicUsize,
+    /// When the last user left (nanoseconds since `epoch`); meaningful while
+    /// `users` is zero.
+    idle_since_ns: AtomicU64,
+    epoch: Instant,
+    admitted: AtomicU64,
+    rejected_global: AtomicU64,
+    call_timeouts: AtomicU64,
+    waiting_global: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Counters {
+    keys_created: AtomicU64,
+    keys_evicted: AtomicU64,
+    rejected_too_many_keys: AtomicU64,
+    rejected_closed: AtomicU64,
+    rejected_global: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+fn get(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl<K> KeyedBulkhead<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// Starts configuring a keyed bulkhead.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// let hosts = KeyedBulkhead::<String>::builder()
+    ///     .name("hosts")
+    ///     .max_concurrent_calls(4)
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(hosts.name(), "hosts");
+    /// ```
+    pub fn builder() -> KeyedBulkheadBuilder<K> {
+        KeyedBulkheadBuilder::new()
+    }
+
+    /// The keyed bulkhead's name, as given to the builder.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Runs `call` once its key and the global limit (if any) admit it,
+    /// then gives both permits back.
+    ///
+    /// The future is not polled at all if the call is rejected. If
+    /// `call_timeout` is set and the call runs longer, it is dropped and
+    /// [`KeyedError::CallTimeout`] returned.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyedError::Rejected`] if the call was not admitted (see
+    /// [`KeyedRejectReason`]), [`KeyedError::CallTimeout`] if it ran out
+    /// of time, [`KeyedError::Inner`] with the call's own error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the returned future while it waits leaves the line it is in
+    /// (giving back the key's permit if it was waiting for a global one);
+    /// while the call runs, it drops the call and releases both permits.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let tenants = KeyedBulkhead::<String>::builder().max_concurrent_calls(2).build().unwrap();
+    /// let rows = tenants.call("acme", async { Ok::<_, std::io::Error>(vec![1, 2]) }).await;
+    /// assert_eq!(rows.unwrap(), [1, 2]);
+    /// # });
+    /// ```
+    pub async fn call<Q, F, T, E>(&self, key: &Q, call: F) -> Result<T, KeyedError<E>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        F: Future<Output = Result<T, E>>,
+    {
+        let inner = &*self.inner;
+        let mut permit = inner.acquire(key).await?;
+        permit.set_outcome(CallOutcome::Cancelled);
+        let result = match (inner.call_timeout, &inner.timer) {
+            (Some(limit), Some(timer)) => match Timeout::new(call, timer.sleep(limit)).await {
+                Ok(out) => out.map_err(KeyedError::Inner),
+                Err(_elapsed) => {
+                    bump(&permit.user.entry.call_timeouts);
+                    Err(KeyedError::CallTimeout)
+                }
+            },
+            _ => call.await.map_err(KeyedError::Inner),
+        };
+        permit.set_outcome(match &result {
+            Ok(_) => CallOutcome::Success,
+            Err(KeyedError::CallTimeout) => CallOutcome::TimedOut,
+            Err(_) => CallOutcome::Failure,
+        });
+        drop(permit);
+        result
+    }
+
+    /// Waits for a permit of `key` and then, with a global limit, a global
+    /// permit, under the `max_wait` budget; for callers that manage the
+    /// guarded work themselves. The call counts as in flight until the
+    /// permit is dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyedRejected`], with the [reason](KeyedRejected::reason).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it waits gives up its place in line (and
+    /// the key's permit, if it had one) and nothing else.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let hosts = KeyedBulkhead::<String>::builder().max_concurrent_calls(1).build().unwrap();
+    /// let permit = hosts.acquire("db-1.internal").await.unwrap();
+    /// // ... the guarded work ...
+    /// drop(permit);
+    /// # });
+    /// ```
+    pub async fn acquire<Q>(&self, key: &Q) -> Result<KeyedPermit, KeyedRejected>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.inner.acquire(key).await
+    }
+
+    /// Takes a permit of `key` and a global one only if both are free now;
+    /// never waits, whatever `max_wait` says.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyedRejected`] with [`KeyFull`](KeyedRejectReason::KeyFull),
+    /// [`GlobalFull`](KeyedRejectReason::GlobalFull),
+    /// [`TooManyKeys`](KeyedRejectReason::TooManyKeys) or
+    /// [`Closed`](KeyedRejectReason::Closed).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::keyed::{KeyedBulkhead, KeyedRejectReason};
+    ///
+    /// let tenants = KeyedBulkhead::<String>::builder()
+    ///     .max_concurrent_calls(1)
+    ///     .global_limit(1)
+    ///     .build()
+    ///     .unwrap();
+    /// let _held = tenants.try_acquire("acme").unwrap();
+    /// let acme = tenants.try_acquire("acme").unwrap_err();
+    /// assert_eq!(acme.reason(), KeyedRejectReason::KeyFull);
+    /// let globex = tenants.try_acquire("globex").unwrap_err();
+    /// assert_eq!(globex.reason(), KeyedRejectReason::GlobalFull);
+    /// ```
+    pub fn try_acquire<Q>(&self, key: &Q) -> Result<KeyedPermit, KeyedRejected>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let inner = &*self.inner;
+        let user = inner.enter(key)?;
+        let mut key_permit = match user.entry.bulkhead.try_acquire() {
+            Ok(permit) => permit,
+            Err(rejected) => return Err(inner.key_rejected(rejected)),
+        };
+        let global = match &inner.global {
+            None => None,
+            Some(global) => match global.try_acquire() {
+                Ok(permit) => Some(permit),
+                Err(rejected) => {
+                    key_permit.set_outcome(CallOutcome::Cancelled);
+                    return Err(inner.global_rejected(&user.entry, rejected, Duration::ZERO));
+                }
+            },
+        };
+        bump(&user.entry.admitted);
+        Ok(KeyedPermit {
+            global,
+            key: key_permit,
+            user,
+        })
+    }
+
+    /// Sets `key`'s limit, at once if it is tracked (as
+    /// [`Bulkhead::set_max_concurrent_calls`] does: growing admits waiters,
+    /// shrinking lets calls in flight finish), and for whenever it is
+    /// tracked again after an eviction: the override is kept until
+    /// [`clear_limit_for`](Self::clear_limit_for), so keep their number
+    /// bounded. `0` pauses the key.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `limit` exceeds [`Semaphore::MAX_PERMITS`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// let tenants = KeyedBulkhead::<String>::builder().max_concurrent_calls(2).build().unwrap();
+    /// tenants.set_limit_for("bigcorp", 10); // not tracked yet: applies when it is
+    /// let _p = tenants.try_acquire("bigcorp").unwrap();
+    /// assert_eq!(tenants.metrics_for("bigcorp").unwrap().max_concurrent_calls(), 10);
+    /// ```
+    pub fn set_limit_for<Q>(&self, key: &Q, limit: usize)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        assert!(
+            limit <= Semaphore::MAX_PERMITS,
+            "a key's limit must not exceed Semaphore::MAX_PERMITS"
+        );
+        let inner = &*self.inner;
+        let _limits = inner.limits.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = {
+            let mut state = inner.lock();
+            match state.overrides.get_mut(key) {
+                Some(current) => *current = limit,
+                None => {
+                    state.overrides.insert(key.to_owned(), limit);
+                }
+            }
+            state.keys.get(key).cloned()
+        };
+        // A key made after the override was recorded reads it; one made
+        // before is found here.
+        if let Some(entry) = entry {
+            entry.bulkhead.set_max_concurrent_calls(limit);
+        }
+    }
+
+    /// Forgets the override [`set_limit_for`](Self::set_limit_for) set for
+    /// `key`: its limit goes back to what
+    /// [`limit_for`](KeyedBulkheadBuilder::limit_for) or
+    /// `max_concurrent_calls` give, at once if it is tracked.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// let tenants = KeyedBulkhead::<String>::builder().max_concurrent_calls(2).build().unwrap();
+    /// let _p = tenants.try_acquire("acme").unwrap();
+    /// tenants.set_limit_for("acme", 0); // paused
+    /// assert!(tenants.try_acquire("acme").is_err());
+    /// tenants.clear_limit_for("acme");
+    /// assert_eq!(tenants.metrics_for("acme").unwrap().max_concurrent_calls(), 2);
+    /// ```
+    pub fn clear_limit_for<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let inner = &*self.inner;
+        // User code: before taking any lock.
+        let fallback = inner.limit_of(&key.to_owned());
+        let _limits = inner.limits.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = {
+            let mut state = inner.lock();
+            state.overrides.remove(key);
+            state.keys.get(key).cloned()
+        };
+        if let Some(entry) = entry {
+            entry.bulkhead.set_max_concurrent_calls(fallback);
+        }
+    }
+
+    /// How many keys are tracked now.
+    pub fn keys_tracked(&self) -> usize {
+        self.inner.lock().keys.len()
+    }
+
+    /// The keys tracked now, in no particular order.
+    pub fn keys(&self) -> Vec<K> {
+        self.inner.lock().keys.keys().cloned().collect()
+    }
+
+    /// A snapshot of `key`, if it is tracked. Looking does not track it,
+    /// and does not keep it from being evicted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// let tenants = KeyedBulkhead::<String>::builder().max_concurrent_calls(3).build().unwrap();
+    /// assert!(tenants.metrics_for("acme").is_none());
+    /// let _p = tenants.try_acquire("acme").unwrap();
+    /// let m = tenants.metrics_for("acme").unwrap();
+    /// assert_eq!((m.max_concurrent_calls(), m.in_flight()), (3, 1));
+    /// ```
+    pub fn metrics_for<Q>(&self, key: &Q) -> Option<KeyMetrics<K>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (key, entry) = {
+            let state = self.inner.lock();
+            let (key, entry) = state.keys.get_key_value(key)?;
+            (key.clone(), entry.clone())
+        };
+        Some(entry.metrics(key))
+    }
+
+    /// A snapshot of every tracked key, in no particular order. Sort it to
+    /// show the busiest keys:
+    ///
+    /// ```
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// let tenants = KeyedBulkhead::<String>::builder().max_concurrent_calls(3).build().unwrap();
+    /// let _held = [tenants.try_acquire("acme").unwrap(), tenants.try_acquire("acme").unwrap()];
+    /// let _other = tenants.try_acquire("globex").unwrap();
+    ///
+    /// let mut keys = tenants.snapshot();
+    /// keys.sort_by_key(|k| std::cmp::Reverse(k.in_flight()));
+    /// assert_eq!((keys[0].key().as_str(), keys[0].in_flight()), ("acme", 2));
+    /// ```
+    pub fn snapshot(&self) -> Vec<KeyMetrics<K>> {
+        let entries: Vec<(K, Arc<Entry>)> = {
+            let state = self.inner.lock();
+            state
+                .keys
+                .iter()
+                .map(|(k, e)| (k.clone(), e.clone()))
+                .collect()
+        };
+        entries.into_iter().map(|(k, e)| e.metrics(k)).collect()
+    }
+
+    /// The global bulkhead, if there is a global limit: to read its
+    /// metrics, or change its limit with
+    /// [`set_max_concurrent_calls`](Bulkhead::set_max_concurrent_calls).
+    pub fn global(&self) -> Option<&Bulkhead> {
+        self.inner.global.as_ref()
+    }
+
+    /// A snapshot of the global bulkhead, if there is a global limit.
+    /// Callers whose `max_wait` budget ran out while they waited for it are
+    /// not among its rejections: see [`KeyedStats::rejected_by_global`].
+    pub fn global_metrics(&self) -> Option<crate::Metrics> {
+        self.inner.global.as_ref().map(Bulkhead::metrics)
+    }
+
+    /// Counts for the keyed bulkhead as a whole: keys tracked, created and
+    /// evicted, and the rejections no single key's metrics hold.
+    pub fn stats(&self) -> KeyedStats {
+        let inner = &*self.inner;
+        let (keys_tracked, closed) = {
+            let state = inner.lock();
+            (state.keys.len(), state.closed)
+        };
+        let c = &inner.counters;
+        KeyedStats {
+            name: inner.name.clone(),
+            keys_tracked,
+            max_keys: inner.max_keys,
+            labels_in_use: inner.labels.in_use(),
+            max_labels: inner.labels.max,
+            closed,
+            keys_created: get(&c.keys_created),
+            keys_evicted: get(&c.keys_evicted),
+            rejected_too_many_keys: get(&c.rejected_too_many_keys),
+            rejected_closed: get(&c.rejected_closed),
+            rejected_global: get(&c.rejected_global),
+        }
+    }
+
+    /// Evicts the idle keys (no permit held, nobody waiting): those idle
+    /// for at least `idle_timeout`, or every idle key if there is none.
+    /// Returns how many were evicted. Keys in use are never evicted. Call it
+    /// from a maintenance task to free memory sooner than new keys would.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// let hosts = KeyedBulkhead::<String>::builder().max_concurrent_calls(1).build().unwrap();
+    /// let busy = hosts.try_acquire("a.example").unwrap();
+    /// drop(hosts.try_acquire("b.example").unwrap());
+    /// assert_eq!(hosts.evict_idle(), 1); // b; a is in use
+    /// assert_eq!(hosts.keys(), ["a.example"]);
+    /// drop(busy);
+    /// ```
+    pub fn evict_idle(&self) -> usize {
+        let inner = &*self.inner;
+        let mut evicted = Vec::new();
+        {
+            let mut state = inner.lock();
+            let now = inner.now_ns();
+            inner.evict_idle_for(
+                &mut state,
+                now,
+                inner.idle_timeout_ns.unwrap_or(0),
+                &mut evicted,
+            );
+            state.last_sweep_ns = now;
+        }
+        // The evicted bulkheads are dropped here, with no lock held.
+        evicted.len()
+    }
+
+    /// Rejects every waiting and every later call with
+    /// [`Closed`](KeyedRejectReason::Closed), for every key, and closes the
+    /// global bulkhead if the builder made it (a shared one, from
+    /// [`global`](KeyedBulkheadBuilder::global), stays open; callers of this
+    /// keyed bulkhead waiting for it are rejected all the same). Calls in
+    /// flight run to the end; use [`wait_idle`](Self::wait_idle) to wait
+    /// for them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::keyed::{KeyedBulkhead, KeyedRejectReason};
+    ///
+    /// let tenants = KeyedBulkhead::<String>::builder().max_concurrent_calls(1).build().unwrap();
+    /// tenants.close();
+    /// let rejected = tenants.try_acquire("acme").unwrap_err();
+    /// assert_eq!(rejected.reason(), KeyedRejectReason::Closed);
+    /// ```
+    pub fn close(&self) {
+        let inner = &*self.inner;
+        let entries: Vec<Arc<Entry>> = {
+            let mut state = inner.lock();
+            state.closed = true;
+            inner.closed.store(true, Ordering::SeqCst);
+            state.keys.values().cloned().collect()
+        };
+        inner.closing.notify(usize::MAX);
+        for entry in &entries {
+            entry.bulkhead.close();
+        }
+        if inner.global_owned {
+            if let Some(global) = &inner.global {
+                global.close();
+            }
+        }
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::SeqCst)
+    }
+
+    /// After [`close`](Self::close), resolves once no call of any key is in
+    /// flight. (Before `close`, keys tracked after it started are not
+    /// waited for.)
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let tenants = KeyedBulkhead::<String>::builder().max_concurrent_calls(2).build().unwrap();
+    /// let permit = tenants.try_acquire("acme").unwrap();
+    /// tenants.close();
+    /// std::thread::spawn(move || drop(permit));
+    /// tenants.wait_idle().await;
+    /// assert_eq!(tenants.metrics_for("acme").unwrap().in_flight(), 0);
+    /// # });
+    /// ```
+    pub async fn wait_idle(&self) {
+        let entries: Vec<Arc<Entry>> = self.inner.lock().keys.values().cloned().collect();
+        for entry in entries {
+            entry.bulkhead.wait_idle().await;
+        }
+    }
+}
+
+impl<K> Inner<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    fn new(config: Config<K>) -> Self {
+        let Config {
+            name,
+            template,
+            default_limit,
+            limit_for,
+            key_label,
+            max_labels,
+            max_wait,
+            call_timeout,
+            timer,
+            global,
+            global_owned,
+            max_keys,
+            idle_timeout,
+        } = config;
+        Self {
+            name,
+            template,
+            default_limit,
+            limit_for,
+            key_label,
+            labels: Labels::new(max_labels),
+            max_wait,
+            call_timeout,
+            timer,
+            global,
+            global_owned,
+            max_keys,
+            idle_timeout_ns: idle_timeout.map(nanos),
+            epoch: Instant::now(),
+            state: Mutex::new(State {
+                keys: HashMap::new(),
+                overrides: HashMap::new(),
+                closed: false,
+                last_sweep_ns: 0,
+            }),
+            limits: Mutex::new(()),
+            closed: AtomicBool::new(false),
+            closing: Event::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<K>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn now_ns(&self) -> u64 {
+        nanos(self.epoch.elapsed())
+    }
+
+    /// The limit a key gets when it starts being tracked, before
+    /// overrides. Runs user code: call it with no lock held.
+    fn limit_of(&self, key: &K) -> usize {
+        match &self.limit_for {
+            Some(limit_for) => limit_for(key).min(Semaphore::MAX_PERMITS),
+            None => self.default_limit,
+        }
+    }
+
+    async fn acquire<Q>(&self, key: &Q) -> Result<KeyedPermit, KeyedRejected>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let start = Instant::now();
+        let user = self.enter(key)?;
+        let mut key_permit = match user.entry.bulkhead.acquire().await {
+            Ok(permit) => permit,
+            Err(rejected) => return Err(self.key_rejected(rejected)),
+        };
+        let global = match &self.global {
+            None => None,
+            Some(global) => match self.acquire_global(global, &user.entry, start).await {
+                Ok(permit) => Some(permit),
+                Err(rejected) => {
+                    // The call never ran: the key's observers see it as
+                    // cancelled.
+                    key_permit.set_outcome(CallOutcome::Cancelled);
+                    return Err(rejected);
+                }
+            },
+        };
+        bump(&user.entry.admitted);
+        Ok(KeyedPermit {
+            global,
+            key: key_permit,
+            user,
+        })
+    }
+
+    /// The second stage: a global permit, within what is left of the
+    /// `max_wait` budget that started at `start`. The caller holds its
+    /// key's permit meanwhile.
+    async fn acquire_global(
+        &self,
+        global: &Bulkhead,
+        entry: &Entry,
+        start: Instant,
+    ) -> Result<BulkheadPermit, KeyedRejected> {
+        if let Some(max_wait) = self.max_wait.filter(|w| *w <= start.elapsed()) {
+            // Fail fast, or the key's wait used the whole budget: a free
+            // global permit is still taken.
+            return global.try_acquire().map_err(|r| {
+                let rejected = self.global_rejected(entry, r, start.elapsed());
+                if max_wait.is_zero() {
+                    rejected
+                } else {
+                    rejected.budget_spent()
+                }
+            });
+        }
+        let mut acquire = pin!(global.acquire());
+        // Made the first time the acquire is pending, so an uncontended
+        // call makes no sleep and no listener.
+        let mut waiting: Option<Counted<'_>> = None;
+        let mut closing: Option<EventListener> = None;
+        let mut deadline: Option<Sleep> = None;
+        let outcome = poll_fn(|cx| {
+            if let Poll::Ready(acquired) = acquire.as_mut().poll(cx) {
+                return Poll::Ready(acquired.map_err(GlobalFailure::Rejected));
+            }
+            waiting.get_or_insert_with(|| Counted::new(&entry.waiting_global));
+            // `close` sets the flag, then notifies: listen, then look.
+            let listener = closing.get_or_insert_with(|| self.closing.listen());
+            if self.closed.load(Ordering::SeqCst) || Pin::new(listener).poll(cx).is_ready() {
+                return Poll::Ready(Err(GlobalFailure::Closed));
+            }
+            if let (Some(max_wait), Some(timer)) = (self.max_wait, &self.timer) {
+                let sleep = deadline
+                    .get_or_insert_with(|| timer.sleep(max_wait.saturating_sub(start.elapsed())));
+                if sleep.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(GlobalFailure::Timeout));
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+        let waited = start.elapsed();
+        match outcome {
+            Ok(permit) => Ok(permit),
+            Err(GlobalFailure::Rejected(r)) => Err(self.global_rejected(entry, r, waited)),
+            Err(GlobalFailure::Closed) => {
+                Err(self.global_gave_up(entry, KeyedRejectReason::Closed, waited))
+            }
+            Err(GlobalFailure::Timeout) => {
+                Err(self.global_gave_up(entry, KeyedRejectReason::GlobalTimeout, waited))
+            }
+        }
+    }
+
+    /// Looks `key` up, tracking it if it is new, and counts the caller as
+    /// one of its users.
+    fn enter<Q>(&self, key: &Q) -> Result<User, KeyedRejected>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        {
+            let state = self.lock();
+            if !state.closed {
+                if let Some(entry) = state.keys.get(key) {
+                    return Ok(User::enter(entry));
+                }
+            } else {
+                drop(state);
+                return Err(self.rejected_closed());
+            }
+        }
+        self.enter_new(key.to_owned())
+    }
+
+    /// A key not tracked a moment ago: build its bulkhead with no lock
+    /// held (that runs `limit_for`, `key_label`, and metrics recorders),
+    /// then insert it, unless another caller did first.
+    #[cold]
+    fn enter_new(&self, key: K) -> Result<User, KeyedRejected> {
+        let limit = self.limit_of(&key);
+        let label = self
+            .key_label
+            .as_ref()
+            .map(|key_label| self.labels.assign(key_label(&key)));
+        let bulkhead = self.make_bulkhead(limit, label.as_deref());
+        let mut evicted = Vec::new();
+        let entered = self.insert(key, bulkhead, label, limit, &mut evicted);
+        // Evicted keys' bulkheads (and ours, if unused) are dropped after
+        // the lock is released.
+        drop(evicted);
+        entered
+    }
+
+    fn make_bulkhead(&self, limit: usize, label: Option<&str>) -> Bulkhead {
+        let name = match label {
+            Some(label) => format!("{}[{label}]", self.name),
+            None => self.name.to_string(),
+        };
+        let bulkhead = self
+            .template
+            .clone()
+            .name(name)
+            .max_concurrent_calls(limit.max(1))
+            .build()
+            .expect("the template was checked by KeyedBulkheadBuilder::build");
+        if limit == 0 {
+            // Not shared yet: nobody waits on it.
+            bulkhead.set_max_concurrent_calls(0);
+        }
+        bulkhead
+    }
+
+    fn insert(
+        &self,
+        key: K,
+        bulkhead: Bulkhead,
+        label: Option<Arc<str>>,
+        limit: usize,
+        evicted: &mut Vec<Arc<Entry>>,
+    ) -> Result<User, KeyedRejected> {
+        let mut state = self.lock();
+        if state.closed {
+            drop(state);
+            return Err(self.rejected_closed());
+        }
+        if let Some(entry) = state.keys.get(&key) {
+            return Ok(User::enter(entry));
+        }
+        let now = self.now_ns();
+        if let Some(idle_timeout) = self.idle_timeout_ns {
+            if now.saturating_sub(state.last_sweep_ns) >= idle_timeout {
+                self.evict_idle_for(&mut state, now, idle_timeout, evicted);
+                state.last_sweep_ns = now;
+            }
+        }
+        if state.keys.len() >= self.max_keys && !self.evict_longest_idle(&mut state, now, evicted) {
+            drop(state);
+            bump(&self.counters.rejected_too_many_keys);
+            return Err(KeyedRejected::new(
+                KeyedRejectReason::TooManyKeys,
+                Duration::ZERO,
+                self.name.clone(),
+                self.max_keys,
+                None,
+            ));
+        }
+        // An override recorded before this point is applied here; one
+        // recorded after finds the entry in the map.
+        if let Some(&limit_now) = state.overrides.get(&key) {
+            if limit_now != limit {
+                // Not shared yet: nobody waits on it.
+                bulkhead.set_max_concurrent_calls(limit_now);
+            }
+        }
+        let entry = Arc::new(Entry {
+            bulkhead,
+            label,
+            users: AtomicUsize::new(1),
+            idle_since_ns: AtomicU64::new(now),
+            epoch: self.epoch,
+            admitted: AtomicU64::new(0),
+            rejected_global: AtomicU64::new(0),
+            call_timeouts: AtomicU64::new(0),
+            waiting_global: AtomicUsize::new(0),
+        });
+        state.keys.insert(key, entry.clone());
+        bump(&self.counters.keys_created);
+        Ok(User::adopt(entry))
+    }
+
+    /// Under the lock: moves every key idle for at least `min_idle_ns` into
+    /// `evicted`.
+    fn evict_idle_for(
+        &self,
+        state: &mut State<K>,
+        now: u64,
+        min_idle_ns: u64,
+        evicted: &mut Vec<Arc<Entry>>,
+    ) {
+        let before = evicted.len();
+        state.keys.retain(|_, entry| {
+            let idle = entry.idle_for(now).is_some_and(|idle| idle >= min_idle_ns);
+            if idle {
+                evicted.push(entry.clone());
+            }
+            !idle
+        });
+        let count = (evicted.len() - before) as u64;
+        self.counters
+            .keys_evicted
+            .fetch_add(count, Ordering::Relaxed);
+    }
+
+    /// Under the lock: moves the key idle the longest into `evicted`, if
+    /// any key is idle.
+    fn evict_longest_idle(
+        &self,
+        state: &mut State<K>,
+        now: u64,
+        evicted: &mut Vec<Arc<Entry>>,
+    ) -> bool {
+        let Some(victim) = state
+            .keys
+            .values()
+            .filter_map(|entry| entry.idle_for(now).map(|idle| (idle, entry)))
+            .max_by_key(|(idle, _)| *idle)
+            .map(|(_, entry)| entry.clone())
+        else {
+            return false;
+        };
+        // Still idle: users only grow under the lock we hold.
+        state.keys.retain(|_, entry| !Arc::ptr_eq(entry, &victim));
+        evicted.push(victim);
+        bump(&self.counters.keys_evicted);
+        true
+    }
+
+    fn rejected_closed(&self) -> KeyedRejected {
+        bump(&self.counters.rejected_closed);
+        KeyedRejected::new(
+            KeyedRejectReason::Closed,
+            Duration::ZERO,
+            self.name.clone(),
+            self.max_keys,
+            None,
+        )
+    }
+
+    fn key_rejected(&self, rejected: Rejected) -> KeyedRejected {
+        let waited = rejected.waited();
+        KeyedRejected::from_bulkhead(rejected, false, waited, self.name.clone(), self.max_keys)
+    }
+
+    fn global_rejected(
+        &self,
+        entry: &Entry,
+        rejected: Rejected,
+        waited: Duration,
+    ) -> KeyedRejected {
+        bump(&entry.rejected_global);
+        bump(&self.counters.rejected_global);
+        KeyedRejected::from_bulkhead(rejected, true, waited, self.name.clone(), self.max_keys)
+    }
+
+    /// The wait for a global permit ended without the global bulkhead
+    /// saying no: our budget ran out, or we were closed.
+    fn global_gave_up(
+        &self,
+        entry: &Entry,
+        reason: KeyedRejectReason,
+        waited: Duration,
+    ) -> KeyedRejected {
+        bump(&entry.rejected_global);
+        bump(&self.counters.rejected_global);
+        KeyedRejected::new(reason, waited, self.name.clone(), self.max_keys, None)
+    }
+}
+
+/// How the wait for a global permit failed.
+enum GlobalFailure {
+    Rejected(Rejected),
+    Closed,
+    Timeout,
+}
+
+impl Entry {
+    /// One more user. Under the keys' lock, with the entry in the map.
+    fn enter(&self) {
+        self.users.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One user fewer. After its permits (if any) are released: once the
+    /// count is zero the entry may be evicted and the key made afresh.
+    fn leave(&self) {
+        self.idle_since_ns
+            .store(nanos(self.epoch.elapsed()), Ordering::Relaxed);
+        // Release: the permits given back, and the time stored, before an
+        // evictor (Acquire, under the lock) sees zero.
+        self.users.fetch_sub(1, Ordering::Release);
+    }
+
+    /// How long the key has been idle, if it is. Under the keys' lock.
+    fn idle_for(&self, now: u64) -> Option<u64> {
+        (self.users.load(Ordering::Acquire) == 0)
+            .then(|| now.saturating_sub(self.idle_since_ns.load(Ordering::Relaxed)))
+    }
+
+    fn metrics<K>(&self, key: K) -> KeyMetrics<K> {
+        KeyMetrics {
+            key,
+            label: self.label.clone(),
+            bulkhead: self.bulkhead.metrics(),
+            admitted: get(&self.admitted),
+            rejected_global: get(&self.rejected_global),
+            call_timeouts: get(&self.call_timeouts),
+            waiting_global: self.waiting_global.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Counts a caller in a gauge until dropped.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(gauge: &'a AtomicUsize) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Self(gauge)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The metric labels handed out: at most `max`, ever; past that, `"other"`.
+struct Labels {
+    max: usize,
+    issued: Mutex<HashSet<Arc<str>>>,
+    other: Arc<str>,
+}
+
+impl Labels {
+    fn new(max: usize) -> Self {
+        Self {
+            max,
+            issued: Mutex::new(HashSet::new()),
+            other: Arc::from("other"),
+        }
+    }
+
+    fn assign(&self, label: String) -> Arc<str> {
+        if *label == *self.other {
+            return self.other.clone();
+        }
+        let mut issued = self.issued.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(label) = issued.get(label.as_str()) {
+            return label.clone();
+        }
+        if issued.len() >= self.max {
+            return self.other.clone();
+        }
+        let label: Arc<str> = Arc::from(label);
+        issued.insert(label.clone());
+        label
+    }
+
+    fn in_use(&self) -> usize {
+        self.issued
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+impl<K> fmt::Debug for KeyedBulkhead<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = &*self.inner;
+        let (keys, closed) = {
+            let state = inner.state.lock().unwrap_or_else(PoisonError::into_inner);
+            (state.keys.len(), state.closed)
+        };
+        f.debug_struct("KeyedBulkhead")
+            .field("name", &inner.name)
+            .field("keys_tracked", &keys)
+            .field("max_keys", &inner.max_keys)
+            .field("global", &inner.global)
+            .field("closed", &closed)
+            .finish_non_exhaustive()
+    }
+}

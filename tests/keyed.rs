@@ -1,0 +1,869 @@
+//! Per-key bulkheads: independent limits, the global limit, the cap on
+//! tracked keys, eviction of idle keys (and never of keys in use),
+//! cancellation, bounded labels, and a concurrent stress test that counts
+//! calls in flight on its own.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bulkhead::keyed::{KeyedBulkhead, KeyedError, KeyedPermit, KeyedRejectReason};
+use bulkhead::observer::{Observer, Permitted, Rejection};
+use bulkhead::{BuildErrorKind, Bulkhead, CallOutcome};
+
+fn fail_fast(limit: usize) -> KeyedBulkhead<String> {
+    KeyedBulkhead::builder()
+        .name("tenants")
+        .max_concurrent_calls(limit)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap()
+}
+
+fn reason(result: Result<KeyedPermit, bulkhead::keyed::KeyedRejected>) -> KeyedRejectReason {
+    result.expect_err("expected a rejection").reason()
+}
+
+#[test]
+fn futures_and_permits_are_send() {
+    fn send<T: Send>(_: &T) {}
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<KeyedBulkhead<String>>();
+    fn send_only<T: Send>() {}
+    send_only::<KeyedPermit>();
+    let kb = fail_fast(1);
+    send(&kb.acquire("a"));
+    send(&kb.call("a", async { Ok::<(), ()>(()) }));
+}
+
+#[test]
+fn each_key_has_its_own_limit() {
+    let kb = fail_fast(2);
+    let noisy: Vec<_> = (0..2).map(|_| kb.try_acquire("noisy").unwrap()).collect();
+    assert_eq!(reason(kb.try_acquire("noisy")), KeyedRejectReason::KeyFull);
+    // The noisy tenant is at its limit; the quiet one has all of its own.
+    let quiet: Vec<_> = (0..2).map(|_| kb.try_acquire("quiet").unwrap()).collect();
+    assert_eq!(reason(kb.try_acquire("quiet")), KeyedRejectReason::KeyFull);
+
+    let m = kb.metrics_for("noisy").unwrap();
+    assert_eq!(
+        (m.in_flight(), m.admitted(), m.rejected_by_key()),
+        (2, 2, 1)
+    );
+    assert_eq!(m.bulkhead().name(), "tenants");
+    drop((noisy, quiet));
+    assert_eq!(kb.metrics_for("noisy").unwrap().in_flight(), 0);
+    assert_eq!(kb.keys_tracked(), 2);
+}
+
+#[test]
+fn limit_for_and_overrides() {
+    let kb = KeyedBulkhead::<String>::builder()
+        .max_concurrent_calls(1)
+        .limit_for(|k: &String| if k == "big" { 3 } else { 1 })
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let big: Vec<_> = (0..3).map(|_| kb.try_acquire("big").unwrap()).collect();
+    assert_eq!(reason(kb.try_acquire("big")), KeyedRejectReason::KeyFull);
+    drop(big);
+
+    // An override recorded before the key is tracked applies when it is,
+    // and survives an eviction.
+    kb.set_limit_for("small", 2);
+    let two = [
+        kb.try_acquire("small").unwrap(),
+        kb.try_acquire("small").unwrap(),
+    ];
+    assert_eq!(reason(kb.try_acquire("small")), KeyedRejectReason::KeyFull);
+    drop(two);
+    assert_eq!(kb.evict_idle(), 2);
+    assert!(kb.metrics_for("small").is_none());
+    let p = kb.try_acquire("small").unwrap();
+    assert_eq!(kb.metrics_for("small").unwrap().max_concurrent_calls(), 2);
+
+    // A live change: shrinking never cuts a call short.
+    kb.set_limit_for("small", 0);
+    assert_eq!(reason(kb.try_acquire("small")), KeyedRejectReason::KeyFull);
+    assert_eq!(kb.metrics_for("small").unwrap().in_flight(), 1);
+    kb.clear_limit_for("small");
+    assert_eq!(kb.metrics_for("small").unwrap().max_concurrent_calls(), 1);
+    drop(p);
+    let _again = kb.try_acquire("small").unwrap();
+
+    // `limit_for` returning 0 pauses a key.
+    let paused = KeyedBulkhead::<u8>::builder()
+        .limit_for(|_| 0)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    assert_eq!(reason(paused.try_acquire(&1)), KeyedRejectReason::KeyFull);
+}
+
+#[test]
+fn the_global_limit_caps_the_sum() {
+    let kb = KeyedBulkhead::<String>::builder()
+        .name("tenants")
+        .max_concurrent_calls(3)
+        .global_limit(4)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let a: Vec<_> = (0..3).map(|_| kb.try_acquire("a").unwrap()).collect();
+    let b = kb.try_acquire("b").unwrap();
+    assert!(b.has_global());
+    assert_eq!(reason(kb.try_acquire("c")), KeyedRejectReason::GlobalFull);
+    let c = kb.metrics_for("c").unwrap();
+    // c's key permit went back when the global limit said no.
+    assert_eq!(
+        (c.in_flight(), c.bulkhead().in_flight(), c.admitted()),
+        (0, 0, 0)
+    );
+    assert_eq!((c.rejected_by_global(), c.rejected()), (1, 1));
+    let g = kb.global_metrics().unwrap();
+    assert_eq!(
+        (g.name(), g.in_flight(), g.rejected_full()),
+        ("tenants.global", 4, 1)
+    );
+    assert_eq!(kb.stats().rejected_by_global(), 1);
+    drop(b);
+    let _c = kb.try_acquire("c").unwrap();
+    drop(a);
+    assert_eq!(kb.global_metrics().unwrap().in_flight(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_for_the_global_limit_gets_the_next_global_permit() {
+    let kb = KeyedBulkhead::<String>::builder()
+        .max_concurrent_calls(1)
+        .global_limit(1)
+        .max_wait(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let a = kb.try_acquire("a").unwrap();
+    let waiter = {
+        let kb = kb.clone();
+        tokio::spawn(async move { kb.acquire("b").await.map(drop) })
+    };
+    while kb
+        .metrics_for("b")
+        .is_none_or(|m| m.waiting_for_global() == 0)
+    {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let b = kb.metrics_for("b").unwrap();
+    assert_eq!(
+        (b.queued(), b.in_flight(), b.bulkhead().in_flight()),
+        (1, 0, 1)
+    );
+    drop(a);
+    waiter.await.unwrap().unwrap();
+    let b = kb.metrics_for("b").unwrap();
+    assert_eq!((b.admitted(), b.queued(), b.in_flight()), (1, 0, 0));
+}
+
+#[tokio::test]
+async fn a_key_wait_times_out_after_max_wait() {
+    let kb = KeyedBulkhead::<String>::builder()
+        .name("tenants")
+        .max_concurrent_calls(1)
+        .max_wait(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let _held = kb.try_acquire("a").unwrap();
+    let rejected = kb.acquire("a").await.unwrap_err();
+    assert_eq!(rejected.reason(), KeyedRejectReason::KeyTimeout);
+    assert!(rejected.waited() >= Duration::from_millis(50));
+    assert!(rejected.reason().is_timeout() && !rejected.reason().is_global());
+    assert_eq!(
+        rejected.bulkhead_rejection().unwrap().reason(),
+        bulkhead::RejectReason::Timeout
+    );
+    let a = kb.metrics_for("a").unwrap();
+    assert_eq!((a.queued(), a.rejected_by_key()), (0, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_max_wait_budget_covers_both_limits() {
+    let budget = Duration::from_millis(400);
+    let kb = KeyedBulkhead::<String>::builder()
+        .max_concurrent_calls(1)
+        .global_limit(1)
+        .max_wait(budget)
+        .build()
+        .unwrap();
+    // "b" holds the only global permit throughout.
+    let _b = kb.try_acquire("b").unwrap();
+    // The first caller of "a" takes a's permit at once and waits for the
+    // global one: it gives up after the whole budget, giving a's permit
+    // back.
+    let first = {
+        let kb = kb.clone();
+        tokio::spawn(async move { kb.acquire("a").await.map(drop) })
+    };
+    while kb
+        .metrics_for("a")
+        .is_none_or(|m| m.waiting_for_global() == 0)
+    {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(budget / 2).await;
+    // The second caller waits about half the budget for a's permit, then
+    // for the global one with what is left: the whole budget in all, not
+    // one and a half.
+    let start = Instant::now();
+    let second = kb.acquire("a").await.unwrap_err();
+    let elapsed = start.elapsed();
+    let first = first.await.unwrap().unwrap_err();
+    assert_eq!(first.reason(), KeyedRejectReason::GlobalTimeout);
+    assert!(first.waited() >= budget, "{:?}", first.waited());
+    assert!(
+        first.to_string().contains("no free global permit"),
+        "{first}"
+    );
+    assert!(first.bulkhead_rejection().is_none());
+    assert_eq!(second.reason(), KeyedRejectReason::GlobalTimeout);
+    assert!(elapsed >= budget, "{elapsed:?}");
+    assert!(
+        elapsed < budget + budget / 3,
+        "the two waits did not share one budget: {elapsed:?}"
+    );
+    let a = kb.metrics_for("a").unwrap();
+    assert_eq!(
+        (a.in_flight(), a.queued(), a.bulkhead().in_flight()),
+        (0, 0, 0)
+    );
+    assert_eq!((a.rejected_by_global(), a.bulkhead().permitted()), (2, 2));
+    assert_eq!(kb.stats().rejected_by_global(), 2);
+    // The global bulkhead never said no: the keyed budget did.
+    assert_eq!(kb.global_metrics().unwrap().rejected(), 0);
+}
+
+#[test]
+fn max_keys_rejects_new_keys_while_all_are_in_use() {
+    let kb = KeyedBulkhead::<String>::builder()
+        .name("tenants")
+        .max_concurrent_calls(1)
+        .max_keys(2)
+        .build()
+        .unwrap();
+    let a = kb.try_acquire("a").unwrap();
+    let b = kb.try_acquire("b").unwrap();
+    let rejected = kb.try_acquire("c").unwrap_err();
+    assert_eq!(rejected.reason(), KeyedRejectReason::TooManyKeys);
+    assert_eq!(
+        rejected.to_string(),
+        "keyed bulkhead tenants tracks its maximum of 2 keys and none is idle"
+    );
+    assert!(rejected.bulkhead_rejection().is_none());
+    assert_eq!(kb.keys_tracked(), 2);
+    // Tracked keys are still served.
+    assert_eq!(reason(kb.try_acquire("a")), KeyedRejectReason::KeyFull);
+
+    drop(a);
+    let _c = kb.try_acquire("c").unwrap(); // a was idle: evicted for c
+    let mut keys = kb.keys();
+    keys.sort();
+    assert_eq!(keys, ["b", "c"]);
+    let s = kb.stats();
+    assert_eq!(
+        (
+            s.keys_created(),
+            s.keys_evicted(),
+            s.rejected_too_many_keys()
+        ),
+        (3, 1, 1)
+    );
+    drop(b);
+}
+
+#[test]
+fn the_key_idle_longest_is_evicted_first() {
+    let kb = KeyedBulkhead::<u32>::builder()
+        .max_concurrent_calls(1)
+        .max_keys(3)
+        .build()
+        .unwrap();
+    for key in [1, 2, 3] {
+        drop(kb.try_acquire(&key).unwrap());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    drop(kb.try_acquire(&1).unwrap()); // 1 is the most recently used now
+    std::thread::sleep(Duration::from_millis(2));
+    let _four = kb.try_acquire(&4).unwrap();
+    let mut keys = kb.keys();
+    keys.sort_unstable();
+    assert_eq!(keys, [1, 3, 4]);
+}
+
+#[test]
+fn idle_keys_are_evicted_after_idle_timeout_and_come_back_fresh() {
+    let kb = KeyedBulkhead::<String>::builder()
+        .max_concurrent_calls(2)
+        .idle_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    drop(kb.try_acquire("a").unwrap());
+    drop(kb.try_acquire("a").unwrap());
+    let busy = kb.try_acquire("busy").unwrap();
+    assert_eq!(kb.metrics_for("a").unwrap().admitted(), 2);
+    assert_eq!(kb.evict_idle(), 0, "idle for less than idle_timeout");
+
+    std::thread::sleep(Duration::from_millis(150));
+    // A new key sweeps out keys idle for idle_timeout; "busy" is in use.
+    drop(kb.try_acquire("b").unwrap());
+    assert!(kb.metrics_for("a").is_none());
+    assert!(kb.metrics_for("busy").is_some());
+    assert_eq!(kb.stats().keys_evicted(), 1);
+
+    // Back, with a new bulkhead and counts from zero.
+    drop(kb.try_acquire("a").unwrap());
+    let a = kb.metrics_for("a").unwrap();
+    assert_eq!((a.admitted(), a.bulkhead().permitted()), (1, 1));
+    assert_eq!(kb.stats().keys_created(), 4);
+    drop(busy);
+}
+
+#[test]
+fn evict_idle_takes_every_idle_key_without_idle_timeout() {
+    let kb = fail_fast(1);
+    let held = kb.try_acquire("held").unwrap();
+    for k in ["x", "y", "z"] {
+        drop(kb.try_acquire(k).unwrap());
+    }
+    assert_eq!(kb.evict_idle(), 3);
+    assert_eq!(kb.keys(), ["held"]);
+    drop(held);
+    assert_eq!(kb.evict_idle(), 1);
+    assert_eq!(kb.keys_tracked(), 0);
+}
+
+/// The guarantee eviction must keep: a key's bulkhead is never replaced by
+/// a new one while a permit of the old one is out, or the key's limit
+/// would hold twice over.
+#[test]
+fn a_held_permit_keeps_its_key_and_its_limit_across_eviction_attempts() {
+    let kb = KeyedBulkhead::<String>::builder()
+        .max_concurrent_calls(1)
+        .max_keys(1)
+        .idle_timeout(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    let held = kb.try_acquire("a").unwrap();
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_micros(100));
+        assert_eq!(kb.evict_idle(), 0);
+        assert_eq!(reason(kb.try_acquire("b")), KeyedRejectReason::TooManyKeys);
+        // Still the same bulkhead, still at its limit.
+        assert_eq!(reason(kb.try_acquire("a")), KeyedRejectReason::KeyFull);
+    }
+    let a = kb.metrics_for("a").unwrap();
+    assert_eq!(
+        (a.admitted(), a.in_flight(), a.bulkhead().rejected_full()),
+        (1, 1, 50)
+    );
+    assert_eq!(kb.stats().keys_created(), 1);
+    assert_eq!(kb.stats().keys_evicted(), 0);
+
+    drop(held);
+    let _b = kb.try_acquire("b").unwrap(); // now "a" may go
+    assert_eq!(kb.keys(), ["b"]);
+}
+
+#[tokio::test]
+async fn a_waiter_keeps_its_key_and_cancelling_it_leaves_nothing_behind() {
+    let kb = KeyedBulkhead::<String>::builder()
+        .max_concurrent_calls(1)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    kb.set_limit_for("a", 0); // nobody holds a permit; callers can only wait
+    {
+        let mut waiting = pin!(kb.acquire("a"));
+        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        let a = kb.metrics_for("a").unwrap();
+        assert_eq!((a.queued(), a.in_flight()), (1, 0));
+        assert_eq!(kb.evict_idle(), 0, "a waiter is a user of its key");
+        assert_eq!(reason(kb.try_acquire("b")), KeyedRejectReason::TooManyKeys);
+    } // cancelled here
+    let a = kb.metrics_for("a").unwrap();
+    assert_eq!((a.queued(), a.in_flight(), a.rejected()), (0, 0, 0));
+    assert_eq!(kb.evict_idle(), 1);
+    let _b = kb.try_acquire("b").unwrap();
+}
+
+#[tokio::test]
+async fn cancelling_a_wait_for_the_global_limit_gives_the_key_permit_back() {
+    let kb = KeyedBulkhead::<String>::builder()
+        .max_concurrent_calls(1)
+        .global_limit(1)
+        .build()
+        .unwrap();
+    let a = kb.try_acquire("a").unwrap();
+    {
+        let mut waiting = pin!(kb.acquire("b"));
+        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        let b = kb.metrics_for("b").unwrap();
+        assert_eq!((b.waiting_for_global(), b.bulkhead().in_flight()), (1, 1));
+        assert_eq!(kb.global_metrics().unwrap().queued(), 1);
+        assert_eq!(reason(kb.try_acquire("b")), KeyedRejectReason::KeyFull);
+    }
+    let b = kb.metrics_for("b").unwrap();
+    assert_eq!(
+        (b.waiting_for_global(), b.bulkhead().in_flight(), b.queued()),
+        (0, 0, 0)
+    );
+    assert_eq!(kb.global_metrics().unwrap().queued(), 0);
+    assert_eq!(kb.evict_idle(), 1); // b; a is held
+    drop(a);
+    assert_eq!(kb.global_metrics().unwrap().in_flight(), 0);
+}
+
+#[tokio::test]
+async fn call_runs_under_both_permits_and_reports_how_it_ended() {
+    let kb = KeyedBulkhead::<String>::builder()
+        .max_concurrent_calls(1)
+        .global_limit(5)
+        .call_timeout(Duration::from_millis(30))
+        .build()
+        .unwrap();
+    let inside = kb
+        .call("a", async {
+            Ok::<_, ()>((
+                kb.metrics_for("a").unwrap().in_flight(),
+                kb.global_metrics().unwrap().in_flight(),
+            ))
+        })
+        .await
+        .unwrap();
+    assert_eq!(inside, (1, 1));
+    let failed = kb.call("a", async { Err::<(), _>("no") }).await;
+    assert_eq!(failed, Err(KeyedError::Inner("no")));
+    let slow = kb
+        .call("a", async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok::<(), ()>(())
+        })
+        .await;
+    assert_eq!(slow, Err(KeyedError::CallTimeout));
+    let a = kb.metrics_for("a").unwrap();
+    assert_eq!((a.admitted(), a.call_timeouts(), a.in_flight()), (3, 1, 0));
+    assert_eq!(kb.global_metrics().unwrap().in_flight(), 0);
+}
+
+#[derive(Debug, Default)]
+struct Names(Mutex<HashSet<String>>);
+
+impl Observer for Names {
+    fn on_permitted(&self, e: &Permitted<'_>) {
+        self.0.lock().unwrap().insert(e.name.to_owned());
+    }
+    fn on_rejected(&self, e: &Rejection<'_>) {
+        self.0.lock().unwrap().insert(e.name.to_owned());
+    }
+}
+
+#[test]
+fn labels_stay_bounded_however_many_keys_come_and_go() {
+    let names = Arc::new(Names::default());
+    let kb = KeyedBulkhead::<u32>::builder()
+        .name("hosts")
+        .max_concurrent_calls(1)
+        .global_limit(100)
+        .max_keys(4)
+        .key_label(|host: &u32| format!("host-{host}"))
+        .max_labels(3)
+        .observer(names.clone())
+        .build()
+        .unwrap();
+    for host in 0..200 {
+        let p = kb.try_acquire(&host).unwrap();
+        assert_eq!(
+            p.label(),
+            Some(
+                if host < 3 {
+                    format!("host-{host}")
+                } else {
+                    "other".into()
+                }
+                .as_str()
+            )
+        );
+        drop(p);
+    }
+    // A labelled key evicted and seen again keeps its label.
+    assert!(kb.metrics_for(&0).is_none());
+    assert_eq!(kb.try_acquire(&0).unwrap().bulkhead_name(), "hosts[host-0]");
+    let mut seen: Vec<_> = names.0.lock().unwrap().iter().cloned().collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "hosts.global",
+            "hosts[host-0]",
+            "hosts[host-1]",
+            "hosts[host-2]",
+            "hosts[other]"
+        ]
+    );
+    let s = kb.stats();
+    assert_eq!(
+        (s.labels_in_use(), s.max_labels(), s.keys_tracked()),
+        (3, 3, 4)
+    );
+    assert!(s.keys_evicted() >= 196);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_rejects_waiters_of_keys_and_of_a_shared_global_limit() {
+    let shared = Bulkhead::builder()
+        .name("pool")
+        .max_concurrent_calls(1)
+        .build()
+        .unwrap();
+    let kb = KeyedBulkhead::<String>::builder()
+        .max_concurrent_calls(1)
+        .global(shared.clone())
+        .build()
+        .unwrap();
+    let held = kb.try_acquire("a").unwrap();
+    let key_waiter = {
+        let kb = kb.clone();
+        tokio::spawn(async move { kb.acquire("a").await.map(drop) })
+    };
+    let global_waiter = {
+        let kb = kb.clone();
+        tokio::spawn(async move { kb.acquire("b").await.map(drop) })
+    };
+    while kb.metrics_for("a").is_none_or(|m| m.queued() == 0)
+        || kb
+            .metrics_for("b")
+            .is_none_or(|m| m.waiting_for_global() == 0)
+    {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    kb.close();
+    assert!(kb.is_closed());
+    let key_waiter = key_waiter.await.unwrap().unwrap_err();
+    let global_waiter = global_waiter.await.unwrap().unwrap_err();
+    assert_eq!(key_waiter.reason(), KeyedRejectReason::Closed);
+    assert_eq!(global_waiter.reason(), KeyedRejectReason::Closed);
+    assert_eq!(reason(kb.try_acquire("c")), KeyedRejectReason::Closed);
+    assert_eq!(kb.stats().rejected_closed(), 1);
+    // The shared bulkhead is not ours to close.
+    assert!(!shared.is_closed());
+    let idle = {
+        let kb = kb.clone();
+        tokio::spawn(async move { kb.wait_idle().await })
+    };
+    drop(held);
+    idle.await.unwrap();
+    assert_eq!(shared.metrics().in_flight(), 0);
+}
+
+#[test]
+fn build_errors() {
+    let kind = |b: bulkhead::keyed::KeyedBulkheadBuilder<u8>| b.build().unwrap_err().kind();
+    assert_eq!(kind(KeyedBulkhead::builder()), BuildErrorKind::MissingLimit);
+    assert_eq!(
+        kind(KeyedBulkhead::builder().max_concurrent_calls(0)),
+        BuildErrorKind::ZeroLimit
+    );
+    assert_eq!(
+        kind(
+            KeyedBulkhead::builder()
+                .max_concurrent_calls(1)
+                .global_limit(0)
+        ),
+        BuildErrorKind::ZeroLimit
+    );
+    assert_eq!(
+        kind(KeyedBulkhead::builder().max_concurrent_calls(1).name("")),
+        BuildErrorKind::EmptyName
+    );
+    assert_eq!(
+        kind(
+            KeyedBulkhead::builder()
+                .max_concurrent_calls(1)
+                .call_timeout(Duration::ZERO)
+        ),
+        BuildErrorKind::ZeroCallTimeout
+    );
+}
+
+#[test]
+fn zero_max_keys_is_a_build_error() {
+    let err = KeyedBulkhead::<u8>::builder()
+        .max_concurrent_calls(1)
+        .max_keys(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.kind(), BuildErrorKind::ZeroMaxKeys);
+    assert_eq!(err.to_string(), "max_keys must be at least 1");
+}
+
+/// Counts calls in flight per key and in all, independently of the
+/// bulkhead, and remembers the highest counts seen.
+struct Probe {
+    per_key: Vec<AtomicUsize>,
+    total: AtomicUsize,
+    peak_per_key: Vec<AtomicUsize>,
+    peak_total: AtomicUsize,
+}
+
+impl Probe {
+    fn new(keys: usize) -> Self {
+        Self {
+            per_key: (0..keys).map(|_| AtomicUsize::new(0)).collect(),
+            total: AtomicUsize::new(0),
+            peak_per_key: (0..keys).map(|_| AtomicUsize::new(0)).collect(),
+            peak_total: AtomicUsize::new(0),
+        }
+    }
+
+    /// Counts the caller in (for `key` and in all) while `work` runs, also
+    /// when it is cancelled half-way.
+    async fn inside(&self, key: usize, work: impl Future<Output = ()>) {
+        struct Out<'a>(&'a Probe, usize);
+        impl Drop for Out<'_> {
+            fn drop(&mut self) {
+                self.0.total.fetch_sub(1, Ordering::SeqCst);
+                self.0.per_key[self.1].fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let now = self.per_key[key].fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak_per_key[key].fetch_max(now, Ordering::SeqCst);
+        let now = self.total.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak_total.fetch_max(now, Ordering::SeqCst);
+        let _out = Out(self, key);
+        work.await;
+    }
+}
+
+fn limit_of(key: usize) -> usize {
+    key % 3 + 1
+}
+
+/// Many tasks on many threads, over more keys than may be tracked, with
+/// keys evicted all the time (idle_timeout of 1 ms, a sweeper calling
+/// `evict_idle`), waits that time out, and callers cancelled mid-wait and
+/// mid-call: the per-key and global limits hold at every instant, counted
+/// by the test itself, and every count is back to zero at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stress_limits_hold_under_churn_and_cancellation() {
+    const KEYS: usize = 12;
+    const GLOBAL: usize = 8;
+    const TASKS: usize = 48;
+    const ROUNDS: usize = 150;
+    let kb = KeyedBulkhead::<usize>::builder()
+        .name("stress")
+        .max_concurrent_calls(1)
+        .limit_for(|k| limit_of(*k))
+        .global_limit(GLOBAL)
+        .max_wait(Duration::from_millis(20))
+        .max_keys(6)
+        .idle_timeout(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    let probe = Arc::new(Probe::new(KEYS));
+    let outcomes = Arc::new(Mutex::new(std::collections::HashMap::<&str, usize>::new()));
+
+    let sweeping = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sweeper = {
+        let (kb, sweeping) = (kb.clone(), sweeping.clone());
+        tokio::spawn(async move {
+            while sweeping.load(Ordering::Relaxed) {
+                kb.evict_idle();
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let (kb, probe, outcomes) = (kb.clone(), probe.clone(), outcomes.clone());
+            tokio::spawn(async move {
+                let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ (task as u64 + 1);
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                for _ in 0..ROUNDS {
+                    // A few hot keys and a long tail.
+                    let r = next();
+                    let key = if r % 2 == 0 {
+                        (r >> 8) as usize % 3
+                    } else {
+                        (r >> 8) as usize % KEYS
+                    };
+                    let spins = next() % 4;
+                    let work = async {
+                        for _ in 0..spins {
+                            tokio::task::yield_now().await;
+                        }
+                    };
+                    let outcome = match next() % 4 {
+                        0 => match kb.try_acquire(&key) {
+                            Ok(permit) => {
+                                probe.inside(key, work).await;
+                                drop(permit);
+                                "admitted"
+                            }
+                            Err(r) => r.reason().as_str(),
+                        },
+                        1 => {
+                            // Cancelled while waiting or while working.
+                            let call = async {
+                                let permit = kb.acquire(&key).await.map_err(|r| r.reason())?;
+                                probe
+                                    .inside(key, tokio::time::sleep(Duration::from_millis(2)))
+                                    .await;
+                                drop(permit);
+                                Ok::<_, KeyedRejectReason>(())
+                            };
+                            match tokio::time::timeout(Duration::from_millis(1), call).await {
+                                Ok(Ok(())) => "admitted",
+                                Ok(Err(reason)) => reason.as_str(),
+                                Err(_) => "cancelled",
+                            }
+                        }
+                        _ => match kb
+                            .call(&key, async {
+                                probe.inside(key, work).await;
+                                Ok::<_, ()>(())
+                            })
+                            .await
+                        {
+                            Ok(()) => "admitted",
+                            Err(KeyedError::Rejected(r)) => r.reason().as_str(),
+                            Err(e) => panic!("{e:?}"),
+                        },
+                    };
+                    *outcomes.lock().unwrap().entry(outcome).or_default() += 1;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    sweeping.store(false, Ordering::Relaxed);
+    sweeper.await.unwrap();
+
+    for key in 0..KEYS {
+        let peak = probe.peak_per_key[key].load(Ordering::SeqCst);
+        assert!(
+            peak <= limit_of(key),
+            "key {key}: {peak} at once, limit {}",
+            limit_of(key)
+        );
+        assert_eq!(probe.per_key[key].load(Ordering::SeqCst), 0);
+    }
+    let peak = probe.peak_total.load(Ordering::SeqCst);
+    assert!(peak <= GLOBAL, "{peak} at once in all, limit {GLOBAL}");
+    assert!(peak > 1, "no concurrency at all");
+
+    // Nothing left behind by cancelled or rejected callers.
+    let g = kb.global_metrics().unwrap();
+    assert_eq!((g.in_flight(), g.queued()), (0, 0));
+    for m in kb.snapshot() {
+        assert_eq!(
+            (m.in_flight(), m.queued(), m.bulkhead().in_flight()),
+            (0, 0, 0),
+            "key {}",
+            m.key()
+        );
+    }
+    let s = kb.stats();
+    assert!(s.keys_tracked() <= 6);
+    assert_eq!(s.keys_created() - s.keys_evicted(), s.keys_tracked() as u64);
+    std::thread::sleep(Duration::from_millis(5)); // past idle_timeout
+    assert_eq!(kb.evict_idle(), s.keys_tracked());
+    let outcomes = outcomes.lock().unwrap();
+    assert_eq!(outcomes.values().sum::<usize>(), TASKS * ROUNDS);
+    assert!(
+        outcomes.get("admitted").copied().unwrap_or(0) > TASKS * ROUNDS / 10,
+        "{outcomes:?}"
+    );
+    assert!(s.keys_evicted() > 0, "{s:?}");
+    eprintln!("{outcomes:?} {s:?}");
+}
+
+/// One tenant floods the bulkhead with waiting callers; another's calls
+/// still go straight through, because the flood waits in its own key's
+/// line and holds no global permit while it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_noisy_tenant_cannot_starve_a_quiet_one() {
+    let kb = KeyedBulkhead::<String>::builder()
+        .max_concurrent_calls(2)
+        .global_limit(4)
+        .build()
+        .unwrap();
+    let noisy: Vec<_> = (0..100)
+        .map(|_| {
+            let kb = kb.clone();
+            tokio::spawn(async move {
+                kb.call("noisy", async {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    Ok::<_, ()>(())
+                })
+                .await
+            })
+        })
+        .collect();
+    while kb.metrics_for("noisy").is_none_or(|m| m.queued() < 90) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let start = Instant::now();
+    for _ in 0..5 {
+        kb.call("quiet", async { Ok::<_, ()>(()) }).await.unwrap();
+    }
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "the quiet tenant waited {:?}",
+        start.elapsed()
+    );
+    assert!(kb.global_metrics().unwrap().in_flight() <= 2);
+    for task in noisy {
+        task.abort();
+    }
+}
+
+#[test]
+fn permit_outcome_reaches_the_observers() {
+    #[derive(Debug, Default)]
+    struct Outcomes(Mutex<Vec<(String, CallOutcome)>>);
+    impl Observer for Outcomes {
+        fn on_finished(&self, e: &bulkhead::observer::Finished<'_>) {
+            self.0.lock().unwrap().push((e.name.to_owned(), e.outcome));
+        }
+    }
+    let seen = Arc::new(Outcomes::default());
+    let kb = KeyedBulkhead::<String>::builder()
+        .name("t")
+        .max_concurrent_calls(1)
+        .global_limit(1)
+        .key_label(|k: &String| k.clone())
+        .observer(seen.clone())
+        .build()
+        .unwrap();
+    let mut p = kb.try_acquire("a").unwrap();
+    p.set_outcome(CallOutcome::Success);
+    // Rejected by the global limit: b's key permit goes back as cancelled.
+    assert_eq!(reason(kb.try_acquire("b")), KeyedRejectReason::GlobalFull);
+    drop(p);
+    let seen = seen.0.lock().unwrap();
+    assert_eq!(
+        *seen,
+        [
+            ("t[b]".to_owned(), CallOutcome::Cancelled),
+            ("t.global".to_owned(), CallOutcome::Success),
+            ("t[a]".to_owned(), CallOutcome::Success),
+        ]
+    );
+}
