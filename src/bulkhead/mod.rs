@@ -364,6 +364,18 @@ impl Bulkhead {
     }
 }
 
+impl Bulkhead {
+    /// A handle that does not keep the bulkhead alive (for the adaptive
+    /// limiter, which the bulkhead itself holds as its observer).
+    pub(crate) fn downgrade(&self) -> std::sync::Weak<Shared> {
+        Arc::downgrade(&self.shared)
+    }
+
+    pub(crate) fn from_shared(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+}
+
 impl Shared {
     #[inline]
     pub(crate) fn limit(&self) -> usize {
