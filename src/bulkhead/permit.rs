@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use super::Shared;
 use super::observer::CallOutcome;
-use super::policy::LeakWatch;
 
 /// One admitted call's hold on a permit: gives the permit back on drop,
 /// tells the observer how the call ended, and wakes `wait_idle` when the
@@ -19,14 +18,16 @@ pub(crate) struct Held<S: Deref<Target = Shared>> {
     since: Option<Instant>,
     /// Reported to the observer on drop, unless a panic is unwinding.
     outcome: CallOutcome,
-    /// Reports the permit if held past the leak threshold.
-    watch: Option<LeakWatch>,
+    /// The permit's leak watch in the policy (0: none).
+    watch: u64,
 }
 
 impl<S: Deref<Target = Shared>> Held<S> {
     #[inline]
     pub(crate) fn new(shared: S, outcome_if_dropped: CallOutcome) -> Self {
-        let since = shared.policy.clock();
+        // The permit was taken just now: no permit left means the hold time
+        // matters for retry hints.
+        let since = shared.policy.clock(shared.sem.available_permits() <= 0);
         let watch = shared.policy.watch();
         Self {
             shared,
@@ -47,7 +48,7 @@ impl<S: Deref<Target = Shared>> Drop for Held<S> {
     #[inline]
     fn drop(&mut self) {
         // Disarm the leak watch before the permit goes back.
-        drop(self.watch.take());
+        self.shared.policy.unwatch(self.watch);
         let shared = &*self.shared;
         let balance = shared.sem.release(1);
         if balance >= shared.limit() as isize {

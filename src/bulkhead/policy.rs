@@ -4,8 +4,9 @@
 //! [`Bulkhead`](crate::Bulkhead) and the Redis bulkhead share it.
 
 use core::future::Future;
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Wake, Waker};
 use std::time::{Duration, Instant};
 
@@ -28,11 +29,14 @@ pub(crate) struct Policy {
     pub(crate) waiting: AtomicUsize,
     /// Report permits held longer than this (needs `timer`).
     pub(crate) leak_threshold: Option<Duration>,
+    /// The permits under watch for leaks, by id (only with a threshold).
+    watches: Mutex<HashMap<u64, LeakWatch>>,
+    /// The next watch id; 0 means "not watched".
+    next_watch: AtomicU64,
     /// The limit, as last known, for retry hints.
     pub(crate) hint_limit: AtomicUsize,
     /// A moving average of hold times in nanoseconds (0: no sample yet),
-    /// from one call in `HOLD_SAMPLE` (and every call when an observer
-    /// measures them anyway).
+    /// from the calls that `clock` times.
     hold_ns: AtomicU64,
 }
 
@@ -49,9 +53,10 @@ pub(crate) struct Settings {
     pub(crate) leak_threshold: Option<Duration>,
 }
 
-/// One call in this many has its hold time measured for retry hints, so
-/// the uncontended path reads no clock.
-const HOLD_SAMPLE: u64 = 8;
+/// One call in this many has its hold time measured for retry hints even
+/// when permits are plentiful, so the uncontended path rarely reads the
+/// clock (which costs tens of nanoseconds on some virtual machines).
+const HOLD_SAMPLE: u64 = 64;
 
 impl Policy {
     pub(crate) fn new(settings: Settings) -> Self {
@@ -75,6 +80,8 @@ impl Policy {
             counters: Counters::default(),
             waiting: AtomicUsize::new(0),
             leak_threshold,
+            watches: Mutex::new(HashMap::new()),
+            next_watch: AtomicU64::new(1),
             hint_limit: AtomicUsize::new(limit),
             hold_ns: AtomicU64::new(0),
         }
@@ -190,11 +197,13 @@ impl Policy {
     }
 
     /// When a permit was granted, for the hold time: measured when an
-    /// observer listens, and for one call in `HOLD_SAMPLE` (retry hints).
+    /// observer listens, when the grant left no permit free (the calls
+    /// whose hold times decide when a rejected caller can come back), and
+    /// for one call in `HOLD_SAMPLE` otherwise.
     #[inline]
-    pub(crate) fn clock(&self) -> Option<Instant> {
+    pub(crate) fn clock(&self, busy: bool) -> Option<Instant> {
         let sampled = self.counters.permitted.load(Ordering::Relaxed) % HOLD_SAMPLE == 0;
-        (sampled || self.observer.is_some()).then(Instant::now)
+        (busy || sampled || self.observer.is_some()).then(Instant::now)
     }
 
     /// Folds one hold time into the moving average (weight 1/4). Racing
@@ -236,11 +245,41 @@ impl Policy {
 impl Policy {
     /// Starts watching a newly granted permit for a leak, if a threshold
     /// is set: a sleep of the threshold, polled once with a waker that
-    /// reports the leak when the timer fires. Dropping the watch (when the
-    /// permit goes back) cancels the sleep and disarms the report.
-    pub(crate) fn watch(&self) -> Option<LeakWatch> {
-        let (Some(threshold), Some(timer)) = (self.leak_threshold, &self.timer) else {
-            return None;
+    /// reports the leak when the timer fires. Returns the watch's id (0:
+    /// none), for [`unwatch`](Self::unwatch) when the permit goes back. The
+    /// watches live in the policy, so a permit's guard holds a plain
+    /// number and needs no drop glue for them.
+    #[inline]
+    pub(crate) fn watch(&self) -> u64 {
+        match self.leak_threshold {
+            None => 0,
+            Some(threshold) => self.start_watch(threshold),
+        }
+    }
+
+    /// Cancels the watch `id` (the permit went back): disarms its report
+    /// and drops its sleep, outside the watches' lock.
+    #[inline]
+    pub(crate) fn unwatch(&self, id: u64) {
+        if id != 0 {
+            self.stop_watch(id);
+        }
+    }
+
+    #[cold]
+    fn stop_watch(&self, id: u64) {
+        let watch = self
+            .watches
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+        drop(watch);
+    }
+
+    #[cold]
+    fn start_watch(&self, threshold: Duration) -> u64 {
+        let Some(timer) = self.timer.as_ref() else {
+            return 0;
         };
         let check = Arc::new(LeakCheck {
             name: self.name.clone(),
@@ -259,15 +298,23 @@ impl Policy {
         {
             waker.wake_by_ref();
         }
-        Some(LeakWatch {
-            _sleep: sleep,
-            check,
-        })
+        let id = self.next_watch.fetch_add(1, Ordering::Relaxed);
+        self.watches
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                id,
+                LeakWatch {
+                    _sleep: sleep,
+                    check,
+                },
+            );
+        id
     }
 }
 
-/// A permit under watch for leaks; dropped with the permit.
-pub(crate) struct LeakWatch {
+/// A permit under watch for leaks; dropped when the permit goes back.
+struct LeakWatch {
     _sleep: Sleep,
     check: Arc<LeakCheck>,
 }

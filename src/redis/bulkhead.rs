@@ -10,7 +10,7 @@ use event_listener::Event;
 
 use super::{LeaseError, LeasedPermit, Lost, LostReason, RedisSemaphore, ReleaseError};
 use crate::bulkhead::observer::{CallOutcome, Observer};
-use crate::bulkhead::policy::{LeakWatch, Policy};
+use crate::bulkhead::policy::Policy;
 use crate::timer::Timer;
 use crate::{BuildError, BulkheadBuilder, BulkheadError, Metrics, RejectReason, Rejected};
 
@@ -222,7 +222,7 @@ impl RedisBulkhead {
         let permit = RedisBulkheadPermit {
             shared: s.clone(),
             lease: Some(lease),
-            since: s.policy.clock(),
+            since: s.policy.clock(true),
             outcome,
             watch: s.policy.watch(),
         };
@@ -318,7 +318,8 @@ pub struct RedisBulkheadPermit {
     lease: Option<LeasedPermit>,
     since: Option<Instant>,
     outcome: CallOutcome,
-    watch: Option<LeakWatch>,
+    /// The lease's leak watch in the policy (0: none).
+    watch: u64,
 }
 
 impl RedisBulkheadPermit {
@@ -359,7 +360,7 @@ impl RedisBulkheadPermit {
     ///
     /// As [`LeasedPermit::release`].
     pub async fn release(mut self) -> Result<(), ReleaseError> {
-        drop(self.watch.take());
+        self.shared.policy.unwatch(core::mem::take(&mut self.watch));
         let lease = self.lease.take().expect("released once");
         let released = lease.release().await;
         self.finish();
@@ -367,7 +368,7 @@ impl RedisBulkheadPermit {
     }
 
     fn finish(&mut self) {
-        drop(self.watch.take());
+        self.shared.policy.unwatch(core::mem::take(&mut self.watch));
         let s = &*self.shared;
         if s.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             s.idle.notify(usize::MAX);

@@ -638,6 +638,7 @@ impl Semaphore {
     /// sem.reduce_permits(2);
     /// assert_eq!(sem.available_permits(), -2);
     /// ```
+    #[inline]
     pub fn available_permits(&self) -> isize {
         // SeqCst pairs with `add_balance` (see there).
         balance(self.state.load(Ordering::SeqCst))
