@@ -163,8 +163,18 @@ fn rejection_to_503(result: Result<Response<Body>, BoxError>) -> Result<Response
     };
     let mut busy = Response::new(Full::new(Bytes::from(format!("{rejected}\n"))));
     *busy.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    // The bulkhead's own estimate of when a permit frees up (recent hold
+    // times, the line ahead, the limit); HTTP wants whole seconds.
+    let hint = rejected.retry_after();
+    let secs = hint.map_or(1, |d| d.as_secs_f64().ceil().max(1.0) as u64);
     let headers = busy.headers_mut();
-    headers.insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    headers.insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+    if let Some(hint) = hint {
+        headers.insert(
+            "x-bulkhead-retry-after-ms",
+            header::HeaderValue::from(hint.as_millis() as u64),
+        );
+    }
     headers.insert(
         "x-bulkhead-reject-reason",
         header::HeaderValue::from_static(rejected.reason().as_str()),
