@@ -74,7 +74,9 @@
 //!   through the [`metrics`](https://docs.rs/metrics) facade, labelled by
 //!   bulkhead name, rejection reason and call outcome.
 //! - `tracing`: a [`tracing`](https://docs.rs/tracing) event for every
-//!   admission, rejection and finished call.
+//!   admission, rejection, finished call and suspected leak, and each
+//!   call of `Bulkhead::call` runs inside a `bulkhead_call` span that names
+//!   the bulkhead, so the call's own events say who admitted them.
 //!
 //! One feature shares permits between processes:
 //!

@@ -45,10 +45,25 @@ fn tracing_feature_emits_events() {
         let held = bh.try_acquire().unwrap();
         assert!(bh.try_acquire().is_err());
         drop(held);
+        // The call runs inside a `bulkhead_call` span naming the bulkhead,
+        // so its own events say which bulkhead admitted them.
+        futures::executor::block_on(bh.call(async {
+            tracing::info!("inside the call");
+            Ok::<(), ()>(())
+        }))
+        .unwrap();
     });
     let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 3, "{out}");
+    assert_eq!(lines.len(), 6, "{out}");
+    let inside = lines
+        .iter()
+        .find(|l| l.contains("inside the call"))
+        .expect("the call's own event");
+    assert!(
+        inside.contains("bulkhead_call{bulkhead=\"gpu\"}"),
+        "{inside}"
+    );
     assert!(
         lines[0].contains("call permitted") && lines[0].contains("bulkhead=\"gpu\""),
         "{out}"

@@ -265,6 +265,8 @@ impl BulkheadBuilder {
             observer,
             limit,
             leak_threshold: self.leak_threshold,
+            #[cfg(feature = "tracing")]
+            spans: self.exporters,
         }))
     }
 }

@@ -114,9 +114,11 @@ mod metrics_export {
 mod tracing_export {
     use super::super::observer::{Finished, LeakSuspected, Observer, Permitted, Rejection};
 
-    /// Emits a `tracing` event for every admission (debug), rejection (warn)
-    /// and finished call (debug; warn when it timed out or panicked), with
-    /// target `bulkhead`.
+    /// Emits a `tracing` event for every admission (debug), rejection (warn),
+    /// finished call (debug; warn when it timed out or panicked) and
+    /// suspected leak (warn), with target `bulkhead`. (The `bulkhead_call`
+    /// span around each call comes from `Policy::traced`, not from here:
+    /// an observer sees events, not the call's future.)
     #[derive(Debug)]
     pub(crate) struct TracingExporter;
 

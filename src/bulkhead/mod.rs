@@ -170,7 +170,7 @@ impl Bulkhead {
         // so a panicking hook cannot leak it.
         let mut held = Held::new(shared, CallOutcome::Cancelled);
         shared.policy.permitted(waited);
-        let (result, outcome) = shared.policy.run(call).await;
+        let (result, outcome) = shared.policy.run(shared.policy.traced(call)).await;
         held.set_outcome(outcome);
         drop(held);
         result

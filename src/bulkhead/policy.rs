@@ -33,12 +33,23 @@ pub(crate) struct Policy {
     watches: Mutex<HashMap<u64, LeakWatch>>,
     /// The next watch id; 0 means "not watched".
     next_watch: AtomicU64,
+    /// Run each admitted call of `call` inside a `bulkhead_call` span
+    /// (the `tracing` exporter).
+    #[cfg(feature = "tracing")]
+    pub(crate) spans: bool,
     /// The limit, as last known, for retry hints.
     pub(crate) hint_limit: AtomicUsize,
     /// A moving average of hold times in nanoseconds (0: no sample yet),
     /// from the calls that `clock` times.
     hold_ns: AtomicU64,
 }
+
+/// The future of [`Policy::traced`].
+#[cfg(feature = "tracing")]
+pub(crate) type Traced<F> = tracing::instrument::Instrumented<F>;
+/// The future of [`Policy::traced`].
+#[cfg(not(feature = "tracing"))]
+pub(crate) type Traced<F> = F;
 
 /// What a builder decided, for `Policy::new`.
 pub(crate) struct Settings {
@@ -51,6 +62,9 @@ pub(crate) struct Settings {
     /// The limit at first, for retry hints.
     pub(crate) limit: usize,
     pub(crate) leak_threshold: Option<Duration>,
+    /// See `Policy::spans`.
+    #[cfg(feature = "tracing")]
+    pub(crate) spans: bool,
 }
 
 /// One call in this many has its hold time measured for retry hints even
@@ -69,6 +83,8 @@ impl Policy {
             observer,
             limit,
             leak_threshold,
+            #[cfg(feature = "tracing")]
+            spans,
         } = settings;
         Self {
             name,
@@ -80,6 +96,8 @@ impl Policy {
             counters: Counters::default(),
             waiting: AtomicUsize::new(0),
             leak_threshold,
+            #[cfg(feature = "tracing")]
+            spans,
             watches: Mutex::new(HashMap::new()),
             next_watch: AtomicU64::new(1),
             hint_limit: AtomicUsize::new(limit),
@@ -146,6 +164,25 @@ impl Policy {
             Err(_) => CallOutcome::Failure,
         };
         (result, outcome)
+    }
+
+    /// The admitted call, inside a `bulkhead_call` span naming the
+    /// bulkhead when the `tracing` exporter is on (so the call's own events
+    /// show which bulkhead admitted them); unchanged otherwise.
+    #[inline]
+    pub(crate) fn traced<F: Future>(&self, call: F) -> Traced<F> {
+        #[cfg(feature = "tracing")]
+        {
+            use tracing::Instrument;
+            let span = if self.spans {
+                tracing::debug_span!(target: "bulkhead", "bulkhead_call", bulkhead = &*self.name)
+            } else {
+                tracing::Span::none()
+            };
+            call.instrument(span)
+        }
+        #[cfg(not(feature = "tracing"))]
+        call
     }
 
     /// Counts an admitted call and tells the observer. Call it once the

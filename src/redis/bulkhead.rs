@@ -150,7 +150,8 @@ impl RedisBulkhead {
         F: Future<Output = Result<T, E>>,
     {
         let mut permit = self.acquire_as(CallOutcome::Cancelled).await?;
-        let (result, outcome) = self.shared.policy.run(call).await;
+        let policy = &self.shared.policy;
+        let (result, outcome) = policy.run(policy.traced(call)).await;
         permit.outcome = outcome;
         drop(permit);
         result
