@@ -425,10 +425,8 @@ impl Shared {
     #[inline]
     fn admit(&self) -> Admit<'_> {
         match self.sem.try_take(1) {
-            Ok(()) => Admit::Done(Some(Ok(Duration::ZERO))),
-            Err(TryAcquireError::Closed) => Admit::Done(Some(Err(self
-                .policy
-                .reject(RejectReason::Closed, Duration::ZERO)))),
+            Ok(()) => Admit::Now,
+            Err(TryAcquireError::Closed) => Admit::Closed(self),
             Err(TryAcquireError::NoPermits) => Admit::Waiting(Box::pin(self.admit_waiting())),
         }
     }
@@ -452,9 +450,17 @@ impl Drop for Watching<'_> {
 }
 
 /// The future of [`Shared::admit`]: decided at once, or waiting (boxed).
+/// The variants decided at once carry no payload, so the uncontended path
+/// of `call` builds and moves nothing bigger than a pointer; a rejection
+/// is made when polled.
 enum Admit<'a> {
-    Done(Option<Result<Duration, Rejected>>),
+    /// Admitted without waiting.
+    Now,
+    /// The bulkhead is closed.
+    Closed(&'a Shared),
     Waiting(Pin<Box<dyn Future<Output = Result<Duration, Rejected>> + Send + 'a>>),
+    /// Polled to completion.
+    Done,
 }
 
 impl Future for Admit<'_> {
@@ -462,9 +468,21 @@ impl Future for Admit<'_> {
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.get_mut() {
-            Admit::Done(out) => Poll::Ready(out.take().expect("admit polled after completion")),
+        let this = self.get_mut();
+        match this {
+            Admit::Now => {
+                *this = Admit::Done;
+                Poll::Ready(Ok(Duration::ZERO))
+            }
+            Admit::Closed(shared) => {
+                let shared = *shared;
+                *this = Admit::Done;
+                Poll::Ready(Err(shared
+                    .policy
+                    .reject(RejectReason::Closed, Duration::ZERO)))
+            }
             Admit::Waiting(fut) => fut.as_mut().poll(cx),
+            Admit::Done => panic!("admit polled after completion"),
         }
     }
 }
