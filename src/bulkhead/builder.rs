@@ -69,6 +69,15 @@ impl BulkheadBuilder {
         }
     }
 
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Bulkhead;
+    ///
+    /// let bh = Bulkhead::builder().name("inventory-api").max_concurrent_calls(10).build().unwrap();
+    /// assert_eq!(bh.name(), "inventory-api");
+    /// ```
     /// Names the bulkhead (the guarded dependency, usually).
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
@@ -76,6 +85,16 @@ impl BulkheadBuilder {
     }
 
     /// The most calls in flight at once. Required, at least 1; can be
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Bulkhead;
+    ///
+    /// // 200 requests a second at 50 ms each: 10 in flight (Little's law).
+    /// let bh = Bulkhead::builder().max_concurrent_calls(10).build().unwrap();
+    /// assert_eq!(bh.metrics().max_concurrent_calls(), 10);
+    /// ```
     /// changed later with [`Bulkhead::set_max_concurrent_calls`].
     pub fn max_concurrent_calls(mut self, limit: usize) -> Self {
         self.max_concurrent_calls = Some(limit);
@@ -85,6 +104,24 @@ impl BulkheadBuilder {
     /// How long a caller may wait for a permit before it is rejected with
     /// [`RejectReason::Timeout`](crate::RejectReason::Timeout).
     /// `Duration::ZERO` fails fast: no waiting at all. Not set: wait as long
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bulkhead::{Bulkhead, RejectReason};
+    ///
+    /// let fail_fast = Bulkhead::builder()
+    ///     .max_concurrent_calls(1)
+    ///     .max_wait(Duration::ZERO)
+    ///     .build()
+    ///     .unwrap();
+    /// let _held = fail_fast.try_acquire().unwrap();
+    /// # futures::executor::block_on(async {
+    /// let rejected = fail_fast.acquire().await.unwrap_err();
+    /// assert_eq!(rejected.reason(), RejectReason::Full);
+    /// # });
+    /// ```
     /// as it takes.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = Some(max_wait);
@@ -94,6 +131,19 @@ impl BulkheadBuilder {
     /// The most callers that may wait at once; a caller that finds the line
     /// full is rejected at once with
     /// [`RejectReason::Full`](crate::RejectReason::Full). `0` means nobody
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::{Bulkhead, RejectReason};
+    ///
+    /// // Nobody may wait: with every permit taken, callers are turned away at once.
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).max_queue(0).build().unwrap();
+    /// let _held = bh.try_acquire().unwrap();
+    /// # futures::executor::block_on(async {
+    /// assert_eq!(bh.acquire().await.unwrap_err().reason(), RejectReason::Full);
+    /// # });
+    /// ```
     /// waits. The bound counts callers of this bulkhead (all clones).
     pub fn max_queue(mut self, max_queue: usize) -> Self {
         self.max_queue = Some(max_queue);
@@ -103,6 +153,24 @@ impl BulkheadBuilder {
     /// A bound on the guarded call in [`Bulkhead::call`]: past it the call
     /// is dropped, its permit released, and
     /// [`BulkheadError::CallTimeout`](crate::BulkheadError::CallTimeout)
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bulkhead::{Bulkhead, BulkheadError};
+    ///
+    /// let bh = Bulkhead::builder()
+    ///     .max_concurrent_calls(1)
+    ///     .call_timeout(Duration::from_millis(10))
+    ///     .build()
+    ///     .unwrap();
+    /// # futures::executor::block_on(async {
+    /// let hung = bh.call(std::future::pending::<Result<(), ()>>()).await;
+    /// assert_eq!(hung, Err(BulkheadError::CallTimeout));
+    /// assert_eq!(bh.metrics().in_flight(), 0); // the permit came back
+    /// # });
+    /// ```
     /// returned. Must be greater than zero.
     pub fn call_timeout(mut self, call_timeout: Duration) -> Self {
         self.call_timeout = Some(call_timeout);
@@ -111,6 +179,15 @@ impl BulkheadBuilder {
 
     /// `true` (the default): callers are admitted strictly in arrival
     /// order. `false`: a caller that finds a free permit takes it even if
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Bulkhead;
+    ///
+    /// let throughput_first = Bulkhead::builder().max_concurrent_calls(4).fair(false).build().unwrap();
+    /// assert!(throughput_first.try_acquire().is_ok());
+    /// ```
     /// others wait (more throughput, no ordering promise).
     pub fn fair(mut self, fair: bool) -> Self {
         self.fair = fair;
@@ -118,6 +195,23 @@ impl BulkheadBuilder {
     }
 
     /// The timer for `max_wait` and `call_timeout`, instead of the one
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use bulkhead::Bulkhead;
+    /// use bulkhead::timer::ThreadTimer;
+    ///
+    /// let bh = Bulkhead::builder()
+    ///     .max_concurrent_calls(1)
+    ///     .max_wait(Duration::from_millis(50))
+    ///     .timer(Arc::new(ThreadTimer::new()))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(bh.metrics().max_wait(), Some(Duration::from_millis(50)));
+    /// ```
     /// [`default_timer`](crate::timer::default_timer) picks.
     pub fn timer(mut self, timer: Arc<dyn Timer>) -> Self {
         self.timer = Some(timer);
@@ -125,6 +219,27 @@ impl BulkheadBuilder {
     }
 
     /// Adds hooks that see every call. May be called more than once; the
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use bulkhead::Bulkhead;
+    /// use bulkhead::observer::{Finished, Observer};
+    ///
+    /// #[derive(Default)]
+    /// struct Finishes(AtomicU64);
+    /// impl Observer for Finishes {
+    ///     fn on_finished(&self, _: &Finished<'_>) {
+    ///         self.0.fetch_add(1, Ordering::Relaxed);
+    ///     }
+    /// }
+    /// let seen = Arc::new(Finishes::default());
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).observer(seen.clone()).build().unwrap();
+    /// drop(bh.try_acquire().unwrap());
+    /// assert_eq!(seen.0.load(Ordering::Relaxed), 1);
+    /// ```
     /// observers run in the order they were added.
     pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observers.push(observer);
@@ -133,6 +248,16 @@ impl BulkheadBuilder {
 
     /// Whether to publish to the `metrics` facade and to `tracing` when the
     /// `metrics` / `tracing` features are on (default `true`). Without those
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Bulkhead;
+    ///
+    /// // A bulkhead used in a test: keep it out of the process's metrics.
+    /// let quiet = Bulkhead::builder().max_concurrent_calls(1).exporters(false).build().unwrap();
+    /// assert!(quiet.try_acquire().is_ok());
+    /// ```
     /// features this does nothing.
     pub fn exporters(mut self, enabled: bool) -> Self {
         self.exporters = enabled;

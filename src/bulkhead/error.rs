@@ -6,6 +6,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Why the bulkhead turned a call away.
+///
+/// # Examples
+///
+/// ```
+/// use bulkhead::{Bulkhead, RejectReason};
+///
+/// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+/// let _held = bh.try_acquire().unwrap();
+/// match bh.try_acquire().unwrap_err().reason() {
+///     RejectReason::Full => println!("busy, try later"),
+///     other => panic!("unexpected {other}"),
+/// }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RejectReason {
@@ -205,6 +218,22 @@ impl std::error::Error for Rejected {}
 
 /// The error of [`Bulkhead::call`](crate::Bulkhead::call): the call was
 /// rejected, ran out of time, or failed on its own.
+///
+/// # Examples
+///
+/// ```
+/// use bulkhead::{Bulkhead, BulkheadError};
+///
+/// # futures::executor::block_on(async {
+/// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+/// match bh.call(async { Err::<u32, _>("declined") }).await {
+///     Ok(n) => println!("got {n}"),
+///     Err(BulkheadError::Rejected(r)) => println!("not admitted: {r}"),
+///     Err(BulkheadError::CallTimeout) => println!("took too long"),
+///     Err(BulkheadError::Inner(e)) => assert_eq!(e, "declined"),
+/// }
+/// # });
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BulkheadError<E> {
     /// The bulkhead did not admit the call; the guarded future never ran.
@@ -289,12 +318,36 @@ impl<E: std::error::Error + 'static> std::error::Error for BulkheadError<E> {
 
 /// A configuration that [`BulkheadBuilder::build`](crate::BulkheadBuilder::build)
 /// refused.
+///
+/// # Examples
+///
+/// ```
+/// use bulkhead::{Bulkhead, BuildErrorKind};
+///
+/// let err = Bulkhead::builder().max_concurrent_calls(0).build().unwrap_err();
+/// assert_eq!(err.kind(), BuildErrorKind::ZeroLimit);
+/// println!("bad configuration: {err}");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BuildError {
     kind: BuildErrorKind,
 }
 
 /// What is wrong with a bulkhead configuration.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use bulkhead::{Bulkhead, BuildErrorKind};
+///
+/// let err = Bulkhead::builder()
+///     .max_concurrent_calls(1)
+///     .call_timeout(Duration::ZERO)
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(err.kind(), BuildErrorKind::ZeroCallTimeout);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BuildErrorKind {

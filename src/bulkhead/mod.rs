@@ -325,6 +325,17 @@ impl Bulkhead {
         self.shared.sem.close();
     }
 
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Bulkhead;
+    ///
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    /// assert!(!bh.is_closed());
+    /// bh.close();
+    /// assert!(bh.is_closed());
+    /// ```
     /// Whether [`close`](Self::close) was called.
     pub fn is_closed(&self) -> bool {
         self.shared.sem.is_closed()

@@ -6,6 +6,18 @@ use std::time::Duration;
 use super::error::RejectReason;
 
 /// How an admitted call ended.
+///
+/// # Examples
+///
+/// ```
+/// use bulkhead::{Bulkhead, CallOutcome};
+///
+/// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+/// let mut permit = bh.try_acquire().unwrap();
+/// // ... the guarded work succeeded:
+/// permit.set_outcome(CallOutcome::Success);
+/// assert_eq!(CallOutcome::Success.as_str(), "success");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum CallOutcome {
@@ -118,6 +130,19 @@ pub trait Observer: Send + Sync + 'static {
 }
 
 /// What [`Observer::on_leak_suspected`] sees.
+///
+/// # Examples
+///
+/// ```
+/// use bulkhead::observer::{Observer, LeakSuspected};
+///
+/// struct Log;
+/// impl Observer for Log {
+///     fn on_leak_suspected(&self, e: &LeakSuspected<'_>) {
+///         println!("{}: {:?}", e.name, e.threshold);
+///     }
+/// }
+/// ```
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct LeakSuspected<'a> {
@@ -130,6 +155,19 @@ pub struct LeakSuspected<'a> {
 }
 
 /// What [`Observer::on_permitted`] sees.
+///
+/// # Examples
+///
+/// ```
+/// use bulkhead::observer::{Observer, Permitted};
+///
+/// struct Log;
+/// impl Observer for Log {
+///     fn on_permitted(&self, e: &Permitted<'_>) {
+///         println!("{}: {:?}", e.name, e.waited);
+///     }
+/// }
+/// ```
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct Permitted<'a> {
@@ -140,6 +178,19 @@ pub struct Permitted<'a> {
 }
 
 /// What [`Observer::on_rejected`] sees.
+///
+/// # Examples
+///
+/// ```
+/// use bulkhead::observer::{Observer, Rejection};
+///
+/// struct Log;
+/// impl Observer for Log {
+///     fn on_rejected(&self, e: &Rejection<'_>) {
+///         println!("{}: {:?}", e.name, e.reason);
+///     }
+/// }
+/// ```
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct Rejection<'a> {
@@ -152,6 +203,19 @@ pub struct Rejection<'a> {
 }
 
 /// What [`Observer::on_finished`] sees.
+///
+/// # Examples
+///
+/// ```
+/// use bulkhead::observer::{Observer, Finished};
+///
+/// struct Log;
+/// impl Observer for Log {
+///     fn on_finished(&self, e: &Finished<'_>) {
+///         println!("{}: {:?}", e.name, e.outcome);
+///     }
+/// }
+/// ```
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct Finished<'a> {

@@ -87,6 +87,15 @@ impl BulkheadPermit {
         }
     }
 
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Bulkhead;
+    ///
+    /// let bh = Bulkhead::builder().name("gpu").max_concurrent_calls(1).build().unwrap();
+    /// assert_eq!(bh.try_acquire().unwrap().bulkhead_name(), "gpu");
+    /// ```
     /// The name of the bulkhead the permit came from.
     pub fn bulkhead_name(&self) -> &str {
         &self.held.shared.policy.name

@@ -94,6 +94,17 @@ use std::sync::Arc;
 /// # Cancel safety
 ///
 /// Dropping a sleep cancels it. The timers in this module release
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use bulkhead::timer::{Sleep, ThreadTimer, Timer};
+///
+/// let timer = ThreadTimer::new();
+/// let nap: Sleep = timer.sleep(Duration::from_millis(1));
+/// futures::executor::block_on(nap);
+/// ```
 /// everything the sleep had registered when it is dropped.
 pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
