@@ -143,3 +143,73 @@ async fn bulkhead_policy_over_redis() {
     assert_eq!(r.rejected().unwrap().reason(), RejectReason::Unavailable);
     assert_eq!(one.metrics().rejected_unavailable(), 1);
 }
+
+/// Script calls run by the server so far: EVALSHA and EVAL, less those
+/// that failed (an EVALSHA answered NOSCRIPT is retried as an EVAL).
+fn script_calls(server: &RedisServer) -> u64 {
+    let info = server.cmd(&["INFO", "commandstats"]);
+    let field = |line: &str, name: &str| -> u64 {
+        line.split(&format!("{name}="))
+            .nth(1)
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .map(|l| field(l, "calls") - field(l, "failed_calls"))
+        .sum()
+}
+
+/// A caller of the bulkhead that finds every permit leased waits from its
+/// first attempt: one script call to learn it must wait, one to be granted
+/// after the wake-up (not a second attempt straight after the first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_bulkhead_caller_asks_redis_twice() {
+    let server = RedisServer::start();
+    let holder = semaphore(&server, "twice", 1, 30_000).await;
+    // No poll within the test: only pub/sub can wake the waiter.
+    let polls_rarely = RedisSemaphore::builder(redis::Client::open(server.url()).unwrap(), "twice")
+        .limit(1)
+        .lease_ttl(Duration::from_secs(30))
+        .max_poll(Duration::from_secs(10))
+        .build()
+        .await
+        .unwrap();
+    let waiter = RedisBulkhead::builder(polls_rarely)
+        .max_wait(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let held = holder.acquire().await.unwrap();
+    // Let the waiter's subscription settle: (re)subscribing wakes every
+    // waiter once, since messages may have been missed before it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = script_calls(&server);
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move { waiter.acquire().await }
+    });
+    // Wait until the waiter is in line (its first attempt was answered).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while waiter.metrics().queued() == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(waiter.metrics().queued(), 1);
+    let fence = held.fence();
+    held.release().await.unwrap(); // one script call
+    let granted = tokio::time::timeout(Duration::from_secs(3), waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(granted.fence() > fence);
+    // The busy attempt, the release, the granted attempt (counted while
+    // the permit is still held: dropping it is one more).
+    let calls = script_calls(&server) - before;
+    assert!(
+        calls == 3,
+        "{calls} script calls: {}",
+        server.cmd(&["INFO", "commandstats"])
+    );
+    drop(granted);
+}

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use event_listener::Event;
 
-use super::{LeaseError, LeasedPermit, Lost, LostReason, RedisSemaphore, ReleaseError};
+use super::{Attempt, LeaseError, LeasedPermit, Lost, LostReason, RedisSemaphore, ReleaseError};
 use crate::bulkhead::observer::{CallOutcome, Observer};
 use crate::bulkhead::policy::Policy;
 use crate::timer::Timer;
@@ -184,23 +184,30 @@ impl RedisBulkhead {
 
     async fn acquire_as(&self, outcome: CallOutcome) -> Result<RedisBulkheadPermit, Rejected> {
         let s = &self.shared;
-        let first = s.sem.try_acquire().await;
+        if s.policy.max_wait == Some(Duration::ZERO) {
+            // Fail fast: one script call, no outage tolerance.
+            let first = s.sem.try_acquire().await;
+            self.note_limit();
+            return match first {
+                Ok(lease) => Ok(self.admitted(lease, Duration::ZERO, outcome)),
+                Err(e) => Err(s.policy.reject(reason_of(&e), Duration::ZERO)),
+            };
+        }
+        let first = s.sem.first_attempt().await;
         self.note_limit();
-        let lease = match first {
-            Ok(lease) => return Ok(self.admitted(lease, Duration::ZERO, outcome)),
-            // Busy, or Redis out of reach when the caller may wait: wait
-            // (riding out a short outage) within the policy's bounds.
-            Err(LeaseError::NoPermits { .. }) => {
-                let acquire = async { s.sem.acquire().await.map_err(|e| reason_of(&e)) };
-                s.policy.wait_for(acquire).await?
+        let (lease, waited) = match first {
+            Ok(Attempt::Granted(lease)) => {
+                return Ok(self.admitted(lease, Duration::ZERO, outcome));
             }
-            Err(LeaseError::Unavailable(_)) if s.policy.max_wait != Some(Duration::ZERO) => {
-                let acquire = async { s.sem.acquire().await.map_err(|e| reason_of(&e)) };
+            // Busy, or Redis briefly out of reach: wait within the policy's
+            // bounds, going on from this attempt (same id, a listener
+            // registered before it) rather than asking Redis again at once.
+            Ok(Attempt::Busy(busy)) => {
+                let acquire = async { s.sem.wait_from(busy).await.map_err(|e| reason_of(&e)) };
                 s.policy.wait_for(acquire).await?
             }
             Err(e) => return Err(s.policy.reject(reason_of(&e), Duration::ZERO)),
         };
-        let (lease, waited) = lease;
         Ok(self.admitted(lease, waited, outcome))
     }
 

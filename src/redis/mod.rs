@@ -67,6 +67,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use event_listener::EventListener;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::bulkhead::timeout::Timeout;
@@ -293,6 +294,32 @@ enum Grant {
     },
 }
 
+/// What one attempt found: a grant, or what to wait on before the next.
+enum Found {
+    Granted(LeasedPermit),
+    Wait {
+        listener: EventListener,
+        pause: Duration,
+        down_since: Option<Instant>,
+        retry_after: Option<Duration>,
+        limit: usize,
+    },
+}
+
+/// The outcome of [`RedisSemaphore::attempt`].
+pub(crate) enum Attempt {
+    Granted(LeasedPermit),
+    Busy(Busy),
+}
+
+/// Where a waiting acquire goes on from (see [`RedisSemaphore::attempt`]).
+pub(crate) struct Busy {
+    pending: Pending,
+    listener: EventListener,
+    pause: Duration,
+    down_since: Option<Instant>,
+}
+
 /// What the release script found.
 pub(crate) enum ReleaseOutcome {
     /// The lease was unexpired and is now gone.
@@ -377,36 +404,111 @@ impl RedisSemaphore {
     /// answer was not read is released in the background, and expires
     /// within its time to live if Redis cannot be reached.
     pub async fn acquire(&self) -> Result<LeasedPermit, LeaseError> {
-        let mut pending = self.inner.pending();
-        let mut down_since: Option<Instant> = None;
-        loop {
-            if self.is_closed() {
-                return Err(LeaseError::Closed);
+        match self.first_attempt().await? {
+            Attempt::Granted(permit) => Ok(permit),
+            Attempt::Busy(busy) => self.wait_from(busy).await,
+        }
+    }
+
+    /// One acquire attempt (one script call). Busy, or unreachable within
+    /// `outage_tolerance`, it returns the
+    /// state to go on waiting from: the same permit id, a listener
+    /// registered *before* the script ran (so a release between the answer
+    /// and the wait is not missed), and how long to sleep at most.
+    pub(crate) async fn first_attempt(&self) -> Result<Attempt, LeaseError> {
+        self.attempt(self.inner.pending(), None).await
+    }
+
+    /// See [`first_attempt`](Self::first_attempt); `down_since` is when an
+    /// ongoing outage began.
+    async fn attempt(
+        &self,
+        mut pending: Pending,
+        down_since: Option<Instant>,
+    ) -> Result<Attempt, LeaseError> {
+        self.attempt_with(&mut pending, down_since, true)
+            .await
+            .map(|found| match found {
+                Found::Granted(permit) => Attempt::Granted(permit),
+                Found::Wait {
+                    listener,
+                    pause,
+                    down_since,
+                    ..
+                } => Attempt::Busy(Busy {
+                    pending,
+                    listener,
+                    pause,
+                    down_since,
+                }),
+            })
+    }
+
+    async fn attempt_with(
+        &self,
+        pending: &mut Pending,
+        down_since: Option<Instant>,
+        tolerate: bool,
+    ) -> Result<Found, LeaseError> {
+        if self.is_closed() {
+            return Err(LeaseError::Closed);
+        }
+        let listener = self.inner.signals.wake.listen();
+        let attempt_start = Instant::now();
+        match self.inner.grant(pending).await {
+            Ok(Grant::Granted(permit)) => Ok(Found::Granted(permit)),
+            Ok(Grant::Busy { retry_after, limit }) => Ok(Found::Wait {
+                listener,
+                pause: self.inner.pause(retry_after),
+                down_since: None,
+                retry_after,
+                limit,
+            }),
+            Err(LeaseError::Unavailable(e)) if tolerate => {
+                // `pending` keeps its id (a grant may have landed): the
+                // next attempt returns that grant, or the id is released
+                // when its owner ends. The outage began when the first
+                // failed attempt did.
+                let since = down_since.unwrap_or(attempt_start);
+                if since.elapsed() >= self.inner.outage_tolerance {
+                    return Err(LeaseError::Unavailable(e));
+                }
+                Ok(Found::Wait {
+                    listener,
+                    pause: self.inner.pause(Some(Duration::from_millis(100))),
+                    down_since: Some(since),
+                    retry_after: None,
+                    limit: self.limit_seen(),
+                })
             }
-            // Listen before asking, so a release between the answer and the
-            // wait is not missed.
-            let listener = self.inner.signals.wake.listen();
-            let attempt_start = Instant::now();
-            let pause = match self.inner.grant(&mut pending).await {
-                Ok(Grant::Granted(permit)) => return Ok(permit),
-                Ok(Grant::Busy { retry_after, .. }) => {
-                    down_since = None;
-                    self.inner.pause(retry_after)
-                }
-                Err(LeaseError::Unavailable(e)) => {
-                    // `pending` keeps its id (a grant may have landed): the
-                    // next attempt returns that grant, or the id is released
-                    // when this future ends.
-                    // The outage began when the first failed attempt did.
-                    let since = *down_since.get_or_insert(attempt_start);
-                    if since.elapsed() >= self.inner.outage_tolerance {
-                        return Err(LeaseError::Unavailable(e));
-                    }
-                    self.inner.pause(Some(Duration::from_millis(100)))
-                }
-                Err(e) => return Err(e),
-            };
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Goes on waiting after a busy [`attempt`](Self::attempt), as
+    /// [`acquire`](Self::acquire) does after its first one.
+    pub(crate) async fn wait_from(&self, busy: Busy) -> Result<LeasedPermit, LeaseError> {
+        let Busy {
+            mut pending,
+            mut listener,
+            mut pause,
+            mut down_since,
+        } = busy;
+        loop {
             let _ = Timeout::new(listener, self.inner.timer.sleep(pause)).await;
+            match self.attempt_with(&mut pending, down_since, true).await? {
+                Found::Granted(permit) => return Ok(permit),
+                Found::Wait {
+                    listener: next,
+                    pause: next_pause,
+                    down_since: since,
+                    ..
+                } => {
+                    listener = next;
+                    pause = next_pause;
+                    down_since = since;
+                }
+            }
         }
     }
 
@@ -417,13 +519,12 @@ impl RedisSemaphore {
     /// [`LeaseError::NoPermits`] with a retry hint, or as for
     /// [`acquire`](Self::acquire).
     pub async fn try_acquire(&self) -> Result<LeasedPermit, LeaseError> {
-        if self.is_closed() {
-            return Err(LeaseError::Closed);
-        }
         let mut pending = self.inner.pending();
-        match self.inner.grant(&mut pending).await? {
-            Grant::Granted(permit) => Ok(permit),
-            Grant::Busy { retry_after, limit } => Err(LeaseError::NoPermits { retry_after, limit }),
+        match self.attempt_with(&mut pending, None, false).await? {
+            Found::Granted(permit) => Ok(permit),
+            Found::Wait {
+                retry_after, limit, ..
+            } => Err(LeaseError::NoPermits { retry_after, limit }),
         }
     }
 
@@ -559,7 +660,7 @@ impl Inner {
         self.lock_leases().remove(id);
     }
 
-    fn pending(self: &Arc<Self>) -> Pending {
+    pub(crate) fn pending(self: &Arc<Self>) -> Pending {
         Pending {
             inner: self.clone(),
             id: self.ids.next(),
@@ -667,7 +768,7 @@ impl Inner {
 /// A permit id on its way to becoming a grant. If the future that owns it
 /// is dropped while a grant may have happened (a script call in flight, or
 /// failed ambiguously), the id is released in the background.
-struct Pending {
+pub(crate) struct Pending {
     inner: Arc<Inner>,
     id: String,
     maybe_granted: bool,
