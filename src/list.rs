@@ -12,9 +12,9 @@
 //!   thread that holds the lock guarding the list (the semaphore's mutex);
 //!   the [`List`] itself sits inside that mutex, and a node's [`Links`] are
 //!   in `UnsafeCell`s that are read and written only through `&mut List`.
-//! * A node stays at the same address, and alive, from `push_back` until it
-//!   is removed (by `pop_front` or `remove`). Nodes are `!Unpin` so their
-//!   owners can only link them once pinned.
+//! * A node stays at the same address, and alive, from `push_back` or
+//!   `push_front` until it is removed (by `pop_front` or `remove`). Nodes
+//!   are `!Unpin` so their owners can only link them once pinned.
 //! * `len` is the number of nodes reachable from `head`.
 
 use core::marker::PhantomPinned;
@@ -135,6 +135,36 @@ impl<T: Linked> List<T> {
             None => self.head = Some(node),
         }
         self.tail = Some(node);
+        self.len += 1;
+    }
+
+    /// Puts `node` at the head.
+    ///
+    /// # Safety
+    ///
+    /// As [`push_back`](Self::push_back).
+    pub(crate) unsafe fn push_front(&mut self, node: NonNull<T>) {
+        debug_assert!(
+            self.head != Some(node) && self.tail != Some(node),
+            "node must not be pushed twice"
+        );
+        // SAFETY: the caller guarantees `node` is live; we hold `&mut self`,
+        // so nobody else touches any linked node's links.
+        let links = unsafe { T::links(node).as_ref() };
+        links.prev.with_mut(|p| unsafe {
+            // SAFETY: exclusive access to the links, as above.
+            *p = None;
+        });
+        links.next.with_mut(|p| unsafe {
+            // SAFETY: exclusive access to the links, as above.
+            *p = self.head;
+        });
+        match self.head {
+            // SAFETY: the head is linked, hence alive (push's contract).
+            Some(head) => unsafe { set_prev(head, Some(node)) },
+            None => self.tail = Some(node),
+        }
+        self.head = Some(node);
         self.len += 1;
     }
 
@@ -335,5 +365,26 @@ mod tests {
         list.assert_valid();
         assert!(list.is_empty());
         assert_eq!(list.len(), 0);
+    }
+
+    #[test]
+    fn push_front_puts_a_node_ahead_of_the_others() {
+        let nodes: Vec<_> = (0..4).map(node).collect();
+        let mut list = List::new();
+        // SAFETY: each node is pinned, unlinked when pushed, and outlives
+        // the list; a popped node is unlinked again.
+        unsafe {
+            list.push_front(ptr(&nodes[0]));
+            list.assert_valid();
+            list.push_back(ptr(&nodes[1]));
+            list.push_front(ptr(&nodes[2]));
+            list.assert_valid();
+            let head = list.pop_front().unwrap();
+            list.push_front(head);
+            list.push_back(ptr(&nodes[3]));
+        }
+        list.assert_valid();
+        assert_eq!(list.len(), 4);
+        assert_eq!(drain(&mut list), [2, 0, 1, 3]);
     }
 }

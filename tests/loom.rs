@@ -197,3 +197,74 @@ fn release_happens_before_acquire() {
         assert_eq!(data.with(|p| unsafe { *p }), 2);
     });
 }
+
+/// Unfair mode, the JDK 6u17 regression: two acquirers and two releasers on
+/// a semaphore with no permits. A release wakes a waiter without handing it
+/// anything, and a woken waiter lowers the count of promised permits without
+/// the lock: neither may leave a permit in the balance with nobody woken.
+#[test]
+fn unfair_two_acquirers_two_releasers() {
+    loom::model(|| {
+        let sem = Arc::new(Semaphore::new_unfair(0));
+        let acquirers: Vec<_> = (0..2)
+            .map(|_| {
+                let s = sem.clone();
+                thread::spawn(move || block_on(s.acquire()).unwrap().forget())
+            })
+            .collect();
+        let s = sem.clone();
+        let releaser = thread::spawn(move || s.add_permits(1));
+        sem.add_permits(1);
+        releaser.join().unwrap();
+        for a in acquirers {
+            a.join().unwrap();
+        }
+        assert_eq!(sem.available_permits(), 0);
+        assert_eq!(sem.queue_len(), 0);
+    });
+}
+
+/// Unfair mode: a waiter woken by a release but dropped before it runs
+/// passes the wake-up on to the next waiter.
+#[test]
+fn unfair_dropped_woken_waiter_passes_the_wake_up_on() {
+    loom::model(|| {
+        let sem = Arc::new(Semaphore::new_unfair(0));
+        let s = sem.clone();
+        let quitter = thread::spawn(move || {
+            let mut fut = pin!(s.acquire());
+            if let Poll::Ready(permit) = poll_once(fut.as_mut()) {
+                drop(permit.unwrap());
+            }
+            // Dropped: queued, or woken but not yet run.
+        });
+        let s = sem.clone();
+        let waiter = thread::spawn(move || block_on(s.acquire()).unwrap().forget());
+        sem.add_permits(1);
+        quitter.join().unwrap();
+        waiter.join().unwrap();
+        assert_eq!(sem.available_permits(), 0);
+        assert_eq!(sem.queue_len(), 0);
+    });
+}
+
+/// Unfair mode: the holder gives its permit back and takes it again at once
+/// (barging past the waiter it just woke), then gives it back for good; the
+/// woken waiter, back at the front of the line after losing the race, still
+/// gets it.
+#[test]
+fn unfair_holder_retakes_its_permit_ahead_of_the_woken_waiter() {
+    loom::model(|| {
+        let sem = Arc::new(Semaphore::new_unfair(1));
+        let held = sem.clone().try_acquire_owned().unwrap();
+        let s = sem.clone();
+        let waiter = thread::spawn(move || block_on(s.acquire()).unwrap().num_permits());
+        drop(held);
+        if let Ok(again) = sem.try_acquire() {
+            drop(again);
+        }
+        assert_eq!(waiter.join().unwrap(), 1);
+        assert_eq!(sem.available_permits(), 1);
+        assert_eq!(sem.queue_len(), 0);
+    });
+}

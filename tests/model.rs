@@ -8,8 +8,10 @@
 //! test thread, so every step is deterministic.
 //!
 //! The same steps drive [`Model`], a few lines of plain code that encode the
-//! documented semantics (strict FIFO with partial hand-off when fair; barging
-//! and all-or-nothing service when not). After every step the test checks
+//! documented semantics (strict FIFO with partial hand-off when fair; when
+//! not, barging, and releases that hand nothing over but wake waiters in
+//! order, each once the spare balance covers its whole request, to compete
+//! for it). After every step the test checks
 //! that the semaphore and the model agree on the balance, the queue length,
 //! whether it is closed, which futures are ready and with how many permits,
 //! which fail, which wakers fired, and that no permit was created or lost:
@@ -160,6 +162,10 @@ enum FutState {
     /// Taken out of line by `close`; the next poll is `Ready(Err)` and gives
     /// back the `received` permits.
     Closed { received: usize },
+    /// Unfair mode: taken out of line and woken, holding nothing; the next
+    /// poll competes for the balance and, if it loses, goes back to the front
+    /// of the line.
+    Notified,
 }
 
 #[derive(Debug)]
@@ -175,7 +181,7 @@ impl ModelFut {
     /// Permits this future holds that belong to nobody else yet.
     fn handed(&self) -> usize {
         match self.state {
-            FutState::Idle => 0,
+            FutState::Idle | FutState::Notified => 0,
             FutState::Waiting { received } | FutState::Closed { received } => received,
             FutState::Granted => self.n,
         }
@@ -197,6 +203,8 @@ struct Model {
     fair: bool,
     closed: bool,
     balance: isize,
+    /// Unfair mode: permits asked for by `Notified` futures.
+    notified: usize,
     /// Ids of the futures in line, oldest first.
     queue: VecDeque<u64>,
     futs: Vec<ModelFut>,
@@ -210,6 +218,7 @@ impl Model {
             fair,
             closed: false,
             balance: initial as isize,
+            notified: 0,
             queue: VecDeque::new(),
             futs: Vec::new(),
             held: Vec::new(),
@@ -267,10 +276,27 @@ impl Model {
             FutState::Idle => {
                 self.futs[i].state = FutState::Waiting { received: 0 };
                 self.queue.push_back(id);
-                self.distribute();
+                // Unfair: the newcomer could not take its permits, so the
+                // spare balance cannot cover it either.
+                if self.fair {
+                    self.distribute();
+                }
                 if self.futs[i].state == FutState::Granted {
                     Outcome::Ready(n)
                 } else {
+                    Outcome::Pending
+                }
+            }
+            FutState::Notified => {
+                self.notified -= n;
+                if self.closed {
+                    Outcome::Closed
+                } else if self.balance >= n as isize {
+                    self.balance -= n as isize;
+                    Outcome::Ready(n)
+                } else {
+                    self.futs[i].state = FutState::Waiting { received: 0 };
+                    self.queue.push_front(id);
                     Outcome::Pending
                 }
             }
@@ -301,6 +327,10 @@ impl Model {
             }
             FutState::Granted => self.release(fut.n),
             FutState::Closed { received } => self.release(received),
+            FutState::Notified => {
+                self.notified -= fut.n;
+                self.distribute();
+            }
         }
     }
 
@@ -309,26 +339,40 @@ impl Model {
         self.distribute();
     }
 
-    /// Hands the balance to the head of the line: in parts when fair, only
-    /// in full when not; stops at the first waiter it cannot serve in full.
+    /// Fair: hands the balance to the head of the line, in parts. Unfair:
+    /// wakes waiters from the head, each only if the balance not yet
+    /// promised to woken waiters covers it in full, and hands nothing over.
     fn distribute(&mut self) {
+        if !self.fair {
+            while let Some(&id) = self.queue.front() {
+                if self.closed {
+                    return;
+                }
+                let spare = self.balance - self.notified as isize;
+                let fut = self.fut_mut(id);
+                assert_eq!(fut.state, FutState::Waiting { received: 0 });
+                let need = fut.n;
+                if need as isize > spare {
+                    return;
+                }
+                fut.state = FutState::Notified;
+                fut.wakes += 1;
+                self.notified += need;
+                self.queue.pop_front();
+            }
+            return;
+        }
         while let Some(&id) = self.queue.front() {
             if self.balance <= 0 {
                 return;
             }
-            let (fair, available) = (self.fair, self.balance as usize);
+            let available = self.balance as usize;
             let fut = self.fut_mut(id);
             let FutState::Waiting { received } = fut.state else {
                 unreachable!("only waiting futures are in line")
             };
             let need = fut.n - received;
-            let take = if fair {
-                need.min(available)
-            } else if available >= need {
-                need
-            } else {
-                return;
-            };
+            let take = need.min(available);
             if take < need {
                 fut.state = FutState::Waiting {
                     received: received + take,
@@ -375,7 +419,7 @@ impl Model {
                 let stuck = if self.fair {
                     self.balance <= 0
                 } else {
-                    self.balance < need
+                    self.balance - (self.notified as isize) < need
                 };
                 prop_assert!(stuck, "model left servable head: {:?}", self);
             }

@@ -344,7 +344,7 @@ fn acquire_futures_report_termination() {
 // ---------------------------------------------------------------------------
 
 /// Unfair mode: a newcomer takes available permits while a larger waiter is
-/// queued; the waiter is woken and served once enough permits are back.
+/// queued; the waiter is woken once the balance covers it.
 #[test]
 fn unfair_newcomer_barges_past_a_larger_waiter() {
     let sem = Semaphore::new_unfair(0);
@@ -378,13 +378,84 @@ fn unfair_newcomer_barges_past_a_larger_waiter() {
 
     sem.add_permits(1);
     assert_eq!(wa.wakes(), 1);
-    let pa = wa.ready(a.as_mut()).expect("A is served");
+    // Woken, out of line, but the permits stay in the balance until A runs.
+    assert_state(&sem, 3, 0);
+    let pa = wa.ready(a.as_mut()).expect("A takes them");
     assert_eq!(pa.num_permits(), 3);
     assert_state(&sem, 0, 0);
 }
 
-/// Unfair mode: queued waiters are still served in arrival order, each only
-/// in full, and each woken once.
+/// Unfair mode: a release hands nothing over. It wakes the head waiter, and
+/// the permit stays in the balance, where a running task can take it first
+/// (the releasing task itself, typically). The waiter that lost the race
+/// goes back to the front of the line, ahead of later waiters, and is woken
+/// again by the next release.
+#[test]
+fn unfair_release_wakes_the_head_and_a_newcomer_may_take_the_permit_first() {
+    let sem = Semaphore::new_unfair(1);
+    let held = sem.try_acquire().unwrap();
+    let (wa, wb) = (Counted::new(), Counted::new());
+    let mut a = pin!(sem.acquire());
+    wa.assert_pending(a.as_mut());
+    assert_state(&sem, 0, 1);
+
+    drop(held);
+    assert_eq!(wa.wakes(), 1, "the release wakes the head");
+    assert_state(&sem, 1, 0);
+    let again = sem.try_acquire().expect("the releasing task takes it back");
+    let mut b = pin!(sem.acquire());
+    wb.assert_pending(b.as_mut());
+    assert_state(&sem, 0, 1);
+
+    wa.assert_pending(a.as_mut()); // lost the race: back in line, first
+    assert_state(&sem, 0, 2);
+    drop(again);
+    assert_eq!((wa.wakes(), wb.wakes()), (2, 0), "A is first again");
+    let pa = wa.ready(a.as_mut()).expect("A takes it this time");
+    assert_state(&sem, 0, 1);
+    drop(pa);
+    assert_eq!(wb.wakes(), 1);
+    drop(wb.ready(b.as_mut()).expect("then B"));
+    assert_state(&sem, 1, 0);
+}
+
+/// Unfair mode: one permit wakes one waiter. A second release while the
+/// first woken waiter has not run yet wakes the next one, not nobody and
+/// not everybody.
+#[test]
+fn unfair_each_release_wakes_as_many_waiters_as_it_has_permits_for() {
+    let sem = Semaphore::new_unfair(0);
+    let w: Vec<Counted> = (0..4).map(|_| Counted::new()).collect();
+    let mut futs: Vec<_> = (0..4).map(|_| Box::pin(sem.acquire())).collect();
+    for (w, f) in w.iter().zip(&mut futs) {
+        w.assert_pending(f.as_mut());
+    }
+    let wakes = |w: &[Counted]| w.iter().map(Counted::wakes).collect::<Vec<_>>();
+
+    sem.add_permits(1);
+    assert_eq!(wakes(&w), [1, 0, 0, 0]);
+    sem.add_permits(1);
+    assert_eq!(wakes(&w), [1, 1, 0, 0]);
+    sem.add_permits(1);
+    assert_eq!(wakes(&w), [1, 1, 1, 0]);
+    assert_state(&sem, 3, 1);
+
+    // A woken waiter dropped without running passes its wake-up on.
+    let second = futs.remove(1);
+    drop(second);
+    assert_eq!(wakes(&w), [1, 1, 1, 1]);
+    assert_state(&sem, 3, 0);
+    let got: Vec<_> = [0, 2, 3]
+        .iter()
+        .zip(&mut futs)
+        .map(|(&i, f)| w[i].ready(f.as_mut()).expect("served"))
+        .collect();
+    assert_eq!(got.len(), 3);
+    assert_state(&sem, 0, 0);
+}
+
+/// Unfair mode: queued waiters are still woken in arrival order, each only
+/// when the balance covers its whole request, and each woken once.
 #[test]
 fn unfair_waiters_are_served_in_order_and_in_full() {
     let sem = Semaphore::new_unfair(0);
@@ -401,11 +472,11 @@ fn unfair_waiters_are_served_in_order_and_in_full() {
     assert_eq!(w.iter().map(Counted::wakes).collect::<Vec<_>>(), [0, 0, 0]);
 
     sem.add_permits(1);
-    assert_state(&sem, 0, 2);
+    assert_state(&sem, 2, 2);
     assert_eq!(w.iter().map(Counted::wakes).collect::<Vec<_>>(), [1, 0, 0]);
 
     sem.add_permits(2);
-    assert_state(&sem, 0, 0);
+    assert_state(&sem, 4, 0);
     assert_eq!(w.iter().map(Counted::wakes).collect::<Vec<_>>(), [1, 1, 1]);
     let held = [
         w[0].ready(a.as_mut()).expect("A"),
@@ -416,6 +487,7 @@ fn unfair_waiters_are_served_in_order_and_in_full() {
         held.iter().map(Permit::num_permits).collect::<Vec<_>>(),
         [2, 1, 1]
     );
+    assert_state(&sem, 0, 0);
 }
 
 /// Unfair mode: a waiter is not lost when a newcomer takes the permit it
@@ -433,7 +505,7 @@ fn unfair_waiter_is_woken_after_a_newcomer_returns_permits() {
     assert_eq!(wa.wakes(), 0);
     drop(barger);
     assert_eq!(wa.wakes(), 1);
-    assert_state(&sem, 0, 0);
+    assert_state(&sem, 2, 0);
     assert_eq!(wa.ready(a.as_mut()).expect("served").num_permits(), 2);
 }
 
@@ -453,9 +525,24 @@ fn unfair_dropping_the_head_serves_the_next_waiter() {
 
     drop(a);
     assert_eq!((wa.wakes(), wb.wakes()), (0, 1));
-    assert_state(&sem, 1, 0);
+    assert_state(&sem, 2, 0);
     drop(wb.ready(b.as_mut()).expect("B is served"));
     assert_state(&sem, 2, 0);
+}
+
+/// Unfair mode: a woken waiter that finds the semaphore closed when it runs
+/// fails, and leaves the balance alone.
+#[test]
+fn unfair_woken_waiter_sees_a_close_that_came_before_it_ran() {
+    let sem = Semaphore::new_unfair(0);
+    let wa = Counted::new();
+    let mut a = pin!(sem.acquire());
+    wa.assert_pending(a.as_mut());
+    sem.add_permits(1);
+    assert_eq!(wa.wakes(), 1);
+    sem.close();
+    assert!(wa.ready(a.as_mut()).is_err(), "closed");
+    assert_state(&sem, 1, 0);
 }
 
 // ---------------------------------------------------------------------------

@@ -16,6 +16,9 @@ use crate::loom::{AtomicUsize, Ordering, UnsafeCell, lock};
 
 /// Set in [`Waiter::remaining`] when `close` unlinked the node.
 const NODE_CLOSED: usize = 1 << (usize::BITS - 1);
+/// [`Waiter::remaining`] of a node that an unfair semaphore unlinked and woke
+/// so that it competes for the balance again (no permits were handed to it).
+const NODE_NOTIFIED: usize = 1 << (usize::BITS - 2);
 
 /// A waiting acquirer's node in the semaphore's wait queue.
 ///
@@ -29,7 +32,8 @@ pub(super) struct Waiter {
     /// accessed while the semaphore's lock is held.
     waker: UnsafeCell<Option<Waker>>,
     /// While linked: the permits still owed (non-zero). Once unlinked: `0`
-    /// if served in full, or `NODE_CLOSED | owed` if the semaphore closed.
+    /// if served in full, `NODE_CLOSED | owed` if the semaphore closed, or
+    /// `NODE_NOTIFIED` if an unfair semaphore woke it to compete.
     /// Written only under the lock; the store that unlinks the node is a
     /// release store and the last access by anyone but the owning future.
     remaining: AtomicUsize,
@@ -59,6 +63,9 @@ enum Status {
     Granted,
     /// Unlinked by `close`, still owed this many permits.
     Closed(usize),
+    /// Unlinked and woken by an unfair semaphore, holding nothing: the next
+    /// poll tries the balance again.
+    Notified,
 }
 
 impl Waiter {
@@ -99,6 +106,16 @@ impl Waiter {
         waker
     }
 
+    /// Marks the node woken to compete (unfair mode) and returns its waker.
+    /// Same contract as [`grant`](Self::grant).
+    #[inline]
+    pub(super) fn notify(&self) -> Option<Waker> {
+        // SAFETY: the lock is held (caller's contract).
+        let waker = self.waker.with_mut(|w| unsafe { (*w).take() });
+        self.remaining.store(NODE_NOTIFIED, Ordering::Release);
+        waker
+    }
+
     /// Marks the node closed and returns its waker. Same contract as
     /// [`grant`](Self::grant).
     pub(super) fn close(&self) -> Option<Waker> {
@@ -115,6 +132,7 @@ impl Waiter {
     fn status(&self) -> Status {
         match self.remaining.load(Ordering::Acquire) {
             0 => Status::Granted,
+            NODE_NOTIFIED => Status::Notified,
             r if r & NODE_CLOSED != 0 => Status::Closed(r & !NODE_CLOSED),
             r => Status::Waiting(r),
         }
@@ -178,24 +196,40 @@ impl Semaphore {
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), AcquireError>> {
         match *phase {
-            Phase::Idle => match self.try_take(n) {
-                Ok(()) => {
-                    *phase = Phase::Done;
-                    Poll::Ready(Ok(()))
-                }
-                Err(TryAcquireError::Closed) => {
-                    *phase = Phase::Done;
-                    Poll::Ready(Err(AcquireError::closed()))
-                }
-                Err(TryAcquireError::NoPermits) => self.poll_enqueue(waiter, n, phase, cx),
-            },
+            Phase::Idle => self.poll_take(waiter, n, phase, cx, false),
             Phase::Queued => self.poll_queued(waiter, n, phase, cx),
             Phase::Done => panic!("acquire future polled after completion"),
         }
     }
 
-    /// The first poll that could not take permits at once: retry under the
-    /// lock, else join the line.
+    /// Tries the balance without the lock; joins the line (at its front if
+    /// `front`) if that fails.
+    #[inline]
+    fn poll_take(
+        &self,
+        waiter: Pin<&Waiter>,
+        n: usize,
+        phase: &mut Phase,
+        cx: &mut Context<'_>,
+        front: bool,
+    ) -> Poll<Result<(), AcquireError>> {
+        match self.try_take(n) {
+            Ok(()) => {
+                *phase = Phase::Done;
+                Poll::Ready(Ok(()))
+            }
+            Err(TryAcquireError::Closed) => {
+                *phase = Phase::Done;
+                Poll::Ready(Err(AcquireError::closed()))
+            }
+            Err(TryAcquireError::NoPermits) => self.poll_enqueue(waiter, n, phase, cx, front),
+        }
+    }
+
+    /// A poll that could not take permits at once: retry under the lock,
+    /// else join the line: at its back, or at its front for an unfair
+    /// waiter that was woken and lost the race for the permits, so that it
+    /// keeps its place.
     #[cold]
     #[inline(never)]
     fn poll_enqueue(
@@ -204,6 +238,7 @@ impl Semaphore {
         n: usize,
         phase: &mut Phase,
         cx: &mut Context<'_>,
+        front: bool,
     ) -> Poll<Result<(), AcquireError>> {
         let mut list = lock(&self.waiters);
         // With the lock held, `WAITERS` is set exactly when the line is
@@ -221,14 +256,21 @@ impl Semaphore {
         }
         let waiter = waiter.get_ref();
         waiter.remaining.store(n, Ordering::Relaxed);
-        // SAFETY: we hold the lock. The node is not linked yet, so the waker
-        // slot is empty and nothing is replaced.
+        // SAFETY: we hold the lock. The node is not linked (never was, or
+        // the semaphore unlinked it and took its waker), so the waker slot
+        // is empty and nothing is replaced.
         let old = unsafe { waiter.set_waker(cx.waker()) };
         debug_assert!(old.is_none(), "an unlinked node has no waker");
         // SAFETY: `waiter` is pinned inside this future, is not linked, and
         // the future's drop unlinks it (under the lock) before it goes away:
         // `phase` becomes `Queued` right here, and `cancel` handles that.
-        unsafe { list.push_back(NonNull::from(waiter)) };
+        unsafe {
+            if front {
+                list.push_front(NonNull::from(waiter));
+            } else {
+                list.push_back(NonNull::from(waiter));
+            }
+        }
         *phase = Phase::Queued;
         self.queued.store(list.len(), Ordering::Relaxed);
         // `WAITERS` only changes under the lock, which we hold. If it is
@@ -241,9 +283,28 @@ impl Semaphore {
         }
         // First in line: publish that someone waits, then take whatever the
         // balance has. A release ordered before this `fetch_or` is in the
-        // balance that `distribute` reads; one ordered after it sees
-        // `WAITERS` and runs `distribute` itself.
+        // balance read below; one ordered after it sees `WAITERS` and runs
+        // `distribute` itself.
         self.state.fetch_or(super::WAITERS, Ordering::AcqRel);
+        if !self.fair {
+            // Alone in line: take the permits ourselves rather than be woken
+            // to take them.
+            if self.try_take(n).is_err() {
+                return Poll::Pending;
+            }
+            // SAFETY: we hold the lock and the node is linked (we are the
+            // only node).
+            unsafe { list.remove(NonNull::from(waiter)) };
+            self.queued.store(list.len(), Ordering::Relaxed);
+            debug_assert!(list.is_empty(), "the line held only this node");
+            self.state.fetch_and(!super::WAITERS, Ordering::Relaxed);
+            // SAFETY: we hold the lock.
+            let own = unsafe { waiter.take_waker() };
+            drop(list);
+            drop(own);
+            *phase = Phase::Done;
+            return Poll::Ready(Ok(()));
+        }
         self.distribute_and_unlock(list);
         match waiter.status() {
             Status::Waiting(_) => Poll::Pending,
@@ -259,15 +320,15 @@ impl Semaphore {
         phase: &mut Phase,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), AcquireError>> {
-        let waiter = waiter.get_ref();
-        if let Status::Waiting(_) = waiter.status() {
+        let node = waiter.get_ref();
+        if let Status::Waiting(_) = node.status() {
             let list = lock(&self.waiters);
             // Read again under the lock: now nobody can serve or close the
             // node until we have stored the waker.
-            match waiter.status() {
+            match node.status() {
                 Status::Waiting(_) => {
                     // SAFETY: we hold the lock.
-                    let old = unsafe { waiter.set_waker(cx.waker()) };
+                    let old = unsafe { node.set_waker(cx.waker()) };
                     drop(list);
                     drop(old);
                     return Poll::Pending;
@@ -275,7 +336,16 @@ impl Semaphore {
                 _ => drop(list),
             }
         }
-        self.finish(waiter.status(), n, phase)
+        match node.status() {
+            Status::Notified => {
+                // Woken to compete: no longer counted as woken, and from
+                // here on the node is an unlinked one holding nothing.
+                self.notified.fetch_sub(n, Ordering::Relaxed);
+                *phase = Phase::Idle;
+                self.poll_take(waiter, n, phase, cx, true)
+            }
+            done => self.finish(done, n, phase),
+        }
     }
 
     /// Turns an unlinked node's status into the future's output.
@@ -292,12 +362,15 @@ impl Semaphore {
                 self.release(n - owed);
                 Poll::Ready(Err(AcquireError::closed()))
             }
-            Status::Waiting(_) => unreachable!("finish is only called on an unlinked node"),
+            Status::Waiting(_) | Status::Notified => {
+                unreachable!("finish is only called on a served or closed node")
+            }
         }
     }
 
     /// Undoes a pending acquire when its future is dropped: leaves the line
-    /// and passes on every permit the node had been handed.
+    /// and passes on every permit the node had been handed, or the wake-up
+    /// it had been given.
     fn cancel(&self, waiter: Pin<&Waiter>, n: usize, phase: &mut Phase) {
         if *phase != Phase::Queued {
             return;
@@ -335,6 +408,15 @@ impl Semaphore {
         let give_back = match status {
             Status::Granted => n,
             Status::Closed(owed) => n - owed,
+            Status::Notified => {
+                // Pass the wake-up on: the permits it was woken for may
+                // serve the next waiter. Under the lock, so that every later
+                // `distribute` sees the lower count.
+                let list = lock(&self.waiters);
+                self.notified.fetch_sub(n, Ordering::Relaxed);
+                self.distribute_and_unlock(list);
+                return;
+            }
             Status::Waiting(_) => unreachable!("handled above"),
         };
         self.release(give_back);

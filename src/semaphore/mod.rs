@@ -27,16 +27,24 @@
 //! head's `remaining` counter and, once that reaches zero, unlinks the head,
 //! takes its waker and publishes `remaining = 0` with release ordering. From
 //! that store on the node belongs to its future again. Wakers are collected
-//! in a batch and woken after the lock is released. In fair mode the head
-//! may be served in parts, so a large request is never starved by smaller
-//! ones behind it; in unfair mode a waiter is served only in full, and
-//! newcomers may take permits from the balance while others wait.
+//! in a batch and woken after the lock is released. The head may be served
+//! in parts, so a large request is never starved by smaller ones behind it.
+//! That is fair mode.
+//!
+//! **Unfair mode** hands nothing over. Newcomers take permits from the
+//! balance whenever it covers them, and [`Semaphore::distribute`] *wakes*
+//! waiters from the head instead (each only when the balance, less the
+//! permits already promised to woken waiters that have not run, covers its
+//! whole request), marking them notified. A woken future competes for the
+//! balance like a newcomer and, if it loses, goes back to the front of the
+//! line. See `docs/design.md` for why no wake-up is lost.
 //!
 //! **Cancellation.** A future dropped while linked unlinks itself under the
 //! lock, gives back the permits it had been handed (requested minus
 //! remaining) and runs `distribute`, so those permits reach the next waiters.
 //! A future served or closed but not yet polled to completion gives its
-//! permits back with an ordinary release.
+//! permits back with an ordinary release; one woken to compete (unfair)
+//! passes its wake-up on by running `distribute`.
 
 mod acquire;
 mod permit;
@@ -77,11 +85,18 @@ use crate::wake_list::WakeList;
 /// weighted requests cannot starve. Released permits go straight to the
 /// waiters.
 ///
-/// A semaphore made with [`new_unfair`](Self::new_unfair) lets an acquirer
-/// that arrives while others wait take permits if enough are available,
-/// which can raise throughput under contention. Waiters are still served in
-/// order and woken; but a waiter that asks for several permits receives them
-/// only all at once, so newcomers taking permits one at a time can starve it.
+/// A semaphore made with [`new_unfair`](Self::new_unfair) behaves like
+/// Java's non-fair semaphore: returned permits go back to the balance, not
+/// to a waiter, and an acquirer that arrives while others wait takes them if
+/// enough are available. A release wakes the waiters at the head of the line
+/// that the returned permits could serve, in order; each woken waiter then
+/// competes for the permits when it runs, and if a newcomer got there first
+/// it goes back to the front of the line and is woken by the next release.
+/// This raises throughput under contention (a task that returns a permit and
+/// asks again at once does not have to queue behind the waiter it woke), at
+/// the cost of fairness: a waiter can lose that race repeatedly, and one
+/// that asks for several permits is woken only when all of them are
+/// available, so newcomers taking permits one at a time can starve it.
 ///
 /// # Examples
 ///
@@ -107,6 +122,12 @@ pub struct Semaphore {
     waiters: Mutex<List<Waiter>>,
     /// A copy of the list's length, written under the lock, read without it.
     queued: AtomicUsize,
+    /// Unfair mode only: the permits asked for by waiters that were unlinked
+    /// and woken to compete for the balance but have not polled (or been
+    /// dropped) since. A release wakes a waiter only for permits beyond
+    /// these, so one permit does not wake a crowd. Raised under the lock,
+    /// lowered by the woken future without it.
+    notified: AtomicUsize,
     /// Whether newcomers must queue behind waiters.
     fair: bool,
 }
@@ -166,6 +187,7 @@ impl Semaphore {
             state: AtomicUsize::new(units(permits)),
             waiters: Mutex::new(List::new()),
             queued: AtomicUsize::new(0),
+            notified: AtomicUsize::new(0),
             fair,
         }
     }
@@ -192,6 +214,7 @@ impl Semaphore {
             state: AtomicUsize::new(units(permits)),
             waiters: Mutex::new(List::new()),
             queued: AtomicUsize::new(0),
+            notified: AtomicUsize::new(0),
             fair,
         }
     }
@@ -644,7 +667,9 @@ impl Semaphore {
         balance(self.state.load(Ordering::SeqCst))
     }
 
-    /// How many acquirers are waiting in line now.
+    /// How many acquirers are waiting in line now. In unfair mode a waiter
+    /// that a release woke is out of line until it runs (and back in line,
+    /// at the front, if another acquirer took the permits first).
     ///
     /// # Examples
     ///
@@ -744,10 +769,15 @@ impl Semaphore {
             if (self.fair && cur & WAITERS != 0) || balance(cur) < n as isize {
                 return Err(TryAcquireError::NoPermits);
             }
+            // AcqRel, not just Acquire: in unfair mode a woken waiter lowers
+            // `notified` just before this, and a release whose `fetch_add`
+            // comes after this in the word's order must see that, or its
+            // `distribute` could count the permits as promised to it still
+            // and wake nobody. (One locked instruction on x86 either way.)
             match self.state.compare_exchange_weak(
                 cur,
                 cur - units(n),
-                Ordering::Acquire,
+                Ordering::AcqRel,
                 Ordering::Relaxed,
             ) {
                 Ok(_) => return Ok(()),
@@ -821,15 +851,30 @@ impl Semaphore {
         }
     }
 
-    /// Hands permits from the balance to the waiters at the head of the
-    /// line, pushing the wakers of those served fully onto `wakers`. Clears
-    /// `WAITERS` once the line is empty. Hands out nothing once the
-    /// semaphore is closed: the waiters left belong to `close`. Returns `false` if it stopped
-    /// because `wakers` is full (call it again after waking them), `true`
-    /// once nothing more can be handed out.
+    /// Serves the head of the line from the balance: in fair mode by handing
+    /// permits over, in unfair mode by waking waiters to compete for them
+    /// (see [`notify_unfair`](Self::notify_unfair)). Pushes the wakers of
+    /// the waiters it unlinked onto `wakers`, and clears `WAITERS` once the
+    /// line is empty. Does nothing once the semaphore is closed: the waiters
+    /// left belong to `close`. Returns `false` if it stopped because `wakers`
+    /// is full (call it again after waking them), `true` once nothing more
+    /// can be done.
     ///
     /// Must be called with the lock held (`list` is its guard).
+    #[inline]
     fn distribute(&self, list: &mut List<Waiter>, wakers: &mut WakeList) -> bool {
+        if self.fair {
+            self.hand_off(list, wakers)
+        } else {
+            self.notify_unfair(list, wakers)
+        }
+    }
+
+    /// Fair mode: hands permits from the balance to the waiters at the head
+    /// of the line, in parts to the head if need be. A waiter served in full
+    /// is unlinked, marked granted and its waker collected. Contract as
+    /// [`distribute`](Self::distribute).
+    fn hand_off(&self, list: &mut List<Waiter>, wakers: &mut WakeList) -> bool {
         loop {
             let Some(node) = list.front() else {
                 self.state.fetch_and(!WAITERS, Ordering::Relaxed);
@@ -857,14 +902,7 @@ impl Semaphore {
                 if available <= 0 {
                     return true;
                 }
-                let available = available as usize;
-                let take = if self.fair {
-                    available.min(need)
-                } else if available >= need {
-                    need
-                } else {
-                    return true;
-                };
+                let take = (available as usize).min(need);
                 match self.state.compare_exchange_weak(
                     cur,
                     cur - units(take),
@@ -883,6 +921,51 @@ impl Semaphore {
             self.queued.store(list.len(), Ordering::Relaxed);
             // SAFETY: just unlinked under the lock; `grant` is the last use.
             if let Some(waker) = waiter.grant() {
+                wakers.push(waker);
+            }
+        }
+    }
+
+    /// Unfair mode: hands nothing over. Permits stay in the balance, where
+    /// any acquirer may take them, and the waiters at the head of the line
+    /// whose requests the balance covers are unlinked, marked notified and
+    /// their wakers collected; each then polls and competes for the permits
+    /// with newcomers, and one that loses goes back to the front of the line.
+    /// Permits already promised to notified waiters that have not polled yet
+    /// (`notified`) do not count, so a release wakes at most as many
+    /// waiters as it has permits for. Stops at the first waiter the spare
+    /// balance does not cover: waiters are woken in order and in full.
+    /// Contract as [`distribute`](Self::distribute).
+    fn notify_unfair(&self, list: &mut List<Waiter>, wakers: &mut WakeList) -> bool {
+        loop {
+            let Some(node) = list.front() else {
+                self.state.fetch_and(!WAITERS, Ordering::Relaxed);
+                return true;
+            };
+            let cur = self.state.load(Ordering::Acquire);
+            if cur & CLOSED != 0 {
+                return true;
+            }
+            let spare = balance(cur) - self.notified.load(Ordering::Relaxed) as isize;
+            if spare <= 0 {
+                return true;
+            }
+            // SAFETY: `node` is linked, so it is alive, and we hold the lock.
+            let waiter = unsafe { node.as_ref() };
+            let need = waiter.remaining();
+            if need as isize > spare {
+                return true;
+            }
+            if !wakers.can_push() {
+                return false;
+            }
+            list.pop_front();
+            self.queued.store(list.len(), Ordering::Relaxed);
+            // Counted before the node is marked: its owner subtracts once it
+            // sees the mark.
+            self.notified.fetch_add(need, Ordering::Relaxed);
+            // SAFETY: just unlinked under the lock; `notify` is the last use.
+            if let Some(waker) = waiter.notify() {
                 wakers.push(waker);
             }
         }
