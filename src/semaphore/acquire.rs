@@ -197,6 +197,12 @@ impl Semaphore {
     ) -> Poll<Result<(), AcquireError>> {
         match *phase {
             Phase::Idle => self.poll_take(waiter, n, phase, cx, false),
+            // Served while queued (fair mode): the common wake-up, decided
+            // by one load, with no call.
+            Phase::Queued if waiter.status() == Status::Granted => {
+                *phase = Phase::Done;
+                Poll::Ready(Ok(()))
+            }
             Phase::Queued => self.poll_queued(waiter, n, phase, cx),
             Phase::Done => panic!("acquire future polled after completion"),
         }
@@ -313,6 +319,7 @@ impl Semaphore {
     }
 
     /// A poll after the node was linked.
+    #[inline(never)]
     fn poll_queued(
         &self,
         waiter: Pin<&Waiter>,
@@ -370,11 +377,17 @@ impl Semaphore {
 
     /// Undoes a pending acquire when its future is dropped: leaves the line
     /// and passes on every permit the node had been handed, or the wake-up
-    /// it had been given.
+    /// it had been given. Nothing to do unless the node was queued, which is
+    /// checked inline: most futures are dropped after they completed.
+    #[inline]
     fn cancel(&self, waiter: Pin<&Waiter>, n: usize, phase: &mut Phase) {
-        if *phase != Phase::Queued {
-            return;
+        if *phase == Phase::Queued {
+            self.cancel_queued(waiter, n, phase);
         }
+    }
+
+    #[inline(never)]
+    fn cancel_queued(&self, waiter: Pin<&Waiter>, n: usize, phase: &mut Phase) {
         *phase = Phase::Done;
         let waiter = waiter.get_ref();
         let status = match waiter.status() {
