@@ -268,3 +268,22 @@ fn unfair_holder_retakes_its_permit_ahead_of_the_woken_waiter() {
         assert_eq!(sem.queue_len(), 0);
     });
 }
+
+/// Fair mode: two permits returned at once by two threads go straight to a
+/// waiter for both, in two parts, without passing through the balance.
+#[test]
+fn releases_hand_off_in_parts_to_one_waiter() {
+    loom::model(|| {
+        let sem = Arc::new(Semaphore::new(2));
+        let one = sem.clone().try_acquire_owned().unwrap();
+        let two = sem.clone().try_acquire_owned().unwrap();
+        let s = sem.clone();
+        let waiter = thread::spawn(move || block_on(s.acquire_many(2)).unwrap().num_permits());
+        let releaser = thread::spawn(move || drop(one));
+        drop(two);
+        releaser.join().unwrap();
+        assert_eq!(waiter.join().unwrap(), 2);
+        assert_eq!(sem.available_permits(), 2);
+        assert_eq!(sem.queue_len(), 0);
+    });
+}

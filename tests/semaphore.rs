@@ -1037,6 +1037,34 @@ fn drain_and_forget_take_only_available_permits() {
     assert_state(&sem, -1, 0);
 }
 
+/// A permit returned while others wait repays the deficit before it serves
+/// anyone, in both modes, and the waiter is served by the return that
+/// brings the balance up to its request.
+#[test]
+fn returned_permits_repay_the_deficit_before_serving_waiters() {
+    for fair in [true, false] {
+        let sem = semaphore(fair, 3);
+        let held: Vec<_> = (0..3).map(|_| sem.try_acquire().unwrap()).collect();
+        let wa = Counted::new();
+        let mut a = pin!(sem.acquire());
+        wa.assert_pending(a.as_mut());
+        sem.reduce_permits(2);
+        assert_state(&sem, -2, 1);
+        let mut held = held.into_iter();
+        drop(held.next());
+        assert_state(&sem, -1, 1);
+        drop(held.next());
+        assert_state(&sem, 0, 1);
+        assert_eq!(wa.wakes(), 0, "fair: {fair}");
+        drop(held.next());
+        assert_eq!(wa.wakes(), 1, "fair: {fair}");
+        // Fair: handed over; unfair: in the balance until A runs.
+        assert_state(&sem, if fair { 0 } else { 1 }, 0);
+        drop(wa.ready(a.as_mut()).expect("served"));
+        assert_state(&sem, 1, 0);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // 6. Overflow
 // ---------------------------------------------------------------------------

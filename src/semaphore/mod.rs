@@ -554,7 +554,7 @@ impl Semaphore {
             }
         }
         if n != 0 && cur & WAITERS != 0 {
-            self.release_slow();
+            self.distribute_and_unlock(lock(&self.waiters));
         }
     }
 
@@ -663,7 +663,8 @@ impl Semaphore {
     /// ```
     #[inline]
     pub fn available_permits(&self) -> isize {
-        // SeqCst pairs with `add_balance` (see there).
+        // SeqCst pairs with the release's SeqCst read-modify-write (see
+        // `release`).
         balance(self.state.load(Ordering::SeqCst))
     }
 
@@ -786,8 +787,14 @@ impl Semaphore {
         }
     }
 
-    /// Gives `n` permits back: one `fetch_add`, plus the lock only when
-    /// someone waits.
+    /// Gives `n` permits back: one CAS when nobody waits, else the lock and
+    /// a hand-off straight to the waiters (see
+    /// [`release_to_waiters`](Self::release_to_waiters)).
+    ///
+    /// The CAS adds only while `WAITERS` is clear, in the same atomic step
+    /// that reads the flag, so a waiter that sets `WAITERS` either comes
+    /// after the addition (and finds the permits when it reads the balance)
+    /// or before it (and the release takes the lock instead).
     ///
     /// Returns the balance right after the addition (before any hand-off to
     /// waiters), which the bulkhead uses to notice it has become idle.
@@ -796,15 +803,115 @@ impl Semaphore {
         if n == 0 {
             return self.available_permits();
         }
-        match self.add_balance(n) {
-            Ok(prev) => {
-                if prev & WAITERS != 0 {
-                    self.release_slow();
-                }
-                balance(prev) + n as isize
+        let mut cur = self.state.load(Ordering::Relaxed);
+        loop {
+            if cur & WAITERS != 0 {
+                return self.release_to_waiters(n);
             }
-            Err(Overflow) => self.overflow(n),
+            if balance(cur) + n as isize > Self::MAX_PERMITS as isize {
+                self.overflow(n);
+            }
+            // SeqCst rather than Release: the bulkhead pairs this with a
+            // SeqCst load of its idle-waiter count (a store-load handshake),
+            // and on the common targets an RMW costs the same either way.
+            // Wrapping: a negative balance is two's complement in the word.
+            match self.state.compare_exchange_weak(
+                cur,
+                cur.wrapping_add(units(n)),
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return balance(cur) + n as isize,
+                Err(actual) => cur = actual,
+            }
         }
+    }
+
+    /// The release of `n` permits when someone waits.
+    ///
+    /// In fair mode the permits go from the releaser to the head of the line
+    /// without passing through the balance: under the lock, they first repay
+    /// any deficit (a balance below zero after `reduce_permits`), then serve
+    /// the waiters in order, and only what is left is added to the balance.
+    /// That saves the add and the take-back of two read-modify-writes on the
+    /// state word, and the balance never shows permits in transit. It is the
+    /// same as adding them and running [`distribute`](Self::distribute): with
+    /// the lock held and `WAITERS` set, a fair balance is only above zero
+    /// while an `add_permits` is between its addition and its own
+    /// `distribute`, which serves those permits after us.
+    ///
+    /// In unfair mode permits always go to the balance, and `distribute`
+    /// wakes the waiters who may compete for them.
+    #[cold]
+    #[inline(never)]
+    fn release_to_waiters(&self, n: usize) -> isize {
+        let mut list = lock(&self.waiters);
+        let mut cur = self.state.load(Ordering::Acquire);
+        let reported = balance(cur) + n as isize;
+        if !self.fair || cur & (CLOSED | WAITERS) != WAITERS {
+            // Unfair, closed, or the line emptied before we got the lock.
+            let added = self.add_balance(n);
+            self.distribute_and_unlock(list);
+            if added.is_err() {
+                self.overflow(n);
+            }
+            return reported;
+        }
+        let mut left = n;
+        // Repay the deficit first. `reduce_permits` and `add_permits` may
+        // change the balance without the lock, hence the CAS loop.
+        while left > 0 && balance(cur) < 0 {
+            let repay = left.min(balance(cur).unsigned_abs());
+            match self.state.compare_exchange_weak(
+                cur,
+                cur.wrapping_add(units(repay)),
+                Ordering::SeqCst,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    left -= repay;
+                    cur = cur.wrapping_add(units(repay));
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+        let mut wakers = WakeList::new();
+        while left > 0 && wakers.can_push() {
+            let Some(node) = list.front() else { break };
+            // SAFETY: `node` is linked, so it is alive, and we hold the lock.
+            let waiter = unsafe { node.as_ref() };
+            let need = waiter.remaining();
+            if left < need {
+                waiter.set_remaining(need - left);
+                left = 0;
+                break;
+            }
+            left -= need;
+            list.pop_front();
+            self.queued.store(list.len(), Ordering::Relaxed);
+            // SAFETY: just unlinked under the lock; `grant` is the last use.
+            if let Some(waker) = waiter.grant() {
+                wakers.push(waker);
+            }
+        }
+        if left == 0 && !list.is_empty() {
+            drop(list);
+            wakers.wake_all();
+            return reported;
+        }
+        // Permits left over, or the line is now empty: the rest goes to the
+        // balance, and `distribute` serves whoever the full batch of wakers
+        // held back, or clears `WAITERS`.
+        let added = if left > 0 {
+            self.add_balance(left)
+        } else {
+            Ok(0)
+        };
+        self.distribute_and_unlock_with(list, wakers);
+        if added.is_err() {
+            self.overflow(left);
+        }
+        reported
     }
 
     /// Adds `n` to the balance and returns the word it replaced, or undoes
@@ -830,16 +937,19 @@ impl Semaphore {
         panic!("returning {n} permits would take the balance above Semaphore::MAX_PERMITS");
     }
 
-    #[cold]
-    #[inline(never)]
-    fn release_slow(&self) {
-        self.distribute_and_unlock(lock(&self.waiters));
-    }
-
     /// Runs [`distribute`](Self::distribute) to completion, waking each batch
     /// of served waiters with the lock released.
-    fn distribute_and_unlock<'a>(&'a self, mut list: MutexGuard<'a, List<Waiter>>) {
-        let mut wakers = WakeList::new();
+    fn distribute_and_unlock<'a>(&'a self, list: MutexGuard<'a, List<Waiter>>) {
+        self.distribute_and_unlock_with(list, WakeList::new());
+    }
+
+    /// As [`distribute_and_unlock`](Self::distribute_and_unlock), with
+    /// wakers already collected under the same lock.
+    fn distribute_and_unlock_with<'a>(
+        &'a self,
+        mut list: MutexGuard<'a, List<Waiter>>,
+        mut wakers: WakeList,
+    ) {
         loop {
             let done = self.distribute(&mut list, &mut wakers);
             drop(list);
