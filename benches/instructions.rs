@@ -97,14 +97,12 @@ fn run<S: Contender>(sem: S, tasks: usize, rounds: usize) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let parsed = match args.as_slice() {
-        [krate, tasks, permits, rounds] => {
-            match (tasks.parse(), permits.parse(), rounds.parse()) {
-                (Ok(t), Ok(p), Ok(r)) if t > 0 && TOTAL_ACQUIRES % t == 0 => {
-                    Some((krate.as_str(), t, p, r))
-                }
-                _ => None,
+        [krate, tasks, permits, rounds] => match (tasks.parse(), permits.parse(), rounds.parse()) {
+            (Ok(t), Ok(p), Ok(r)) if t > 0 && TOTAL_ACQUIRES % t == 0 => {
+                Some((krate.as_str(), t, p, r))
             }
-        }
+            _ => None,
+        },
         _ => None,
     };
     let Some((krate, tasks, permits, rounds)) = parsed else {

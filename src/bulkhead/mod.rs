@@ -6,8 +6,8 @@
 //! A bulkhead is an `Arc<Shared>` around one fair [`Semaphore`] with
 //! `max_concurrent_calls` permits. Each admitted call holds one permit; the
 //! calls in flight are therefore `limit - balance`, computed rather than
-//! counted, so admitting and finishing a call costs the semaphore's one CAS
-//! and one `fetch_add` plus one relaxed counter increment (`permitted`).
+//! counted, so admitting and finishing a call costs the semaphore's two CASes
+//! (take, give back) plus one relaxed counter increment (`permitted`).
 //!
 //! * **Fast path.** `try_take(1)` on the semaphore. Only when it fails does
 //!   the policy apply: fail fast (`max_wait == 0`), reserve a place in the
@@ -105,8 +105,8 @@ pub(crate) struct Shared {
     /// How many `wait_idle` futures are watching. Notifying an `Event`
     /// costs a full fence even with no listener, so releases skip it unless
     /// this is non-zero: a store-load handshake (SeqCst increment here,
-    /// then a SeqCst read of the balance; SeqCst `fetch_add` on the balance
-    /// in the release, then a SeqCst read of this) in which at least one
+    /// then a SeqCst read of the balance; a SeqCst read-modify-write of the
+    /// balance in the release, then a SeqCst read of this) in which at least one
     /// side sees the other.
     idle_watchers: AtomicUsize,
 }

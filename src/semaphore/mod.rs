@@ -10,9 +10,9 @@
 //!
 //! **Fast paths.** `try_acquire` and the first poll of `acquire` take
 //! permits with one compare-and-swap when the balance covers them and, in
-//! fair mode, `WAITERS` is clear. Dropping a permit is one `fetch_add`; only
-//! if the word it replaced had `WAITERS` set does it take the lock. No lock,
-//! no allocation when nobody waits.
+//! fair mode, `WAITERS` is clear. Dropping a permit is one CAS that adds
+//! only while `WAITERS` is clear; if it is set, the release takes the lock.
+//! No lock, no allocation when nobody waits.
 //!
 //! **The `WAITERS` invariant.** `WAITERS` is set and cleared only under the
 //! lock, and whenever the lock is free it is set exactly when the list is
@@ -22,8 +22,10 @@
 //! word is one read-modify-write on the same atomic, so there is no window
 //! in which a release can be missed.
 //!
-//! **Hand-off.** Under the lock, [`Semaphore::distribute`] moves permits from
-//! the balance to the waiters at the head of the line: it decrements the
+//! **Hand-off.** Under the lock, a returned permit goes straight to the
+//! waiters at the head of the line (after repaying any deficit), and
+//! [`Semaphore::distribute`] moves permits from the balance to them (after
+//! `add_permits`, or when a waiter queues or leaves). Either decrements the
 //! head's `remaining` counter and, once that reaches zero, unlinks the head,
 //! takes its waker and publishes `remaining = 0` with release ordering. From
 //! that store on the node belongs to its future again. Wakers are collected
