@@ -276,6 +276,56 @@ fn one_release_serves_more_than_a_batch_of_waiters() {
     assert_state(&sem, n as isize, 0);
 }
 
+/// A returned permit serves more waiters than fit in one wake-up batch (fair:
+/// handed over, the rest through the balance; unfair: woken to take them),
+/// and in fair mode a newcomer still cannot overtake the waiters left
+/// between batches.
+#[test]
+fn one_returned_permit_serves_more_than_a_batch_of_waiters() {
+    for fair in [true, false] {
+        let n = 40;
+        let sem = Arc::new(semaphore(fair, n + 1));
+        let all = sem.try_acquire_many(n + 1).unwrap();
+        let tried = Arc::new(Mutex::new(Vec::new()));
+        let (s, t) = (sem.clone(), tried.clone());
+        let newcomer = Waker::from(Arc::new(OnWake(move || {
+            t.lock().unwrap().push(s.try_acquire_owned().is_ok());
+        })));
+        let mut futs: Vec<_> = (0..n).map(|_| Box::pin(sem.acquire())).collect();
+        let wakers: Vec<Counted> = (0..n).map(|_| Counted::new()).collect();
+        assert!(
+            futs[0]
+                .as_mut()
+                .poll(&mut Context::from_waker(&newcomer))
+                .is_pending()
+        );
+        for (fut, w) in futs.iter_mut().zip(&wakers).skip(1) {
+            w.assert_pending(fut.as_mut());
+        }
+        assert_state(&sem, 0, n);
+
+        drop(all);
+        let tried: Vec<bool> = tried.lock().unwrap().drain(..).collect();
+        // Fair: the newcomer, woken with the first batch, finds the line
+        // still occupied. Unfair: it may barge (and gives the permit back).
+        assert_eq!(tried, [!fair], "fair: {fair}");
+        assert!(wakers[1..].iter().all(|w| w.wakes() == 1), "fair: {fair}");
+        // Fair: all but the spare handed over; unfair: all in the balance
+        // until the woken waiters run.
+        assert_state(&sem, if fair { 1 } else { n as isize + 1 }, 0);
+        let mut held = Vec::new();
+        for fut in &mut futs {
+            match poll_noop(fut.as_mut()) {
+                Poll::Ready(p) => held.push(p.expect("served")),
+                Poll::Pending => panic!("a woken waiter must get its permit (fair: {fair})"),
+            }
+        }
+        assert_state(&sem, 1, 0);
+        drop(held);
+        assert_state(&sem, n as isize + 1, 0);
+    }
+}
+
 /// `acquire_many(0)` and `try_acquire_many(0)` succeed at once even while
 /// others wait or the balance is negative, and fail once the semaphore is
 /// closed.
