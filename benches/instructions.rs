@@ -21,66 +21,13 @@
 //! criterion bench's `contended_ct` group. Without arguments (as under a
 //! plain `cargo bench`) it prints this usage and exits.
 
-use std::future::Future;
+#[path = "common/contended.rs"]
+#[allow(dead_code, reason = "try_acquire serves the criterion bench only")]
+mod contended;
+
 use std::sync::Arc;
 
-/// Acquisitions per round, shared by the tasks (as in the criterion bench).
-const TOTAL_ACQUIRES: usize = 8192;
-
-trait Contender: Send + Sync + 'static {
-    fn acquire(&self) -> impl Future<Output = impl Send + '_> + Send + '_;
-}
-
-impl Contender for bulkhead::Semaphore {
-    fn acquire(&self) -> impl Future<Output = impl Send + '_> + Send + '_ {
-        bulkhead::Semaphore::acquire(self)
-    }
-}
-
-impl Contender for tokio::sync::Semaphore {
-    fn acquire(&self) -> impl Future<Output = impl Send + '_> + Send + '_ {
-        tokio::sync::Semaphore::acquire(self)
-    }
-}
-
-impl Contender for async_lock::Semaphore {
-    fn acquire(&self) -> impl Future<Output = impl Send + '_> + Send + '_ {
-        async_lock::Semaphore::acquire(self)
-    }
-}
-
-impl Contender for futures_intrusive::sync::Semaphore {
-    fn acquire(&self) -> impl Future<Output = impl Send + '_> + Send + '_ {
-        futures_intrusive::sync::Semaphore::acquire(self, 1)
-    }
-}
-
-/// No semaphore: what the runtime and the loop cost on their own.
-struct Baseline;
-
-impl Contender for Baseline {
-    fn acquire(&self) -> impl Future<Output = impl Send + '_> + Send + '_ {
-        std::future::ready(())
-    }
-}
-
-async fn round<S: Contender>(sem: &Arc<S>, tasks: usize) {
-    let per_task = TOTAL_ACQUIRES / tasks;
-    let mut handles = Vec::with_capacity(tasks);
-    for _ in 0..tasks {
-        let sem = sem.clone();
-        handles.push(tokio::spawn(async move {
-            for _ in 0..per_task {
-                let permit = sem.acquire().await;
-                tokio::task::yield_now().await;
-                drop(permit);
-            }
-        }));
-    }
-    for handle in handles {
-        handle.await.expect("a task panicked");
-    }
-}
+use contended::{Baseline, Contender, TOTAL_ACQUIRES, round};
 
 fn run<S: Contender>(sem: S, tasks: usize, rounds: usize) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -89,7 +36,7 @@ fn run<S: Contender>(sem: S, tasks: usize, rounds: usize) {
     let sem = Arc::new(sem);
     rt.block_on(async {
         for _ in 0..rounds {
-            round(&sem, tasks).await;
+            round(&sem, tasks, TOTAL_ACQUIRES / tasks).await;
         }
     });
 }

@@ -31,7 +31,9 @@
 //! to `<criterion dir>/sizes.json`; `benches/report.py` turns the estimates
 //! and sizes into the tables in `docs/benchmarks.md`.
 
-use std::future::Future;
+#[path = "common/contended.rs"]
+mod contended;
+
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::pin::pin;
@@ -39,86 +41,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use contended::{Baseline, Contender, TOTAL_ACQUIRES, round};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tokio::runtime::{Builder, Runtime};
 
-/// Acquisitions per iteration in every contended cell, whatever the task
-/// count, so the cells are comparable. With 4096 tasks each task acquires
-/// twice.
-const TOTAL_ACQUIRES: usize = 8192;
 const TASKS: [usize; 3] = [16, 256, 4096];
 const PERMITS: [usize; 3] = [1, 8, 64];
 /// A batch of contended rounds that takes longer than this has lost a
 /// wake-up: the watchdog reports it and aborts instead of hanging.
 const HANG_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// What the benchmarks need from a semaphore. Each method returns the
-/// crate's own future or guard unchanged (no wrapping), so the uncontended
-/// numbers measure the crate and nothing else.
-trait Contender: Send + Sync + 'static {
-    /// One permit; the output holds it until dropped.
-    fn acquire(&self) -> impl Future<Output = impl Send + '_> + Send + '_;
-    /// One permit now, or `None`.
-    fn try_acquire(&self) -> Option<impl Send + '_>;
-}
-
-impl Contender for bulkhead::Semaphore {
-    #[inline]
-    fn acquire(&self) -> impl Future<Output = impl Send + '_> + Send + '_ {
-        bulkhead::Semaphore::acquire(self)
-    }
-    #[inline]
-    fn try_acquire(&self) -> Option<impl Send + '_> {
-        bulkhead::Semaphore::try_acquire(self).ok()
-    }
-}
-
-impl Contender for tokio::sync::Semaphore {
-    #[inline]
-    fn acquire(&self) -> impl Future<Output = impl Send + '_> + Send + '_ {
-        tokio::sync::Semaphore::acquire(self)
-    }
-    #[inline]
-    fn try_acquire(&self) -> Option<impl Send + '_> {
-        tokio::sync::Semaphore::try_acquire(self).ok()
-    }
-}
-
-impl Contender for async_lock::Semaphore {
-    #[inline]
-    fn acquire(&self) -> impl Future<Output = impl Send + '_> + Send + '_ {
-        async_lock::Semaphore::acquire(self)
-    }
-    #[inline]
-    fn try_acquire(&self) -> Option<impl Send + '_> {
-        async_lock::Semaphore::try_acquire(self)
-    }
-}
-
-impl Contender for futures_intrusive::sync::Semaphore {
-    #[inline]
-    fn acquire(&self) -> impl Future<Output = impl Send + '_> + Send + '_ {
-        futures_intrusive::sync::Semaphore::acquire(self, 1)
-    }
-    #[inline]
-    fn try_acquire(&self) -> Option<impl Send + '_> {
-        futures_intrusive::sync::Semaphore::try_acquire(self, 1)
-    }
-}
-
-/// No semaphore at all: what the harness costs on its own.
-struct Baseline;
-
-impl Contender for Baseline {
-    #[inline]
-    fn acquire(&self) -> impl Future<Output = impl Send + '_> + Send + '_ {
-        std::future::ready(())
-    }
-    #[inline]
-    fn try_acquire(&self) -> Option<impl Send + '_> {
-        Some(())
-    }
-}
 
 /// Builds a contender's semaphore (a fresh one per call) and its loops.
 type MakeRunner = Box<dyn Fn() -> Runner>;
@@ -247,24 +178,6 @@ impl Watchdog {
 impl Drop for Watchdog {
     fn drop(&mut self) {
         *BATCH_STARTED.lock().unwrap() = None;
-    }
-}
-
-/// `tasks` tasks, each doing `per_task` acquire → yield → release.
-async fn round<S: Contender>(sem: &Arc<S>, tasks: usize, per_task: usize) {
-    let mut handles = Vec::with_capacity(tasks);
-    for _ in 0..tasks {
-        let sem = sem.clone();
-        handles.push(tokio::spawn(async move {
-            for _ in 0..per_task {
-                let permit = sem.acquire().await;
-                tokio::task::yield_now().await;
-                drop(permit);
-            }
-        }));
-    }
-    for handle in handles {
-        handle.await.expect("a benchmark task panicked");
     }
 }
 

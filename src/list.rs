@@ -114,28 +114,8 @@ impl<T: Linked> List<T> {
     /// it must stay alive and at the same address until it is unlinked with
     /// [`pop_front`](Self::pop_front) or [`remove`](Self::remove).
     pub(crate) unsafe fn push_back(&mut self, node: NonNull<T>) {
-        debug_assert!(
-            self.head != Some(node) && self.tail != Some(node),
-            "node must not be pushed twice"
-        );
-        // SAFETY: the caller guarantees `node` is live; we hold `&mut self`,
-        // so nobody else touches any linked node's links.
-        let links = unsafe { T::links(node).as_ref() };
-        links.prev.with_mut(|p| unsafe {
-            // SAFETY: exclusive access to the links, as above.
-            *p = self.tail;
-        });
-        links.next.with_mut(|p| unsafe {
-            // SAFETY: exclusive access to the links, as above.
-            *p = None;
-        });
-        match self.tail {
-            // SAFETY: the tail is linked, hence alive (push_back's contract).
-            Some(tail) => unsafe { set_next(tail, Some(node)) },
-            None => self.head = Some(node),
-        }
-        self.tail = Some(node);
-        self.len += 1;
+        // SAFETY: the caller's contract is `link`'s.
+        unsafe { self.link(node, self.tail, None) };
     }
 
     /// Puts `node` at the head.
@@ -144,6 +124,22 @@ impl<T: Linked> List<T> {
     ///
     /// As [`push_back`](Self::push_back).
     pub(crate) unsafe fn push_front(&mut self, node: NonNull<T>) {
+        // SAFETY: the caller's contract is `link`'s.
+        unsafe { self.link(node, None, self.head) };
+    }
+
+    /// Links `node` between `prev` and `next`, which are adjacent (or the
+    /// ends of the list).
+    ///
+    /// # Safety
+    ///
+    /// As [`push_back`](Self::push_back); `prev` and `next` are linked here.
+    unsafe fn link(
+        &mut self,
+        node: NonNull<T>,
+        prev: Option<NonNull<T>>,
+        next: Option<NonNull<T>>,
+    ) {
         debug_assert!(
             self.head != Some(node) && self.tail != Some(node),
             "node must not be pushed twice"
@@ -153,18 +149,22 @@ impl<T: Linked> List<T> {
         let links = unsafe { T::links(node).as_ref() };
         links.prev.with_mut(|p| unsafe {
             // SAFETY: exclusive access to the links, as above.
-            *p = None;
+            *p = prev;
         });
         links.next.with_mut(|p| unsafe {
             // SAFETY: exclusive access to the links, as above.
-            *p = self.head;
+            *p = next;
         });
-        match self.head {
-            // SAFETY: the head is linked, hence alive (push's contract).
-            Some(head) => unsafe { set_prev(head, Some(node)) },
+        match prev {
+            // SAFETY: a linked node is alive (push's contract).
+            Some(prev) => unsafe { set_next(prev, Some(node)) },
+            None => self.head = Some(node),
+        }
+        match next {
+            // SAFETY: a linked node is alive (push's contract).
+            Some(next) => unsafe { set_prev(next, Some(node)) },
             None => self.tail = Some(node),
         }
-        self.head = Some(node);
         self.len += 1;
     }
 

@@ -42,8 +42,14 @@ fn release_racing_acquire() {
 /// with no permits; both acquirers must finish.
 #[test]
 fn two_acquirers_two_releasers() {
-    loom::model(|| {
-        let sem = Arc::new(Semaphore::new(0));
+    racing_releases(Semaphore::new);
+}
+
+/// Two threads acquire one permit each from `make(0)` while two others add
+/// one permit each.
+fn racing_releases(make: fn(usize) -> Semaphore) {
+    loom::model(move || {
+        let sem = Arc::new(make(0));
         let acquirers: Vec<_> = (0..2)
             .map(|_| {
                 let s = sem.clone();
@@ -204,24 +210,7 @@ fn release_happens_before_acquire() {
 /// the lock: neither may leave a permit in the balance with nobody woken.
 #[test]
 fn unfair_two_acquirers_two_releasers() {
-    loom::model(|| {
-        let sem = Arc::new(Semaphore::new_unfair(0));
-        let acquirers: Vec<_> = (0..2)
-            .map(|_| {
-                let s = sem.clone();
-                thread::spawn(move || block_on(s.acquire()).unwrap().forget())
-            })
-            .collect();
-        let s = sem.clone();
-        let releaser = thread::spawn(move || s.add_permits(1));
-        sem.add_permits(1);
-        releaser.join().unwrap();
-        for a in acquirers {
-            a.join().unwrap();
-        }
-        assert_eq!(sem.available_permits(), 0);
-        assert_eq!(sem.queue_len(), 0);
-    });
+    racing_releases(Semaphore::new_unfair);
 }
 
 /// Unfair mode: a waiter woken by a release but dropped before it runs

@@ -185,6 +185,22 @@ enum Phase {
     Done,
 }
 
+/// The output of an attempt to take permits without waiting: `None` if the
+/// acquirer must wait, else the future's result (and it is done).
+#[inline]
+fn took(
+    attempt: Result<(), TryAcquireError>,
+    phase: &mut Phase,
+) -> Option<Poll<Result<(), AcquireError>>> {
+    let result = match attempt {
+        Ok(()) => Ok(()),
+        Err(TryAcquireError::Closed) => Err(AcquireError::closed()),
+        Err(TryAcquireError::NoPermits) => return None,
+    };
+    *phase = Phase::Done;
+    Some(Poll::Ready(result))
+}
+
 impl Semaphore {
     /// Polls an acquire of `n` permits whose node is `waiter`.
     #[inline]
@@ -219,16 +235,9 @@ impl Semaphore {
         cx: &mut Context<'_>,
         front: bool,
     ) -> Poll<Result<(), AcquireError>> {
-        match self.try_take(n) {
-            Ok(()) => {
-                *phase = Phase::Done;
-                Poll::Ready(Ok(()))
-            }
-            Err(TryAcquireError::Closed) => {
-                *phase = Phase::Done;
-                Poll::Ready(Err(AcquireError::closed()))
-            }
-            Err(TryAcquireError::NoPermits) => self.poll_enqueue(waiter, n, phase, cx, front),
+        match took(self.try_take(n), phase) {
+            Some(done) => done,
+            None => self.poll_enqueue(waiter, n, phase, cx, front),
         }
     }
 
@@ -249,16 +258,8 @@ impl Semaphore {
         let mut list = lock(&self.waiters);
         // With the lock held, `WAITERS` is set exactly when the line is
         // non-empty, so this is the same check as the fast path, now final.
-        match self.try_take(n) {
-            Ok(()) => {
-                *phase = Phase::Done;
-                return Poll::Ready(Ok(()));
-            }
-            Err(TryAcquireError::Closed) => {
-                *phase = Phase::Done;
-                return Poll::Ready(Err(AcquireError::closed()));
-            }
-            Err(TryAcquireError::NoPermits) => {}
+        if let Some(done) = took(self.try_take(n), phase) {
+            return done;
         }
         let waiter = waiter.get_ref();
         waiter.remaining.store(n, Ordering::Relaxed);
