@@ -179,6 +179,10 @@ impl BulkheadBuilder {
 
     /// `true` (the default): callers are admitted strictly in arrival
     /// order. `false`: a caller that finds a free permit takes it even if
+    /// others wait, and a permit coming back wakes the first waiter to
+    /// compete for it rather than being handed to it
+    /// ([`Semaphore::new_unfair`]): more throughput when callers return and
+    /// ask again at once, no ordering promise.
     ///
     /// # Examples
     ///
@@ -188,7 +192,6 @@ impl BulkheadBuilder {
     /// let throughput_first = Bulkhead::builder().max_concurrent_calls(4).fair(false).build().unwrap();
     /// assert!(throughput_first.try_acquire().is_ok());
     /// ```
-    /// others wait (more throughput, no ordering promise).
     pub fn fair(mut self, fair: bool) -> Self {
         self.fair = fair;
         self
