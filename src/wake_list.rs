@@ -38,7 +38,7 @@ impl WakeList {
     }
 
     /// Wakes and empties the batch. Call it with no lock held.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn wake_all(&mut self) {
         // Take the count first: if a waker panics, the ones after it are
         // dropped by `Drop` instead of being read twice.

@@ -255,6 +255,21 @@ impl Semaphore {
         cx: &mut Context<'_>,
         front: bool,
     ) -> Poll<Result<(), AcquireError>> {
+        self.enqueue(waiter, n, phase, cx, front)
+    }
+
+    /// The body of [`poll_enqueue`](Self::poll_enqueue), inlined into the
+    /// unfair wake-up path of [`poll_queued`](Self::poll_queued) so that a
+    /// woken waiter that lost the race makes one call, not two.
+    #[inline(always)]
+    fn enqueue(
+        &self,
+        waiter: Pin<&Waiter>,
+        n: usize,
+        phase: &mut Phase,
+        cx: &mut Context<'_>,
+        front: bool,
+    ) -> Poll<Result<(), AcquireError>> {
         let mut list = lock(&self.waiters);
         // With the lock held, `WAITERS` is set exactly when the line is
         // non-empty, so this is the same check as the fast path, now final.
@@ -350,7 +365,10 @@ impl Semaphore {
                 // here on the node is an unlinked one holding nothing.
                 self.notified.fetch_sub(n, Ordering::Relaxed);
                 *phase = Phase::Idle;
-                self.poll_take(waiter, n, phase, cx, true)
+                match took(self.try_take(n), phase) {
+                    Some(done) => done,
+                    None => self.enqueue(waiter, n, phase, cx, true),
+                }
             }
             done => self.finish(done, n, phase),
         }

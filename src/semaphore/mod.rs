@@ -56,6 +56,7 @@ pub use acquire::{Acquire, AcquireOwned};
 pub use permit::{OwnedPermit, Permit};
 
 use core::fmt;
+use core::task::Waker;
 use std::sync::Arc;
 
 use acquire::Waiter;
@@ -853,6 +854,27 @@ impl Semaphore {
         if !self.fair || cur & (CLOSED | WAITERS) != WAITERS {
             // Unfair, closed, or the line emptied before we got the lock.
             let added = self.add_balance(n);
+            if !self.fair && added.is_ok() {
+                // The common unfair case first: the permits cover the head
+                // exactly and others wait behind it. Wake it alone, without
+                // a batch.
+                if let Some(node) = list.front() {
+                    // SAFETY: `node` is linked, so it is alive, and we hold
+                    // the lock.
+                    let waiter = unsafe { node.as_ref() };
+                    let now = self.state.load(Ordering::Acquire);
+                    let spare = balance(now) - self.notified.load(Ordering::Relaxed) as isize;
+                    let need = waiter.remaining();
+                    if now & CLOSED == 0 && need as isize == spare && list.len() > 1 {
+                        let waker = self.notify_head(&mut list, waiter, need);
+                        drop(list);
+                        if let Some(waker) = waker {
+                            waker.wake();
+                        }
+                        return reported;
+                    }
+                }
+            }
             self.distribute_and_unlock(list);
             if added.is_err() {
                 self.overflow(n);
@@ -877,6 +899,23 @@ impl Semaphore {
                 Err(actual) => cur = actual,
             }
         }
+        // The common case first: the head takes everything released and
+        // others still wait behind it. One waker, woken with the lock
+        // released, and no batch.
+        if left > 0 {
+            if let Some(node) = list.front() {
+                // SAFETY: `node` is linked, so it is alive, and we hold the lock.
+                let waiter = unsafe { node.as_ref() };
+                if waiter.remaining() == left && list.len() > 1 {
+                    let waker = self.grant_head(&mut list, waiter);
+                    drop(list);
+                    if let Some(waker) = waker {
+                        waker.wake();
+                    }
+                    return reported;
+                }
+            }
+        }
         let mut wakers = WakeList::new();
         while left > 0 && wakers.can_push() {
             let Some(node) = list.front() else { break };
@@ -889,10 +928,7 @@ impl Semaphore {
                 break;
             }
             left -= need;
-            list.pop_front();
-            self.queued.store(list.len(), Ordering::Relaxed);
-            // SAFETY: just unlinked under the lock; `grant` is the last use.
-            if let Some(waker) = waiter.grant() {
+            if let Some(waker) = self.grant_head(&mut list, waiter) {
                 wakers.push(waker);
             }
         }
@@ -937,6 +973,34 @@ impl Semaphore {
     #[track_caller]
     fn overflow(&self, n: usize) -> ! {
         panic!("returning {n} permits would take the balance above Semaphore::MAX_PERMITS");
+    }
+
+    /// Fair mode: unlinks the head `waiter`, served in full, and marks it
+    /// granted. Returns its waker, to wake once the lock is released.
+    ///
+    /// Must be called with the lock held (`list` is its guard's list), and
+    /// `waiter` must be the head of `list`.
+    #[inline]
+    fn grant_head(&self, list: &mut List<Waiter>, waiter: &Waiter) -> Option<Waker> {
+        list.pop_front();
+        self.queued.store(list.len(), Ordering::Relaxed);
+        // Just unlinked under the lock: `grant` is the last use of the node.
+        waiter.grant()
+    }
+
+    /// Unfair mode: unlinks the head `waiter`, whose request of `need` the
+    /// spare balance covers, counts it as notified and marks it so. Returns
+    /// its waker, to wake once the lock is released. Contract as
+    /// [`grant_head`](Self::grant_head).
+    #[inline]
+    fn notify_head(&self, list: &mut List<Waiter>, waiter: &Waiter, need: usize) -> Option<Waker> {
+        list.pop_front();
+        self.queued.store(list.len(), Ordering::Relaxed);
+        // Counted before the node is marked: its owner subtracts once it
+        // sees the mark.
+        self.notified.fetch_add(need, Ordering::Relaxed);
+        // Just unlinked under the lock: `notify` is the last use of the node.
+        waiter.notify()
     }
 
     /// Runs [`distribute`](Self::distribute) to completion, waking each batch
@@ -1029,10 +1093,7 @@ impl Semaphore {
                 waiter.set_remaining(need - take);
                 return true;
             }
-            list.pop_front();
-            self.queued.store(list.len(), Ordering::Relaxed);
-            // SAFETY: just unlinked under the lock; `grant` is the last use.
-            if let Some(waker) = waiter.grant() {
+            if let Some(waker) = self.grant_head(list, waiter) {
                 wakers.push(waker);
             }
         }
@@ -1071,13 +1132,7 @@ impl Semaphore {
             if !wakers.can_push() {
                 return false;
             }
-            list.pop_front();
-            self.queued.store(list.len(), Ordering::Relaxed);
-            // Counted before the node is marked: its owner subtracts once it
-            // sees the mark.
-            self.notified.fetch_add(need, Ordering::Relaxed);
-            // SAFETY: just unlinked under the lock; `notify` is the last use.
-            if let Some(waker) = waiter.notify() {
+            if let Some(waker) = self.notify_head(list, waiter, need) {
                 wakers.push(waker);
             }
         }
