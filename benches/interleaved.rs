@@ -1,0 +1,248 @@
+//! The contended workload of `benches/semaphore.rs`, timed with the crates
+//! interleaved: paired comparisons that the drift of a shared machine cannot
+//! bias.
+//!
+//! Criterion measures one crate after another, a few seconds each, so when
+//! the machine's load changes between two crates' turns (other tenants, CPU
+//! frequency), the ratio of their times moves with it: the same contended
+//! cell moved by 30 % between full criterion runs here. This runner instead
+//! takes one sample of every crate in turn, in a rotating order, and repeats
+//! that `REPS` times. Each repetition compares crates measured within a
+//! fraction of a second of each other, and the report gives, per cell and
+//! competitor, the median over repetitions of that paired ratio and in how
+//! many repetitions `bulkhead` (and `bulkhead_unfair`) was the faster one.
+//!
+//! Usage:
+//!
+//! ```text
+//! cargo bench --bench interleaved -- run [REPS] [CELL...]
+//! ```
+//!
+//! `CELL` filters by name, e.g. `mt/t4096_p1` or `ct/t16` (a substring of
+//! `contended_mt/t4096_p1`); without one every cell runs. `REPS` defaults
+//! to 15. Without `run` (as under a plain `cargo bench`) it prints this usage
+//! and exits. It prints a markdown report on standard output.
+
+#[path = "common/contended.rs"]
+#[allow(dead_code, reason = "try_acquire serves the criterion bench only")]
+mod contended;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use contended::{Baseline, Contender, TOTAL_ACQUIRES, round};
+use tokio::runtime::{Builder, Runtime};
+
+const TASKS: [usize; 3] = [16, 256, 4096];
+const PERMITS: [usize; 3] = [1, 8, 64];
+/// Rounds of `TOTAL_ACQUIRES` acquisitions in one sample.
+const ROUNDS_PER_SAMPLE: usize = 3;
+const DEFAULT_REPS: usize = 15;
+/// The crates `bulkhead` and `bulkhead_unfair` are compared against.
+const COMPETITORS: [&str; 4] = ["tokio", "async_lock", "fi_fair", "fi_unfair"];
+
+/// One sample of one crate's workload: `ROUNDS_PER_SAMPLE` rounds on `rt`.
+type Sampler = Box<dyn Fn(&Runtime, usize) -> Duration>;
+
+fn sampler<S: Contender>(sem: S) -> Sampler {
+    let sem = Arc::new(sem);
+    Box::new(move |rt, tasks| {
+        rt.block_on(async {
+            let start = Instant::now();
+            for _ in 0..ROUNDS_PER_SAMPLE {
+                round(&sem, tasks, TOTAL_ACQUIRES / tasks).await;
+            }
+            start.elapsed()
+        })
+    })
+}
+
+fn contenders(permits: usize) -> Vec<(&'static str, Sampler)> {
+    vec![
+        ("bulkhead", sampler(bulkhead::Semaphore::new(permits))),
+        (
+            "bulkhead_unfair",
+            sampler(bulkhead::Semaphore::new_unfair(permits)),
+        ),
+        ("tokio", sampler(tokio::sync::Semaphore::new(permits))),
+        ("async_lock", sampler(async_lock::Semaphore::new(permits))),
+        (
+            "fi_fair",
+            sampler(futures_intrusive::sync::Semaphore::new(true, permits)),
+        ),
+        (
+            "fi_unfair",
+            sampler(futures_intrusive::sync::Semaphore::new(false, permits)),
+        ),
+        ("baseline", sampler(Baseline)),
+    ]
+}
+
+/// Every crate's sample times in one cell, indexed `[crate][repetition]`.
+struct Cell {
+    name: String,
+    names: Vec<&'static str>,
+    times: Vec<Vec<Duration>>,
+}
+
+fn measure(rt: &Runtime, name: String, tasks: usize, permits: usize, reps: usize) -> Cell {
+    let crates = contenders(permits);
+    // Warm up every crate (allocator, runtime, caches) before measuring.
+    for (_, sample) in &crates {
+        sample(rt, tasks);
+    }
+    let mut times = vec![Vec::with_capacity(reps); crates.len()];
+    for rep in 0..reps {
+        // Rotate the order so that no crate always runs first or right after
+        // the same neighbour.
+        for k in 0..crates.len() {
+            let i = (rep + k) % crates.len();
+            times[i].push((crates[i].1)(rt, tasks));
+        }
+    }
+    Cell {
+        name,
+        names: crates.iter().map(|(n, _)| *n).collect(),
+        times,
+    }
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+impl Cell {
+    fn index(&self, name: &str) -> usize {
+        self.names
+            .iter()
+            .position(|n| *n == name)
+            .expect("every crate is measured")
+    }
+
+    /// Median nanoseconds per acquire/yield/release cycle.
+    fn ns_per_cycle(&self, name: &str) -> f64 {
+        let per = (ROUNDS_PER_SAMPLE * TOTAL_ACQUIRES) as f64;
+        median(
+            self.times[self.index(name)]
+                .iter()
+                .map(|t| t.as_nanos() as f64 / per)
+                .collect(),
+        )
+    }
+
+    /// The median over repetitions of `other`'s time / `ours`, and in how
+    /// many repetitions `ours` was faster.
+    fn paired(&self, ours: &str, other: &str) -> (f64, usize) {
+        let (a, b) = (
+            &self.times[self.index(ours)],
+            &self.times[self.index(other)],
+        );
+        let ratios: Vec<f64> = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| y.as_secs_f64() / x.as_secs_f64())
+            .collect();
+        let wins = ratios.iter().filter(|r| **r > 1.0).count();
+        (median(ratios), wins)
+    }
+}
+
+fn report(cells: &[Cell], reps: usize) {
+    println!(
+        "Median ns per acquire/yield/release cycle, {reps} interleaved repetitions of \
+         {ROUNDS_PER_SAMPLE} rounds of {TOTAL_ACQUIRES} acquisitions per crate and cell:\n"
+    );
+    let names = &cells[0].names;
+    let header: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    println!("| scenario | {} |", header.join(" | "));
+    println!("|---|{}", "---:|".repeat(names.len()));
+    for cell in cells {
+        let row: Vec<String> = names
+            .iter()
+            .map(|n| format!("{:.0}", cell.ns_per_cycle(n)))
+            .collect();
+        println!("| `{}` | {} |", cell.name, row.join(" | "));
+    }
+    for ours in ["bulkhead", "bulkhead_unfair"] {
+        println!(
+            "\nPaired ratios for `{ours}`: the median over repetitions of (competitor's time / \
+             `{ours}`'s time in the same repetition), >1 when `{ours}` is faster, and in how \
+             many of the {reps} repetitions `{ours}` was faster:\n"
+        );
+        let header: Vec<String> = COMPETITORS.iter().map(|n| format!("`{n}`")).collect();
+        println!("| scenario | {} |", header.join(" | "));
+        println!("|---|{}", "---:|".repeat(COMPETITORS.len()));
+        for cell in cells {
+            let row: Vec<String> = COMPETITORS
+                .iter()
+                .map(|other| {
+                    let (ratio, wins) = cell.paired(ours, other);
+                    let mark = if wins * 2 < reps { " **lost**" } else { "" };
+                    format!("{ratio:.2} ({wins}/{reps}){mark}")
+                })
+                .collect();
+            println!("| `{}` | {} |", cell.name, row.join(" | "));
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    if args.first().map(String::as_str) != Some("run") {
+        println!("usage: cargo bench --bench interleaved -- run [REPS] [CELL...]");
+        return;
+    }
+    let mut rest = &args[1..];
+    let mut reps = DEFAULT_REPS;
+    if let Some(n) = rest.first().and_then(|a| a.parse::<usize>().ok()) {
+        if n == 0 {
+            eprintln!("REPS must be at least 1");
+            std::process::exit(2);
+        }
+        reps = n;
+        rest = &rest[1..];
+    }
+    let filters = rest;
+    let runtimes: [(&str, Runtime); 2] = [
+        (
+            "contended_mt",
+            Builder::new_multi_thread()
+                .worker_threads(2)
+                .build()
+                .expect("a multi-thread runtime"),
+        ),
+        (
+            "contended_ct",
+            Builder::new_current_thread()
+                .build()
+                .expect("a current-thread runtime"),
+        ),
+    ];
+    let mut cells = Vec::new();
+    for (group, rt) in &runtimes {
+        for tasks in TASKS {
+            for permits in PERMITS {
+                let name = format!("{group}/t{tasks}_p{permits}");
+                if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
+                    continue;
+                }
+                eprintln!("measuring {name}");
+                cells.push(measure(rt, name, tasks, permits, reps));
+            }
+        }
+    }
+    if cells.is_empty() {
+        eprintln!("no cell matches {filters:?}");
+        std::process::exit(2);
+    }
+    report(&cells, reps);
+}
