@@ -276,3 +276,47 @@ fn releases_hand_off_in_parts_to_one_waiter() {
         assert_eq!(sem.queue_len(), 0);
     });
 }
+
+/// Fair mode: a permit dropped while two waiters queue goes to the first,
+/// which is owed exactly that permit while the other still waits (the
+/// release's one-waker path); the first passes it on when it is done.
+#[test]
+fn release_to_the_head_of_two_waiters() {
+    release_to_two_waiters(Semaphore::new, false);
+}
+
+/// Unfair mode: as above, while the releasing thread tries to take the
+/// permit back at once (barging): the release wakes the head alone, the
+/// spare balance being exactly its request, and whoever wins, both waiters
+/// finish and nothing is lost.
+#[test]
+fn unfair_release_to_the_head_of_two_waiters() {
+    release_to_two_waiters(Semaphore::new_unfair, true);
+}
+
+/// Two threads wait for one permit each on `make(1)` while the main thread
+/// holds it; then the main thread returns it and, if `barge`, tries to take
+/// it back at once.
+fn release_to_two_waiters(make: fn(usize) -> Semaphore, barge: bool) {
+    loom::model(move || {
+        let sem = Arc::new(make(1));
+        let held = sem.clone().try_acquire_owned().unwrap();
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let s = sem.clone();
+                thread::spawn(move || block_on(s.acquire()).unwrap().num_permits())
+            })
+            .collect();
+        drop(held);
+        if barge {
+            if let Ok(again) = sem.try_acquire() {
+                drop(again);
+            }
+        }
+        for w in waiters {
+            assert_eq!(w.join().unwrap(), 1);
+        }
+        assert_eq!(sem.available_permits(), 1);
+        assert_eq!(sem.queue_len(), 0);
+    });
+}

@@ -212,7 +212,7 @@ impl Semaphore {
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), AcquireError>> {
         match *phase {
-            Phase::Idle => self.poll_take(waiter, n, phase, cx, false),
+            Phase::Idle => self.poll_take(waiter, n, phase, cx),
             // Served while queued (fair mode): the common wake-up, decided
             // by one load, with no call.
             Phase::Queued if waiter.status() == Status::Granted => {
@@ -224,8 +224,8 @@ impl Semaphore {
         }
     }
 
-    /// Tries the balance without the lock; joins the line (at its front if
-    /// `front`) if that fails.
+    /// A first poll: tries the balance without the lock, and joins the back
+    /// of the line if that fails.
     #[inline]
     fn poll_take(
         &self,
@@ -233,18 +233,16 @@ impl Semaphore {
         n: usize,
         phase: &mut Phase,
         cx: &mut Context<'_>,
-        front: bool,
     ) -> Poll<Result<(), AcquireError>> {
         match took(self.try_take(n), phase) {
             Some(done) => done,
-            None => self.poll_enqueue(waiter, n, phase, cx, front),
+            None => self.poll_enqueue(waiter, n, phase, cx),
         }
     }
 
-    /// A poll that could not take permits at once: retry under the lock,
-    /// else join the line: at its back, or at its front for an unfair
-    /// waiter that was woken and lost the race for the permits, so that it
-    /// keeps its place.
+    /// A first poll that could not take permits at once: see
+    /// [`enqueue`](Self::enqueue), at the back of the line. Out of line, so
+    /// that the fast path inlined into every `poll` stays small.
     #[cold]
     #[inline(never)]
     fn poll_enqueue(
@@ -253,14 +251,15 @@ impl Semaphore {
         n: usize,
         phase: &mut Phase,
         cx: &mut Context<'_>,
-        front: bool,
     ) -> Poll<Result<(), AcquireError>> {
-        self.enqueue(waiter, n, phase, cx, front)
+        self.enqueue(waiter, n, phase, cx, false)
     }
 
-    /// The body of [`poll_enqueue`](Self::poll_enqueue), inlined into the
-    /// unfair wake-up path of [`poll_queued`](Self::poll_queued) so that a
-    /// woken waiter that lost the race makes one call, not two.
+    /// Retries the balance under the lock, else joins the line: at its back,
+    /// or at its front for an unfair waiter that was woken and lost the race
+    /// for the permits, so that it keeps its place. Inlined into both
+    /// callers, so that a woken unfair waiter that lost makes one call from
+    /// [`poll_queued`](Self::poll_queued), not two.
     #[inline(always)]
     fn enqueue(
         &self,

@@ -28,8 +28,10 @@
 //! `add_permits`, or when a waiter queues or leaves). Either decrements the
 //! head's `remaining` counter and, once that reaches zero, unlinks the head,
 //! takes its waker and publishes `remaining = 0` with release ordering. From
-//! that store on the node belongs to its future again. Wakers are collected
-//! in a batch and woken after the lock is released. The head may be served
+//! that store on the node belongs to its future again. Wakers are woken
+//! after the lock is released: a release that serves only the head wakes
+//! that one waker directly, anything more collects them in a batch first.
+//! The head may be served
 //! in parts, so a large request is never starved by smaller ones behind it.
 //! That is fair mode.
 //!
@@ -56,6 +58,7 @@ pub use acquire::{Acquire, AcquireOwned};
 pub use permit::{OwnedPermit, Permit};
 
 use core::fmt;
+use core::ptr::NonNull;
 use core::task::Waker;
 use std::sync::Arc;
 
@@ -843,8 +846,10 @@ impl Semaphore {
     /// while an `add_permits` is between its addition and its own
     /// `distribute`, which serves those permits after us.
     ///
-    /// In unfair mode permits always go to the balance, and `distribute`
-    /// wakes the waiters who may compete for them.
+    /// In unfair mode permits always go to the balance, and the waiters who
+    /// may compete for them are woken: the head alone, inline, in the common
+    /// case where the spare balance is exactly its request; otherwise by
+    /// `distribute`.
     #[cold]
     #[inline(never)]
     fn release_to_waiters(&self, n: usize) -> isize {
@@ -855,9 +860,16 @@ impl Semaphore {
             // Unfair, closed, or the line emptied before we got the lock.
             let added = self.add_balance(n);
             if !self.fair && added.is_ok() {
-                // The common unfair case first: the permits cover the head
-                // exactly and others wait behind it. Wake it alone, without
-                // a batch.
+                // The common unfair case first: the spare balance (less the
+                // permits promised to woken waiters) is exactly the head's
+                // request, and others wait behind it. Wake the head alone,
+                // without a batch: `distribute` would stop at the next one,
+                // with no spare left. If the spare grows after our reads (an
+                // `add_permits` without the lock, or a woken waiter lowering
+                // `notified`), that `add_permits` distributes after us, and
+                // that waiter either takes the permits or re-queues asking
+                // for more than the balance: no permit is left unclaimed
+                // while everyone sleeps.
                 if let Some(node) = list.front() {
                     // SAFETY: `node` is linked, so it is alive, and we hold
                     // the lock.
@@ -866,7 +878,8 @@ impl Semaphore {
                     let spare = balance(now) - self.notified.load(Ordering::Relaxed) as isize;
                     let need = waiter.remaining();
                     if now & CLOSED == 0 && need as isize == spare && list.len() > 1 {
-                        let waker = self.notify_head(&mut list, waiter, need);
+                        // SAFETY: our guard's list, and `waiter` its head.
+                        let waker = unsafe { self.notify_head(&mut list, waiter, need) };
                         drop(list);
                         if let Some(waker) = waker {
                             waker.wake();
@@ -899,15 +912,16 @@ impl Semaphore {
                 Err(actual) => cur = actual,
             }
         }
-        // The common case first: the head takes everything released and
-        // others still wait behind it. One waker, woken with the lock
-        // released, and no batch.
+        // The common case first: the head is owed exactly what is left after
+        // the deficit, and others still wait behind it. One waker, woken
+        // with the lock released, and no batch.
         if left > 0 {
             if let Some(node) = list.front() {
                 // SAFETY: `node` is linked, so it is alive, and we hold the lock.
                 let waiter = unsafe { node.as_ref() };
                 if waiter.remaining() == left && list.len() > 1 {
-                    let waker = self.grant_head(&mut list, waiter);
+                    // SAFETY: our guard's list, and `waiter` its head.
+                    let waker = unsafe { self.grant_head(&mut list, waiter) };
                     drop(list);
                     if let Some(waker) = waker {
                         waker.wake();
@@ -928,7 +942,8 @@ impl Semaphore {
                 break;
             }
             left -= need;
-            if let Some(waker) = self.grant_head(&mut list, waiter) {
+            // SAFETY: our guard's list, and `waiter` its head.
+            if let Some(waker) = unsafe { self.grant_head(&mut list, waiter) } {
                 wakers.push(waker);
             }
         }
@@ -978,11 +993,18 @@ impl Semaphore {
     /// Fair mode: unlinks the head `waiter`, served in full, and marks it
     /// granted. Returns its waker, to wake once the lock is released.
     ///
-    /// Must be called with the lock held (`list` is its guard's list), and
-    /// `waiter` must be the head of `list`.
+    /// # Safety
+    ///
+    /// `list` must be this semaphore's list, borrowed from its lock guard,
+    /// and `waiter` its head. (Any other node would be marked granted while
+    /// still linked, and its owner could free it.)
     #[inline]
-    fn grant_head(&self, list: &mut List<Waiter>, waiter: &Waiter) -> Option<Waker> {
-        list.pop_front();
+    unsafe fn grant_head(&self, list: &mut List<Waiter>, waiter: &Waiter) -> Option<Waker> {
+        let head = list.pop_front();
+        debug_assert!(
+            head == Some(NonNull::from(waiter)),
+            "only the head is granted"
+        );
         self.queued.store(list.len(), Ordering::Relaxed);
         // Just unlinked under the lock: `grant` is the last use of the node.
         waiter.grant()
@@ -990,11 +1012,23 @@ impl Semaphore {
 
     /// Unfair mode: unlinks the head `waiter`, whose request of `need` the
     /// spare balance covers, counts it as notified and marks it so. Returns
-    /// its waker, to wake once the lock is released. Contract as
-    /// [`grant_head`](Self::grant_head).
+    /// its waker, to wake once the lock is released.
+    ///
+    /// # Safety
+    ///
+    /// As [`grant_head`](Self::grant_head).
     #[inline]
-    fn notify_head(&self, list: &mut List<Waiter>, waiter: &Waiter, need: usize) -> Option<Waker> {
-        list.pop_front();
+    unsafe fn notify_head(
+        &self,
+        list: &mut List<Waiter>,
+        waiter: &Waiter,
+        need: usize,
+    ) -> Option<Waker> {
+        let head = list.pop_front();
+        debug_assert!(
+            head == Some(NonNull::from(waiter)),
+            "only the head is notified"
+        );
         self.queued.store(list.len(), Ordering::Relaxed);
         // Counted before the node is marked: its owner subtracts once it
         // sees the mark.
@@ -1093,7 +1127,9 @@ impl Semaphore {
                 waiter.set_remaining(need - take);
                 return true;
             }
-            if let Some(waker) = self.grant_head(list, waiter) {
+            // SAFETY: the caller holds the lock (`list` is its guard's list),
+            // and `waiter` is its head.
+            if let Some(waker) = unsafe { self.grant_head(list, waiter) } {
                 wakers.push(waker);
             }
         }
@@ -1132,7 +1168,9 @@ impl Semaphore {
             if !wakers.can_push() {
                 return false;
             }
-            if let Some(waker) = self.notify_head(list, waiter, need) {
+            // SAFETY: the caller holds the lock (`list` is its guard's list),
+            // and `waiter` is its head.
+            if let Some(waker) = unsafe { self.notify_head(list, waiter, need) } {
                 wakers.push(waker);
             }
         }
