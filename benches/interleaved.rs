@@ -153,42 +153,37 @@ impl Cell {
     }
 }
 
+/// Prints a markdown table: a row per cell, a column per name in `columns`,
+/// each entry `value(cell, name)`.
+fn table(cells: &[Cell], columns: &[&str], value: impl Fn(&Cell, &str) -> String) {
+    let header: Vec<String> = columns.iter().map(|n| format!("`{n}`")).collect();
+    println!("| scenario | {} |", header.join(" | "));
+    println!("|---|{}", "---:|".repeat(columns.len()));
+    for cell in cells {
+        let row: Vec<String> = columns.iter().map(|n| value(cell, n)).collect();
+        println!("| `{}` | {} |", cell.name, row.join(" | "));
+    }
+}
+
 fn report(cells: &[Cell], reps: usize) {
     println!(
         "Median ns per acquire/yield/release cycle, {reps} interleaved repetitions of \
          {ROUNDS_PER_SAMPLE} rounds of {TOTAL_ACQUIRES} acquisitions per crate and cell:\n"
     );
-    let names = &cells[0].names;
-    let header: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
-    println!("| scenario | {} |", header.join(" | "));
-    println!("|---|{}", "---:|".repeat(names.len()));
-    for cell in cells {
-        let row: Vec<String> = names
-            .iter()
-            .map(|n| format!("{:.0}", cell.ns_per_cycle(n)))
-            .collect();
-        println!("| `{}` | {} |", cell.name, row.join(" | "));
-    }
+    table(cells, &cells[0].names, |cell, name| {
+        format!("{:.0}", cell.ns_per_cycle(name))
+    });
     for ours in ["bulkhead", "bulkhead_unfair"] {
         println!(
             "\nPaired ratios for `{ours}`: the median over repetitions of (competitor's time / \
              `{ours}`'s time in the same repetition), >1 when `{ours}` is faster, and in how \
              many of the {reps} repetitions `{ours}` was faster:\n"
         );
-        let header: Vec<String> = COMPETITORS.iter().map(|n| format!("`{n}`")).collect();
-        println!("| scenario | {} |", header.join(" | "));
-        println!("|---|{}", "---:|".repeat(COMPETITORS.len()));
-        for cell in cells {
-            let row: Vec<String> = COMPETITORS
-                .iter()
-                .map(|other| {
-                    let (ratio, wins) = cell.paired(ours, other);
-                    let mark = if wins * 2 < reps { " **lost**" } else { "" };
-                    format!("{ratio:.2} ({wins}/{reps}){mark}")
-                })
-                .collect();
-            println!("| `{}` | {} |", cell.name, row.join(" | "));
-        }
+        table(cells, &COMPETITORS, |cell, other| {
+            let (ratio, wins) = cell.paired(ours, other);
+            let mark = if wins * 2 < reps { " **lost**" } else { "" };
+            format!("{ratio:.2} ({wins}/{reps}){mark}")
+        });
     }
 }
 
