@@ -93,6 +93,9 @@
 //! trait.
 
 #![deny(unsafe_op_in_unsafe_fn)]
+// Unsafe code lives in the intrusive list, the semaphore built on it and
+// its wake-up batch, and nowhere else: those three modules opt out below.
+#![deny(unsafe_code)]
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -110,15 +113,18 @@ mod bulkhead;
 mod error;
 #[cfg(not(loom))]
 pub mod keyed;
+#[allow(unsafe_code)]
 mod list;
 mod loom;
 #[cfg(all(not(loom), feature = "redis"))]
 pub mod redis;
+#[allow(unsafe_code)]
 mod semaphore;
 #[cfg(not(loom))]
 pub mod timer;
 #[cfg(all(not(loom), feature = "tower"))]
 pub mod tower;
+#[allow(unsafe_code)]
 mod wake_list;
 
 #[cfg(not(loom))]

@@ -1,7 +1,8 @@
 //! Per-key bulkheads: independent limits, the global limit, the cap on
-//! tracked keys, eviction of idle keys (and never of keys in use),
-//! cancellation, bounded labels, and a concurrent stress test that counts
-//! calls in flight on its own.
+//! tracked keys, eviction of idle keys (the one idle longest first, never a
+//! key in use, and an evicted key back with fresh counts), cancellation,
+//! bounded labels, and concurrent stress tests that count calls in flight
+//! on their own.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -297,6 +298,222 @@ fn the_key_idle_longest_is_evicted_first() {
     let mut keys = kb.keys();
     keys.sort_unstable();
     assert_eq!(keys, [1, 3, 4]);
+}
+
+/// Waits until the clock has moved on, so that the next key to go idle
+/// goes idle strictly later than the last (on a clock of any resolution).
+fn tick() {
+    let now = Instant::now();
+    while Instant::now() == now {
+        std::hint::spin_loop();
+    }
+}
+
+/// At the cap, each new key evicts exactly the key idle longest, across all
+/// of the registry's shards: keys used again move to the back, keys in use
+/// are passed over (however long ago they were last idle), and a key that
+/// went idle again goes to the back.
+#[test]
+fn at_the_cap_each_new_key_evicts_the_key_idle_longest() {
+    const KEYS: u32 = 64;
+    let kb = KeyedBulkhead::<u32>::builder()
+        .max_concurrent_calls(1)
+        .max_keys(KEYS as usize)
+        .build()
+        .unwrap();
+    for key in 0..KEYS {
+        drop(kb.try_acquire(&key).unwrap());
+        tick();
+    }
+    // Used again, in a scrambled order: this is the order they went idle.
+    let mut order: Vec<u32> = (0..KEYS).map(|i| (i * 37 + 11) % KEYS).collect();
+    for &key in &order {
+        drop(kb.try_acquire(&key).unwrap());
+        tick();
+    }
+    // Two of the keys idle longest are in use now.
+    let held = [
+        kb.try_acquire(&order[0]).unwrap(),
+        kb.try_acquire(&order[2]).unwrap(),
+    ];
+    let (first, third) = (order.remove(0), order.remove(1));
+
+    let mut tracked: HashSet<u32> = (0..KEYS).collect();
+    for (new, &expected) in (1_000..).zip(&order[..20]) {
+        drop(kb.try_acquire(&new).unwrap());
+        tick();
+        assert!(
+            kb.metrics_for(&expected).is_none(),
+            "key {new} should have evicted {expected}, the key idle longest"
+        );
+        tracked.remove(&expected);
+        tracked.insert(new);
+        assert_eq!(kb.keys().into_iter().collect::<HashSet<_>>(), tracked);
+    }
+    // The held keys went idle just now: they are the last to go.
+    drop(held);
+    tick();
+    let mut next = order[20..].to_vec();
+    next.extend(1_000..1_020);
+    next.extend([first, third]);
+    for (new, &expected) in (2_000..).zip(&next) {
+        drop(kb.try_acquire(&new).unwrap());
+        tick();
+        assert!(
+            kb.metrics_for(&expected).is_none(),
+            "{new} evicts {expected}"
+        );
+    }
+    let s = kb.stats();
+    assert_eq!(s.keys_tracked(), KEYS as usize);
+    assert_eq!(
+        (s.keys_created(), s.keys_evicted()),
+        (
+            u64::from(KEYS) + 20 + next.len() as u64,
+            20 + next.len() as u64
+        )
+    );
+}
+
+/// An evicted key keeps nothing of its old state but its limit override
+/// and its label: its counts start from zero, and its bulkhead is a new one
+/// with every permit free.
+#[tokio::test]
+async fn an_evicted_key_comes_back_fresh_with_its_override_and_label() {
+    let kb = KeyedBulkhead::<String>::builder()
+        .name("tenants")
+        .max_concurrent_calls(1)
+        .max_wait(Duration::ZERO)
+        .call_timeout(Duration::from_millis(5))
+        .max_keys(2)
+        .key_label(|t: &String| format!("plan-{}", t.len()))
+        .build()
+        .unwrap();
+    kb.set_limit_for("acme", 2);
+    let two = [
+        kb.try_acquire("acme").unwrap(),
+        kb.try_acquire("acme").unwrap(),
+    ];
+    assert_eq!(reason(kb.try_acquire("acme")), KeyedRejectReason::KeyFull);
+    drop(two);
+    let slow = kb
+        .call("acme", async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok::<(), ()>(())
+        })
+        .await;
+    assert_eq!(slow, Err(KeyedError::CallTimeout));
+    let before = kb.metrics_for("acme").unwrap();
+    assert_eq!(
+        (
+            before.admitted(),
+            before.rejected_by_key(),
+            before.call_timeouts(),
+            before.bulkhead().permitted()
+        ),
+        (3, 1, 1, 3)
+    );
+    tick();
+
+    // Two newer keys at a cap of two: acme, idle longest, goes.
+    drop(kb.try_acquire("b").unwrap());
+    tick();
+    drop(kb.try_acquire("c").unwrap());
+    assert!(kb.metrics_for("acme").is_none());
+    assert_eq!(kb.stats().keys_evicted(), 1);
+
+    let back = [
+        kb.try_acquire("acme").unwrap(),
+        kb.try_acquire("acme").unwrap(),
+    ];
+    assert_eq!(back[0].label(), Some("plan-4"));
+    assert_eq!(back[0].bulkhead_name(), "tenants[plan-4]");
+    let after = kb.metrics_for("acme").unwrap();
+    assert_eq!(after.max_concurrent_calls(), 2, "the override is kept");
+    assert_eq!(
+        (
+            after.admitted(),
+            after.rejected(),
+            after.call_timeouts(),
+            after.in_flight(),
+            after.bulkhead().permitted(),
+            after.bulkhead().rejected_full()
+        ),
+        (2, 0, 0, 2, 2, 0),
+        "counts start from zero"
+    );
+    assert_eq!(after.label(), Some("plan-4"));
+    drop(back);
+    let s = kb.stats();
+    assert_eq!((s.keys_created(), s.keys_evicted()), (4, 2));
+    assert_eq!(s.labels_in_use(), 2); // plan-4 and plan-1
+}
+
+/// New keys arriving at the cap from several threads at once, each one
+/// evicting, while other keys are held: the keys in use are never evicted
+/// (their limit of one holds, counted by the test), the cap holds, and the
+/// counts add up.
+#[test]
+fn new_keys_at_the_cap_from_many_threads_never_evict_a_key_in_use() {
+    const THREADS: u64 = 4;
+    const MAX_KEYS: usize = 32;
+    let rounds: u64 = if cfg!(debug_assertions) {
+        2_000
+    } else {
+        20_000
+    };
+    let kb = KeyedBulkhead::<u64>::builder()
+        .max_concurrent_calls(1)
+        .max_wait(Duration::ZERO)
+        .max_keys(MAX_KEYS)
+        .build()
+        .unwrap();
+    // Held throughout: a second permit of these would mean a new bulkhead.
+    let held: Vec<_> = (0..8u64)
+        .map(|k| kb.try_acquire(&(u64::MAX - k)).unwrap())
+        .collect();
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let kb = &kb;
+            s.spawn(move || {
+                for i in 0..rounds {
+                    // Mostly new keys; now and then one of the held ones.
+                    let key = if i % 16 == 0 {
+                        u64::MAX - i % 8
+                    } else {
+                        t << 32 | i
+                    };
+                    match kb.try_acquire(&key) {
+                        Ok(permit) => {
+                            assert!(key < u64::MAX - 8, "held key {key} admitted twice");
+                            drop(permit);
+                        }
+                        Err(r) => assert!(
+                            matches!(
+                                r.reason(),
+                                KeyedRejectReason::KeyFull | KeyedRejectReason::TooManyKeys
+                            ),
+                            "{r}"
+                        ),
+                    }
+                    assert!(kb.keys_tracked() <= MAX_KEYS);
+                }
+            });
+        }
+    });
+    for k in 0..8u64 {
+        let m = kb
+            .metrics_for(&(u64::MAX - k))
+            .expect("a held key stays tracked");
+        assert_eq!((m.in_flight(), m.admitted()), (1, 1));
+    }
+    let s = kb.stats();
+    assert_eq!(s.keys_tracked(), MAX_KEYS);
+    assert_eq!(s.keys_created() - s.keys_evicted(), MAX_KEYS as u64);
+    assert!(s.keys_evicted() > rounds, "{s:?}");
+    drop(held);
+    assert_eq!(kb.evict_idle(), MAX_KEYS);
+    assert_eq!(kb.keys_tracked(), 0);
 }
 
 #[test]

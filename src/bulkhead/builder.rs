@@ -12,7 +12,7 @@ use super::observer::Observer;
 use super::policy::{Policy, Settings};
 use super::{Bulkhead, Shared};
 use crate::semaphore::Semaphore;
-use crate::timer::Timer;
+use crate::timer::{Clock, Timer};
 
 /// Configures a [`Bulkhead`]; made by [`Bulkhead::builder`].
 ///
@@ -69,6 +69,7 @@ impl BulkheadBuilder {
         }
     }
 
+    /// Names the bulkhead (the guarded dependency, usually).
     ///
     /// # Examples
     ///
@@ -78,13 +79,13 @@ impl BulkheadBuilder {
     /// let bh = Bulkhead::builder().name("inventory-api").max_concurrent_calls(10).build().unwrap();
     /// assert_eq!(bh.name(), "inventory-api");
     /// ```
-    /// Names the bulkhead (the guarded dependency, usually).
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
     }
 
     /// The most calls in flight at once. Required, at least 1; can be
+    /// changed later with [`Bulkhead::set_max_concurrent_calls`].
     ///
     /// # Examples
     ///
@@ -95,7 +96,6 @@ impl BulkheadBuilder {
     /// let bh = Bulkhead::builder().max_concurrent_calls(10).build().unwrap();
     /// assert_eq!(bh.metrics().max_concurrent_calls(), 10);
     /// ```
-    /// changed later with [`Bulkhead::set_max_concurrent_calls`].
     pub fn max_concurrent_calls(mut self, limit: usize) -> Self {
         self.max_concurrent_calls = Some(limit);
         self
@@ -104,6 +104,7 @@ impl BulkheadBuilder {
     /// How long a caller may wait for a permit before it is rejected with
     /// [`RejectReason::Timeout`](crate::RejectReason::Timeout).
     /// `Duration::ZERO` fails fast: no waiting at all. Not set: wait as long
+    /// as it takes.
     ///
     /// # Examples
     ///
@@ -122,7 +123,6 @@ impl BulkheadBuilder {
     /// assert_eq!(rejected.reason(), RejectReason::Full);
     /// # });
     /// ```
-    /// as it takes.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = Some(max_wait);
         self
@@ -131,6 +131,7 @@ impl BulkheadBuilder {
     /// The most callers that may wait at once; a caller that finds the line
     /// full is rejected at once with
     /// [`RejectReason::Full`](crate::RejectReason::Full). `0` means nobody
+    /// waits. The bound counts callers of this bulkhead (all clones).
     ///
     /// # Examples
     ///
@@ -144,7 +145,6 @@ impl BulkheadBuilder {
     /// assert_eq!(bh.acquire().await.unwrap_err().reason(), RejectReason::Full);
     /// # });
     /// ```
-    /// waits. The bound counts callers of this bulkhead (all clones).
     pub fn max_queue(mut self, max_queue: usize) -> Self {
         self.max_queue = Some(max_queue);
         self
@@ -153,6 +153,12 @@ impl BulkheadBuilder {
     /// A bound on the guarded call in [`Bulkhead::call`]: past it the call
     /// is dropped, its permit released, and
     /// [`BulkheadError::CallTimeout`](crate::BulkheadError::CallTimeout)
+    /// returned. Must be greater than zero.
+    ///
+    /// The timer is armed only when the call first waits (its first poll
+    /// returns `Pending`), so a call that completes at once costs no timer;
+    /// the bound counts from there, and synchronous work before the call's
+    /// first `.await` (which no timer could interrupt) is not counted.
     ///
     /// # Examples
     ///
@@ -171,7 +177,6 @@ impl BulkheadBuilder {
     /// assert_eq!(bh.metrics().in_flight(), 0); // the permit came back
     /// # });
     /// ```
-    /// returned. Must be greater than zero.
     pub fn call_timeout(mut self, call_timeout: Duration) -> Self {
         self.call_timeout = Some(call_timeout);
         self
@@ -197,7 +202,28 @@ impl BulkheadBuilder {
         self
     }
 
-    /// The timer for `max_wait` and `call_timeout`, instead of the one
+    /// The timer for `max_wait`, `call_timeout` and `leak_threshold`,
+    /// instead of the default.
+    ///
+    /// Without one, each wait runs on the timer of the tokio runtime it is
+    /// made in (with the `tokio` feature), else on the fallback that
+    /// [`default_timer`](crate::timer::default_timer) picks outside tokio
+    /// (`AsyncIoTimer`, else [`ThreadTimer`](crate::timer::ThreadTimer)).
+    /// So a bulkhead built in a `static` or in one runtime and used in
+    /// another sleeps on the runtime that waits; `Debug` of the bulkhead
+    /// shows which timer it has. The bundled timers' sleeps live inline in
+    /// the waiting future; a timer of your own is asked for a boxed
+    /// [`Sleep`](crate::timer::Sleep) per wait.
+    ///
+    /// [`build`](Self::build) fails with
+    /// [`BuildErrorKind::TimerUnavailable`](crate::BuildErrorKind::TimerUnavailable)
+    /// inside a tokio runtime without a time driver (for the default, or a
+    /// `TokioTimer` of such a runtime). A wait whose timer stops working
+    /// later (its tokio runtime shut down, or a runtime without a time
+    /// driver waiting on the default timer) is rejected with
+    /// [`RejectReason::Unavailable`](crate::RejectReason::Unavailable); a
+    /// running call whose `call_timeout` cannot be armed is dropped with the
+    /// same rejection, rather than left unbounded.
     ///
     /// # Examples
     ///
@@ -215,13 +241,13 @@ impl BulkheadBuilder {
     ///     .unwrap();
     /// assert_eq!(bh.metrics().max_wait(), Some(Duration::from_millis(50)));
     /// ```
-    /// [`default_timer`](crate::timer::default_timer) picks.
     pub fn timer(mut self, timer: Arc<dyn Timer>) -> Self {
         self.timer = Some(timer);
         self
     }
 
     /// Adds hooks that see every call. May be called more than once; the
+    /// observers run in the order they were added.
     ///
     /// # Examples
     ///
@@ -243,7 +269,6 @@ impl BulkheadBuilder {
     /// drop(bh.try_acquire().unwrap());
     /// assert_eq!(seen.0.load(Ordering::Relaxed), 1);
     /// ```
-    /// observers run in the order they were added.
     pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observers.push(observer);
         self
@@ -251,6 +276,7 @@ impl BulkheadBuilder {
 
     /// Whether to publish to the `metrics` facade and to `tracing` when the
     /// `metrics` / `tracing` features are on (default `true`). Without those
+    /// features this does nothing.
     ///
     /// # Examples
     ///
@@ -261,7 +287,6 @@ impl BulkheadBuilder {
     /// let quiet = Bulkhead::builder().max_concurrent_calls(1).exporters(false).build().unwrap();
     /// assert!(quiet.try_acquire().is_ok());
     /// ```
-    /// features this does nothing.
     pub fn exporters(mut self, enabled: bool) -> Self {
         self.exporters = enabled;
         self
@@ -364,33 +389,40 @@ impl BulkheadBuilder {
         let needs_timer = self.max_wait.is_some_and(|d| !d.is_zero())
             || self.call_timeout.is_some()
             || self.leak_threshold.is_some();
-        let timer = match self.timer {
-            Some(timer) => Some(timer),
-            None if needs_timer => match crate::timer::default_timer() {
-                Some(timer) => Some(timer),
-                None => return Err(BuildError::new(BuildErrorKind::NoTimer)),
-            },
+        let clock = match self.timer {
+            Some(timer) => Some(Clock::of(timer)),
+            None if needs_timer => Some(Clock::Auto),
             None => None,
         };
-        let mut observers = self.observers;
+        if let Some(clock) = &clock {
+            // Where it can be known now: a runtime without a time driver,
+            // or no timer at all.
+            if clock.check().is_err() {
+                let kind = match clock {
+                    Clock::Auto if !in_tokio_runtime() => BuildErrorKind::NoTimer,
+                    _ => BuildErrorKind::TimerUnavailable,
+                };
+                return Err(BuildError::new(kind));
+            }
+        }
+        // The exporters first, so a user's panicking observer cannot keep
+        // them from an event (and leave a gauge wrong).
+        let mut observers = Vec::new();
         if self.exporters {
             #[cfg(feature = "metrics")]
-            observers.push(Arc::new(super::export::MetricsExporter::new(&name)));
+            observers
+                .push(Arc::new(super::export::MetricsExporter::new(&name)) as Arc<dyn Observer>);
             #[cfg(feature = "tracing")]
-            observers.push(Arc::new(super::export::TracingExporter));
+            observers.push(Arc::new(super::export::TracingExporter) as Arc<dyn Observer>);
         }
-        let observer: Option<Arc<dyn Observer>> = match observers.len() {
-            0 => None,
-            1 => observers.pop(),
-            _ => Some(Arc::new(super::export::Fanout(observers))),
-        };
+        observers.extend(self.observers);
         Ok(Policy::new(Settings {
-            name: name.into(),
+            name: super::name::intern(&name),
             max_wait: self.max_wait,
             max_queue: self.max_queue,
             call_timeout: self.call_timeout,
-            timer,
-            observer,
+            clock,
+            observers,
             limit,
             leak_threshold: self.leak_threshold,
             #[cfg(feature = "tracing")]
@@ -413,4 +445,12 @@ impl fmt::Debug for BulkheadBuilder {
             .field("exporters", &self.exporters)
             .finish()
     }
+}
+
+/// Whether this runs inside a tokio runtime.
+fn in_tokio_runtime() -> bool {
+    #[cfg(feature = "tokio")]
+    return ::tokio::runtime::Handle::try_current().is_ok();
+    #[cfg(not(feature = "tokio"))]
+    false
 }

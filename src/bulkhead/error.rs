@@ -2,7 +2,6 @@
 //! an admitted call, and what is wrong with a configuration.
 
 use core::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Why the bulkhead turned a call away.
@@ -32,6 +31,9 @@ pub enum RejectReason {
     Closed,
     /// The permits live elsewhere (the Redis backend) and could not be
     /// reached: the bulkhead fails closed rather than admit uncounted calls.
+    /// Also: the timer that bounds a wait or a call cannot run (its tokio
+    /// runtime has shut down, or has no time driver), so the bound could
+    /// not be kept.
     Unavailable,
 }
 
@@ -86,7 +88,7 @@ impl fmt::Display for RejectReason {
 pub struct Rejected {
     reason: RejectReason,
     waited: Duration,
-    name: Arc<str>,
+    name: &'static str,
     retry_after: Option<Duration>,
 }
 
@@ -94,7 +96,7 @@ impl Rejected {
     pub(crate) fn new(
         reason: RejectReason,
         waited: Duration,
-        name: Arc<str>,
+        name: &'static str,
         retry_after: Option<Duration>,
     ) -> Self {
         Self {
@@ -156,7 +158,7 @@ impl Rejected {
     /// assert_eq!(bh.try_acquire().unwrap_err().name(), "ledger");
     /// ```
     pub fn name(&self) -> &str {
-        &self.name
+        self.name
     }
 
     /// When trying again is likely to find a free permit: an estimate from
@@ -369,6 +371,11 @@ pub enum BuildErrorKind {
     /// available: no timer was given, and no runtime feature (`tokio`,
     /// `async-io`) or the default `thread-timer` feature is enabled.
     NoTimer,
+    /// The timer cannot make a sleep here: the tokio runtime the bulkhead
+    /// is built in (or the one its `TokioTimer` runs on) has no time
+    /// driver. Enable it (`enable_time` or `enable_all` on the runtime
+    /// builder) or pass another timer.
+    TimerUnavailable,
 }
 
 impl BuildError {
@@ -406,6 +413,10 @@ impl fmt::Display for BuildError {
             BuildErrorKind::NoTimer => {
                 "max_wait or call_timeout needs a timer: pass one with .timer(..) or enable the \
                  `tokio`, `async-io` or `thread-timer` feature"
+            }
+            BuildErrorKind::TimerUnavailable => {
+                "the timer cannot run: the tokio runtime has no time driver (call `enable_time` \
+                 on its builder, or pass another timer with .timer(..))"
             }
         })
     }

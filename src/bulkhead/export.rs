@@ -168,24 +168,3 @@ mod tracing_export {
         }
     }
 }
-
-/// Sends each event to several observers, in order.
-pub(crate) struct Fanout(pub(crate) Vec<std::sync::Arc<dyn super::Observer>>);
-
-impl super::Observer for Fanout {
-    fn on_permitted(&self, e: &super::observer::Permitted<'_>) {
-        self.0.iter().for_each(|o| o.on_permitted(e));
-    }
-
-    fn on_rejected(&self, e: &super::observer::Rejection<'_>) {
-        self.0.iter().for_each(|o| o.on_rejected(e));
-    }
-
-    fn on_finished(&self, e: &super::observer::Finished<'_>) {
-        self.0.iter().for_each(|o| o.on_finished(e));
-    }
-
-    fn on_leak_suspected(&self, e: &super::observer::LeakSuspected<'_>) {
-        self.0.iter().for_each(|o| o.on_leak_suspected(e));
-    }
-}

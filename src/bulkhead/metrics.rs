@@ -60,7 +60,7 @@ impl Counters {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Metrics {
-    pub(crate) name: std::sync::Arc<str>,
+    pub(crate) name: &'static str,
     pub(crate) max_concurrent_calls: usize,
     pub(crate) in_flight: usize,
     pub(crate) queued: usize,
@@ -88,7 +88,7 @@ impl Metrics {
     /// assert_eq!(bh.metrics().name(), "billing");
     /// ```
     pub fn name(&self) -> &str {
-        &self.name
+        self.name
     }
 
     /// The configured limit on calls in flight.

@@ -27,11 +27,12 @@
 mod builder;
 pub(crate) mod error;
 mod export;
+pub(crate) mod guard;
 mod metrics;
+mod name;
 pub(crate) mod observer;
 mod permit;
 pub(crate) mod policy;
-pub(crate) mod timeout;
 
 pub use builder::BulkheadBuilder;
 pub use error::{BuildError, BuildErrorKind, BulkheadError, RejectReason, Rejected};
@@ -49,10 +50,12 @@ use std::time::Duration;
 
 use event_listener::Event;
 
+use pin_project_lite::pin_project;
+
 use crate::error::TryAcquireError;
+use crate::futures::Acquire;
 use crate::semaphore::Semaphore;
-use metrics::Counters;
-use permit::Held;
+use permit::Admitted;
 use policy::Policy;
 
 /// Limits how many calls reach a downstream dependency at once, and decides
@@ -128,7 +131,7 @@ impl Bulkhead {
 
     /// The bulkhead's name, as given to the builder.
     pub fn name(&self) -> &str {
-        &self.shared.policy.name
+        self.shared.policy.name()
     }
 
     /// Runs `call` once a permit is granted, then gives the permit back.
@@ -165,11 +168,14 @@ impl Bulkhead {
         F: Future<Output = Result<T, E>>,
     {
         let shared = &*self.shared;
-        let waited = shared.admit().await?;
+        let admitted = match shared.admit_now(true) {
+            Some(now) => now?,
+            None => shared.admit_waiting().await?,
+        };
         // The guard owns the permit before any user code (the observer) runs,
         // so a panicking hook cannot leak it.
-        let mut held = Held::new(shared, CallOutcome::Cancelled);
-        shared.policy.permitted(waited);
+        let mut held = permit::held(shared, admitted, CallOutcome::Cancelled);
+        shared.policy.permitted(admitted.waited());
         let (result, outcome) = shared.policy.run(shared.policy.traced(call)).await;
         held.set_outcome(outcome);
         drop(held);
@@ -202,9 +208,13 @@ impl Bulkhead {
     /// # });
     /// ```
     pub async fn acquire(&self) -> Result<BulkheadPermit, Rejected> {
-        let waited = self.shared.admit().await?;
-        let permit = BulkheadPermit::new(self.shared.clone());
-        self.shared.policy.permitted(waited);
+        let shared = &*self.shared;
+        let admitted = match shared.admit_now(true) {
+            Some(now) => now?,
+            None => shared.admit_waiting().await?,
+        };
+        let permit = BulkheadPermit::new(self.shared.clone(), admitted);
+        self.shared.policy.permitted(admitted.waited());
         Ok(permit)
     }
 
@@ -225,8 +235,10 @@ impl Bulkhead {
     /// assert_eq!(bh.try_acquire().unwrap_err().reason(), RejectReason::Full);
     /// ```
     pub fn try_acquire(&self) -> Result<BulkheadPermit, Rejected> {
-        self.shared.admit_now()?;
-        let permit = BulkheadPermit::new(self.shared.clone());
+        if let Some(Err(rejected)) = self.shared.admit_now(false) {
+            return Err(rejected);
+        }
+        let permit = BulkheadPermit::new(self.shared.clone(), Admitted::Now);
         self.shared.policy.permitted(Duration::ZERO);
         Ok(permit)
     }
@@ -245,23 +257,7 @@ impl Bulkhead {
     pub fn metrics(&self) -> Metrics {
         let s = &*self.shared;
         let (limit, in_flight) = s.limit_and_in_flight();
-        let c = &s.policy.counters;
-        Metrics {
-            name: s.policy.name.clone(),
-            max_concurrent_calls: limit,
-            in_flight,
-            queued: s.policy.queued(),
-            max_queue: s.policy.max_queue,
-            max_wait: s.policy.max_wait,
-            closed: s.sem.is_closed(),
-            permitted: Counters::get(&c.permitted),
-            rejected_full: Counters::get(&c.rejected_full),
-            rejected_timeout: Counters::get(&c.rejected_timeout),
-            rejected_closed: Counters::get(&c.rejected_closed),
-            rejected_unavailable: Counters::get(&c.rejected_unavailable),
-            call_timeouts: Counters::get(&c.call_timeouts),
-            leaks_suspected: Counters::get(&c.leaks_suspected),
-        }
+        s.policy.metrics(limit, in_flight, s.sem.is_closed())
     }
 
     /// Changes the limit on calls in flight, at once and without blocking.
@@ -302,7 +298,7 @@ impl Bulkhead {
             }
             *current = limit;
             s.limit_now.store(limit, Ordering::Release);
-            s.policy.hint_limit.store(limit, Ordering::Relaxed);
+            s.policy.note_limit(limit);
         }
         // In-flight counts against a new limit: let `wait_idle` look again.
         s.became_idle();
@@ -323,8 +319,11 @@ impl Bulkhead {
     /// ```
     pub fn close(&self) {
         self.shared.sem.close();
+        // Rejected waiters hold nothing, but let `wait_idle` look again.
+        self.shared.became_idle();
     }
 
+    /// Whether [`close`](Self::close) was called.
     ///
     /// # Examples
     ///
@@ -336,7 +335,6 @@ impl Bulkhead {
     /// bh.close();
     /// assert!(bh.is_closed());
     /// ```
-    /// Whether [`close`](Self::close) was called.
     pub fn is_closed(&self) -> bool {
         self.shared.sem.is_closed()
     }
@@ -403,6 +401,15 @@ impl Shared {
         }
     }
 
+    /// A permit may have come back outside a guard (a granted waiter that
+    /// was cancelled): wake `wait_idle` if the bulkhead is now empty.
+    #[cold]
+    fn became_idle_maybe(&self) {
+        if self.sem.available_permits() >= self.limit() as isize {
+            self.became_idle();
+        }
+    }
+
     /// The configured limit and the calls in flight, read consistently.
     fn limit_and_in_flight(&self) -> (usize, usize) {
         let limit = self.limit.lock().unwrap_or_else(PoisonError::into_inner);
@@ -410,44 +417,81 @@ impl Shared {
         (*limit, in_flight as usize)
     }
 
-    /// Takes a permit now or rejects the call: never waits. The caller
-    /// wraps the permit in a guard, then reports it with `permitted`.
+    /// The decision that needs no waiting: a permit taken at once
+    /// (`Some(Ok)`), or a rejection (`Some(Err)`: closed, or full when the
+    /// policy fails fast, or always when `may_wait` is false); `None` when
+    /// the caller is to wait in line ([`admit_waiting`](Self::admit_waiting)).
+    /// Nothing waiting-related is built on these paths, so they move
+    /// nothing bigger than a pointer.
     #[inline]
-    fn admit_now(&self) -> Result<(), Rejected> {
-        match self.sem.try_take(1) {
-            Ok(()) => Ok(()),
-            Err(TryAcquireError::NoPermits) => {
-                Err(self.policy.reject(RejectReason::Full, Duration::ZERO))
+    fn admit_now(&self, may_wait: bool) -> Option<Result<Admitted, Rejected>> {
+        let reason = match self.sem.try_take(1) {
+            Ok(()) => return Some(Ok(Admitted::Now)),
+            Err(TryAcquireError::Closed) => RejectReason::Closed,
+            Err(TryAcquireError::NoPermits) if may_wait && !self.policy.fails_fast() => {
+                return None;
             }
-            Err(TryAcquireError::Closed) => {
-                Err(self.policy.reject(RejectReason::Closed, Duration::ZERO))
-            }
-        }
+            Err(TryAcquireError::NoPermits) => RejectReason::Full,
+        };
+        Some(Err(self.policy.reject(reason, Duration::ZERO)))
     }
 
-    /// Takes a permit under the policy: at once if one is free, else by
-    /// waiting in line if the policy allows. Resolves to the time waited;
-    /// the caller wraps the permit in a guard, then reports it with
+    /// Waits in line under the policy (the bounded line, `max_wait`); the
+    /// waiting future and its timer live inline, so nothing is allocated.
+    /// The caller wraps the permit in a guard, then reports it with
     /// `permitted`.
-    ///
-    /// The waiting path is boxed, so the futures of `call` and `acquire`
-    /// stay small (the uncontended path moves them around); only a caller
-    /// that has to wait pays for the allocation.
-    #[inline]
-    fn admit(&self) -> Admit<'_> {
-        match self.sem.try_take(1) {
-            Ok(()) => Admit::Now,
-            Err(TryAcquireError::Closed) => Admit::Closed(self),
-            Err(TryAcquireError::NoPermits) => Admit::Waiting(Box::pin(self.admit_waiting())),
-        }
+    async fn admit_waiting(&self) -> Result<Admitted, Rejected> {
+        let queued = Queued {
+            shared: self,
+            acquire: Some(self.sem.acquire()),
+        };
+        let ((), waited) = self.policy.wait(queued).await?;
+        Ok(Admitted::Waited(waited))
+    }
+}
+
+pin_project! {
+    /// The semaphore's acquire for a bulkhead: on drop, a permit it was
+    /// handed but never delivered has gone back through the semaphore, so
+    /// `wait_idle` looks again (the bulkhead may have emptied).
+    struct Queued<'a> {
+        shared: &'a Shared,
+        #[pin]
+        acquire: Option<Acquire<'a>>,
     }
 
-    async fn admit_waiting(&self) -> Result<Duration, Rejected> {
-        let acquire = async { self.sem.acquire().await.map_err(|_| RejectReason::Closed) };
-        let (permit, waited) = self.policy.wait_for(acquire).await?;
-        // The permit now belongs to the call; `Held` gives it back.
-        permit.forget();
-        Ok(waited)
+    impl PinnedDrop for Queued<'_> {
+        fn drop(this: Pin<&mut Self>) {
+            let mut this = this.project();
+            if this.acquire.is_some() {
+                this.acquire.set(None);
+                this.shared.became_idle_maybe();
+            }
+        }
+    }
+}
+
+impl Future for Queued<'_> {
+    type Output = Result<(), RejectReason>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let Some(acquire) = this.acquire.as_mut().as_pin_mut() else {
+            return Poll::Ready(Err(RejectReason::Closed));
+        };
+        let out = match acquire.poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            // The permit now belongs to the call; `Held` gives it back.
+            Poll::Ready(Ok(permit)) => {
+                permit.forget();
+                Ok(())
+            }
+            Poll::Ready(Err(_closed)) => Err(RejectReason::Closed),
+        };
+        // Done: nothing to hand back on drop.
+        this.acquire.set(None);
+        Poll::Ready(out)
     }
 }
 
@@ -460,53 +504,16 @@ impl Drop for Watching<'_> {
     }
 }
 
-/// The future of [`Shared::admit`]: decided at once, or waiting (boxed).
-/// The variants decided at once carry no payload, so the uncontended path
-/// of `call` builds and moves nothing bigger than a pointer; a rejection
-/// is made when polled.
-enum Admit<'a> {
-    /// Admitted without waiting.
-    Now,
-    /// The bulkhead is closed.
-    Closed(&'a Shared),
-    Waiting(Pin<Box<dyn Future<Output = Result<Duration, Rejected>> + Send + 'a>>),
-    /// Polled to completion.
-    Done,
-}
-
-impl Future for Admit<'_> {
-    type Output = Result<Duration, Rejected>;
-
-    #[inline]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        match this {
-            Admit::Now => {
-                *this = Admit::Done;
-                Poll::Ready(Ok(Duration::ZERO))
-            }
-            Admit::Closed(shared) => {
-                let shared = *shared;
-                *this = Admit::Done;
-                Poll::Ready(Err(shared
-                    .policy
-                    .reject(RejectReason::Closed, Duration::ZERO)))
-            }
-            Admit::Waiting(fut) => fut.as_mut().poll(cx),
-            Admit::Done => panic!("admit polled after completion"),
-        }
-    }
-}
-
 impl fmt::Debug for Bulkhead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (limit, in_flight) = self.shared.limit_and_in_flight();
         f.debug_struct("Bulkhead")
-            .field("name", &self.shared.policy.name)
+            .field("name", &self.shared.policy.name())
             .field("max_concurrent_calls", &limit)
             .field("in_flight", &in_flight)
             .field("queued", &self.shared.policy.queued())
             .field("closed", &self.shared.sem.is_closed())
+            .field("timer", &self.shared.policy.clock())
             .finish()
     }
 }

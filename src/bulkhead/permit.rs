@@ -3,58 +3,69 @@
 use core::fmt;
 use core::ops::Deref;
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::Shared;
+use super::guard::{Guard, Source};
 use super::observer::CallOutcome;
+use super::policy::{Policy, Waited};
+use std::time::Duration;
 
-/// One admitted call's hold on a permit: gives the permit back on drop,
-/// tells the observer how the call ended, and wakes `wait_idle` when the
-/// bulkhead empties. `S` is `&Shared` inside `call` and `Arc<Shared>` in a
-/// [`BulkheadPermit`].
-pub(crate) struct Held<S: Deref<Target = Shared>> {
-    shared: S,
-    /// When the permit was granted; only measured when an observer listens.
-    since: Option<Instant>,
-    /// Reported to the observer on drop, unless a panic is unwinding.
-    outcome: CallOutcome,
-    /// The permit's leak watch in the policy (0: none).
-    watch: u64,
-}
+/// A local bulkhead's permit, as a guard's [`Source`]: `S` is `&Shared`
+/// inside `call` and `Arc<Shared>` in a [`BulkheadPermit`].
+pub(crate) struct Local<S>(pub(crate) S);
 
-impl<S: Deref<Target = Shared>> Held<S> {
+impl<S: Deref<Target = Shared>> Source for Local<S> {
     #[inline]
-    pub(crate) fn new(shared: S, outcome_if_dropped: CallOutcome) -> Self {
-        // The permit was taken just now: no permit left means the hold time
-        // matters for retry hints.
-        let since = shared.policy.clock(shared.sem.available_permits() <= 0);
-        let watch = shared.policy.watch();
-        Self {
-            shared,
-            since,
-            watch,
-            outcome: outcome_if_dropped,
-        }
+    fn policy(&self) -> &Policy {
+        &self.0.policy
     }
 
-    /// Records how the call ended, for the observer.
     #[inline]
-    pub(crate) fn set_outcome(&mut self, outcome: CallOutcome) {
-        self.outcome = outcome;
-    }
-}
-
-impl<S: Deref<Target = Shared>> Drop for Held<S> {
-    #[inline]
-    fn drop(&mut self) {
-        // Disarm the leak watch before the permit goes back.
-        self.shared.policy.unwatch(self.watch);
-        let shared = &*self.shared;
+    fn give_back(&mut self) {
+        let shared = &*self.0;
         let balance = shared.sem.release(1);
         if balance >= shared.limit() as isize {
             shared.became_idle();
         }
-        shared.policy.finished(self.since, self.outcome);
+    }
+}
+
+/// One admitted call's hold on a local permit.
+pub(crate) type Held<S> = Guard<Local<S>>;
+
+/// Takes over a permit of `shared` that was just granted; `admitted` says
+/// how (and whether the grant's time was read already).
+#[inline]
+pub(crate) fn held<S: Deref<Target = Shared>>(
+    shared: S,
+    admitted: Admitted,
+    outcome_if_dropped: CallOutcome,
+) -> Held<S> {
+    let since = match admitted {
+        Admitted::Waited(w) => w.since,
+        // No permit left means the hold time matters for retry hints.
+        Admitted::Now => shared.policy.clock_in(shared.sem.available_permits() <= 0),
+    };
+    Guard::new(Local(shared), since, outcome_if_dropped)
+}
+
+/// How a local permit was granted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Admitted {
+    /// At once.
+    Now,
+    /// After waiting.
+    Waited(Waited),
+}
+
+impl Admitted {
+    /// How long the caller waited, for the observers.
+    #[inline]
+    pub(crate) fn waited(self) -> Duration {
+        match self {
+            Admitted::Now => Duration::ZERO,
+            Admitted::Waited(w) => w.waited,
+        }
     }
 }
 
@@ -81,12 +92,13 @@ pub struct BulkheadPermit {
 }
 
 impl BulkheadPermit {
-    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, admitted: Admitted) -> Self {
         Self {
-            held: Held::new(shared, CallOutcome::Released),
+            held: held(shared, admitted, CallOutcome::Released),
         }
     }
 
+    /// The name of the bulkhead the permit came from.
     ///
     /// # Examples
     ///
@@ -96,9 +108,8 @@ impl BulkheadPermit {
     /// let bh = Bulkhead::builder().name("gpu").max_concurrent_calls(1).build().unwrap();
     /// assert_eq!(bh.try_acquire().unwrap().bulkhead_name(), "gpu");
     /// ```
-    /// The name of the bulkhead the permit came from.
     pub fn bulkhead_name(&self) -> &str {
-        &self.held.shared.policy.name
+        self.held.source().0.policy.name()
     }
 
     /// Marks how the guarded work ended, for the observer (the default is
@@ -121,7 +132,7 @@ impl BulkheadPermit {
 impl fmt::Debug for BulkheadPermit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BulkheadPermit")
-            .field("bulkhead", &self.held.shared.policy.name)
+            .field("bulkhead", &self.held.source().0.policy.name())
             .finish_non_exhaustive()
     }
 }

@@ -62,11 +62,25 @@
 //! two cannot deadlock, and a noisy key's excess callers wait in their own
 //! key's line holding nothing that others need: at most its limit of them
 //! can be in the global line, which is FIFO, so every key gets its turn.
+//!
+//! # Costs
+//!
+//! A call for a tracked key takes no lock that all keys share: the keys are
+//! spread over shards by hash, and finding one takes its shard's read lock
+//! and an atomic increment. When a key's last call ends, the key moves to
+//! the back of its shard's idle order (that shard's mutex and a clock
+//! read), so that a new key at the `max_keys` cap evicts the key idle
+//! longest in constant time, however many keys are tracked. The first call
+//! for a key builds its bulkhead, with no lock held.
 
 mod builder;
+mod entry;
 mod error;
+mod idle;
+mod labels;
 mod metrics;
 mod permit;
+mod registry;
 
 pub use builder::KeyedBulkheadBuilder;
 pub use error::{KeyedError, KeyedRejectReason, KeyedRejected};
@@ -79,18 +93,20 @@ use core::future::{Future, poll_fn};
 use core::hash::Hash;
 use core::pin::{Pin, pin};
 use core::task::Poll;
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use event_listener::{Event, EventListener};
 
-use crate::bulkhead::timeout::Timeout;
 use crate::bulkhead::{Bulkhead, BulkheadBuilder, BulkheadPermit, CallOutcome, Rejected};
 use crate::semaphore::Semaphore;
+use crate::timer::timeout::Timeout;
 use crate::timer::{Sleep, Timer};
+use entry::Entry;
+use labels::Labels;
 use permit::User;
+use registry::{Refused, Registry};
 
 /// [`KeyedBulkheadBuilder::limit_for`].
 type LimitFn<K> = Arc<dyn Fn(&K) -> usize + Send + Sync>;
@@ -175,19 +191,18 @@ struct Inner<K> {
     global: Option<Bulkhead>,
     /// Whether `global` was made by the builder (and is closed with us).
     global_owned: bool,
-    max_keys: usize,
-    idle_timeout_ns: Option<u64>,
-    /// The origin of the entries' idle clocks.
-    epoch: Instant,
-    /// The keys. Never held across an await, nor while user code runs
-    /// (`limit_for`, `key_label`, observers and metrics recorders, all
-    /// called by a key's bulkhead's construction); only `K`'s own `Hash`,
-    /// `Eq`, `Clone` and `Drop` run under it.
-    state: Mutex<State<K>>,
+    /// The tracked keys, in shards, with their eviction order. No lock of
+    /// it is held across an await, nor while user code runs (`limit_for`,
+    /// `key_label`, observers and metrics recorders, all called by a key's
+    /// bulkhead's construction); only `K`'s own `Hash`, `Eq`, `Clone` and
+    /// `Drop` run under one.
+    registry: Registry<K>,
     /// Serialises `set_limit_for` and `clear_limit_for`, so the last one to
     /// record an override is the last one to apply it.
     limits: Mutex<()>,
-    /// Set (under `state`) by `close`, which then notifies `closing`.
+    /// Set by `close` before it collects the entries to close (an insert
+    /// checks it with its shard locked: see the registry's notes), then
+    /// `closing` is notified.
     closed: AtomicBool,
     /// Wakes callers waiting for a global permit when we close: a shared
     /// global bulkhead is not closed with us.
@@ -195,39 +210,8 @@ struct Inner<K> {
     counters: Counters,
 }
 
-struct State<K> {
-    keys: HashMap<K, Arc<Entry>>,
-    /// Limits from `set_limit_for`, which outlive an eviction. As many as
-    /// the application set, not as many as keys were seen.
-    overrides: HashMap<K, usize>,
-    closed: bool,
-    /// When idle keys were last swept out (nanoseconds since `epoch`).
-    last_sweep_ns: u64,
-}
-
-/// One tracked key.
-struct Entry {
-    bulkhead: Bulkhead,
-    label: Option<Arc<str>>,
-    /// Callers holding a permit of this key, or waiting for one: they hold
-    /// a [`User`]. Only grows under the keys' lock; eviction, also under
-    /// the lock, takes only entries where it is zero. So an evicted entry
-    /// has no permit out and nobody waiting, and never will again.
-    users: AtomicUsize,
-    /// When the last user left (nanoseconds since `epoch`); meaningful while
-    /// `users` is zero.
-    idle_since_ns: AtomicU64,
-    epoch: Instant,
-    admitted: AtomicU64,
-    rejected_global: AtomicU64,
-    call_timeouts: AtomicU64,
-    waiting_global: AtomicUsize,
-}
-
 #[derive(Default)]
 struct Counters {
-    keys_created: AtomicU64,
-    keys_evicted: AtomicU64,
     rejected_too_many_keys: AtomicU64,
     rejected_closed: AtomicU64,
     rejected_global: AtomicU64,
@@ -451,16 +435,7 @@ where
         );
         let inner = &*self.inner;
         let _limits = inner.limits.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = {
-            let mut state = inner.lock();
-            match state.overrides.get_mut(key) {
-                Some(current) => *current = limit,
-                None => {
-                    state.overrides.insert(key.to_owned(), limit);
-                }
-            }
-            state.keys.get(key).cloned()
-        };
+        let entry = inner.registry.set_override(key, Some(limit));
         // A key made after the override was recorded reads it; one made
         // before is found here.
         if let Some(entry) = entry {
@@ -494,24 +469,24 @@ where
         // User code: before taking any lock.
         let fallback = inner.limit_of(&key.to_owned());
         let _limits = inner.limits.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = {
-            let mut state = inner.lock();
-            state.overrides.remove(key);
-            state.keys.get(key).cloned()
-        };
+        let entry = inner.registry.set_override(key, None);
         if let Some(entry) = entry {
             entry.bulkhead.set_max_concurrent_calls(fallback);
         }
     }
 
-    /// How many keys are tracked now.
+    /// How many keys are tracked now (a new key counts from the moment its
+    /// place is taken, just before it is inserted); never more than
+    /// [`max_keys`](KeyedBulkheadBuilder::max_keys).
     pub fn keys_tracked(&self) -> usize {
-        self.inner.lock().keys.len()
+        self.inner.registry.len()
     }
 
-    /// The keys tracked now, in no particular order.
+    /// The keys tracked now, in no particular order. The keys are read a
+    /// shard at a time, so while other threads add and evict keys the list
+    /// is no single instant's picture.
     pub fn keys(&self) -> Vec<K> {
-        self.inner.lock().keys.keys().cloned().collect()
+        self.inner.registry.keys()
     }
 
     /// A snapshot of `key`, if it is tracked. Looking does not track it,
@@ -533,11 +508,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (key, entry) = {
-            let state = self.inner.lock();
-            let (key, entry) = state.keys.get_key_value(key)?;
-            (key.clone(), entry.clone())
-        };
+        let (key, entry) = self.inner.registry.get(key)?;
         Some(entry.metrics(key))
     }
 
@@ -556,14 +527,7 @@ where
     /// assert_eq!((keys[0].key().as_str(), keys[0].in_flight()), ("acme", 2));
     /// ```
     pub fn snapshot(&self) -> Vec<KeyMetrics<K>> {
-        let entries: Vec<(K, Arc<Entry>)> = {
-            let state = self.inner.lock();
-            state
-                .keys
-                .iter()
-                .map(|(k, e)| (k.clone(), e.clone()))
-                .collect()
-        };
+        let entries = self.inner.registry.snapshot();
         entries.into_iter().map(|(k, e)| e.metrics(k)).collect()
     }
 
@@ -585,20 +549,17 @@ where
     /// evicted, and the rejections no single key's metrics hold.
     pub fn stats(&self) -> KeyedStats {
         let inner = &*self.inner;
-        let (keys_tracked, closed) = {
-            let state = inner.lock();
-            (state.keys.len(), state.closed)
-        };
+        let registry = &inner.registry;
         let c = &inner.counters;
         KeyedStats {
             name: inner.name.clone(),
-            keys_tracked,
-            max_keys: inner.max_keys,
+            keys_tracked: registry.len(),
+            max_keys: registry.max_keys(),
             labels_in_use: inner.labels.in_use(),
             max_labels: inner.labels.max,
-            closed,
-            keys_created: get(&c.keys_created),
-            keys_evicted: get(&c.keys_evicted),
+            closed: inner.closed.load(Ordering::SeqCst),
+            keys_created: registry.keys_created(),
+            keys_evicted: registry.keys_evicted(),
             rejected_too_many_keys: get(&c.rejected_too_many_keys),
             rejected_closed: get(&c.rejected_closed),
             rejected_global: get(&c.rejected_global),
@@ -623,21 +584,7 @@ where
     /// drop(busy);
     /// ```
     pub fn evict_idle(&self) -> usize {
-        let inner = &*self.inner;
-        let mut evicted = Vec::new();
-        {
-            let mut state = inner.lock();
-            let now = inner.now_ns();
-            inner.evict_idle_for(
-                &mut state,
-                now,
-                inner.idle_timeout_ns.unwrap_or(0),
-                &mut evicted,
-            );
-            state.last_sweep_ns = now;
-        }
-        // The evicted bulkheads are dropped here, with no lock held.
-        evicted.len()
+        self.inner.registry.evict_idle()
     }
 
     /// Rejects every waiting and every later call with
@@ -660,12 +607,9 @@ where
     /// ```
     pub fn close(&self) {
         let inner = &*self.inner;
-        let entries: Vec<Arc<Entry>> = {
-            let mut state = inner.lock();
-            state.closed = true;
-            inner.closed.store(true, Ordering::SeqCst);
-            state.keys.values().cloned().collect()
-        };
+        inner.closed.store(true, Ordering::SeqCst);
+        // After the flag: an insert either saw it or is collected here.
+        let entries = inner.registry.entries();
         inner.closing.notify(usize::MAX);
         for entry in &entries {
             entry.bulkhead.close();
@@ -701,7 +645,7 @@ where
     /// # });
     /// ```
     pub async fn wait_idle(&self) {
-        let entries: Vec<Arc<Entry>> = self.inner.lock().keys.values().cloned().collect();
+        let entries = self.inner.registry.entries();
         for entry in entries {
             entry.bulkhead.wait_idle().await;
         }
@@ -740,28 +684,12 @@ where
             timer,
             global,
             global_owned,
-            max_keys,
-            idle_timeout_ns: idle_timeout.map(nanos),
-            epoch: Instant::now(),
-            state: Mutex::new(State {
-                keys: HashMap::new(),
-                overrides: HashMap::new(),
-                closed: false,
-                last_sweep_ns: 0,
-            }),
+            registry: Registry::new(max_keys, idle_timeout.map(nanos)),
             limits: Mutex::new(()),
             closed: AtomicBool::new(false),
             closing: Event::new(),
             counters: Counters::default(),
         }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State<K>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn now_ns(&self) -> u64 {
-        nanos(self.epoch.elapsed())
     }
 
     /// The limit a key gets when it starts being tracked, before
@@ -778,23 +706,27 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let start = Instant::now();
+        // The budget's clock: only the global stage reads it.
+        let start = self.global.as_ref().map(|_| Instant::now());
         let user = self.enter(key)?;
         let mut key_permit = match user.entry.bulkhead.acquire().await {
             Ok(permit) => permit,
             Err(rejected) => return Err(self.key_rejected(rejected)),
         };
-        let global = match &self.global {
-            None => None,
-            Some(global) => match self.acquire_global(global, &user.entry, start).await {
-                Ok(permit) => Some(permit),
-                Err(rejected) => {
-                    // The call never ran: the key's observers see it as
-                    // cancelled.
-                    key_permit.set_outcome(CallOutcome::Cancelled);
-                    return Err(rejected);
+        let global = match (&self.global, start) {
+            (Some(global), Some(start)) => {
+                match self.acquire_global(global, &user.entry, start).await {
+                    Ok(permit) => Some(permit),
+                    Err(rejected) => {
+                        // The call never ran: the key's observers see it as
+                        // cancelled.
+                        key_permit.set_outcome(CallOutcome::Cancelled);
+                        return Err(rejected);
+                    }
                 }
-            },
+            }
+            // No global limit (`start` is `Some` exactly when there is one).
+            _ => None,
         };
         bump(&user.entry.admitted);
         Ok(KeyedPermit {
@@ -866,42 +798,50 @@ where
 
     /// Looks `key` up, tracking it if it is new, and counts the caller as
     /// one of its users.
+    #[inline]
     fn enter<Q>(&self, key: &Q) -> Result<User, KeyedRejected>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        {
-            let state = self.lock();
-            if !state.closed {
-                if let Some(entry) = state.keys.get(key) {
-                    return Ok(User::enter(entry));
-                }
-            } else {
-                drop(state);
-                return Err(self.rejected_closed());
-            }
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(self.rejected_closed());
         }
-        self.enter_new(key.to_owned())
+        let hash = self.registry.hash(key);
+        match self.registry.enter(hash, key) {
+            Some(user) => Ok(user),
+            None => self.enter_slow(hash, key.to_owned()),
+        }
     }
 
     /// A key not tracked a moment ago: build its bulkhead with no lock
     /// held (that runs `limit_for`, `key_label`, and metrics recorders),
     /// then insert it, unless another caller did first.
     #[cold]
-    fn enter_new(&self, key: K) -> Result<User, KeyedRejected> {
+    fn enter_slow(&self, hash: u64, key: K) -> Result<User, KeyedRejected> {
         let limit = self.limit_of(&key);
         let label = self
             .key_label
             .as_ref()
             .map(|key_label| self.labels.assign(key_label(&key)));
         let bulkhead = self.make_bulkhead(limit, label.as_deref());
-        let mut evicted = Vec::new();
-        let entered = self.insert(key, bulkhead, label, limit, &mut evicted);
-        // Evicted keys' bulkheads (and ours, if unused) are dropped after
-        // the lock is released.
-        drop(evicted);
-        entered
+        match self
+            .registry
+            .insert(hash, key, bulkhead, label, limit, &self.closed)
+        {
+            Ok(user) => Ok(user),
+            Err(Refused::Closed) => Err(self.rejected_closed()),
+            Err(Refused::TooManyKeys) => {
+                bump(&self.counters.rejected_too_many_keys);
+                Err(KeyedRejected::new(
+                    KeyedRejectReason::TooManyKeys,
+                    Duration::ZERO,
+                    self.name.clone(),
+                    self.registry.max_keys(),
+                    None,
+                ))
+            }
+        }
     }
 
     fn make_bulkhead(&self, limit: usize, label: Option<&str>) -> Bulkhead {
@@ -923,125 +863,26 @@ where
         bulkhead
     }
 
-    fn insert(
-        &self,
-        key: K,
-        bulkhead: Bulkhead,
-        label: Option<Arc<str>>,
-        limit: usize,
-        evicted: &mut Vec<Arc<Entry>>,
-    ) -> Result<User, KeyedRejected> {
-        let mut state = self.lock();
-        if state.closed {
-            drop(state);
-            return Err(self.rejected_closed());
-        }
-        if let Some(entry) = state.keys.get(&key) {
-            return Ok(User::enter(entry));
-        }
-        let now = self.now_ns();
-        if let Some(idle_timeout) = self.idle_timeout_ns {
-            if now.saturating_sub(state.last_sweep_ns) >= idle_timeout {
-                self.evict_idle_for(&mut state, now, idle_timeout, evicted);
-                state.last_sweep_ns = now;
-            }
-        }
-        if state.keys.len() >= self.max_keys && !self.evict_longest_idle(&mut state, now, evicted) {
-            drop(state);
-            bump(&self.counters.rejected_too_many_keys);
-            return Err(KeyedRejected::new(
-                KeyedRejectReason::TooManyKeys,
-                Duration::ZERO,
-                self.name.clone(),
-                self.max_keys,
-                None,
-            ));
-        }
-        // An override recorded before this point is applied here; one
-        // recorded after finds the entry in the map.
-        if let Some(&limit_now) = state.overrides.get(&key) {
-            if limit_now != limit {
-                // Not shared yet: nobody waits on it.
-                bulkhead.set_max_concurrent_calls(limit_now);
-            }
-        }
-        let entry = Arc::new(Entry {
-            bulkhead,
-            label,
-            users: AtomicUsize::new(1),
-            idle_since_ns: AtomicU64::new(now),
-            epoch: self.epoch,
-            admitted: AtomicU64::new(0),
-            rejected_global: AtomicU64::new(0),
-            call_timeouts: AtomicU64::new(0),
-            waiting_global: AtomicUsize::new(0),
-        });
-        state.keys.insert(key, entry.clone());
-        bump(&self.counters.keys_created);
-        Ok(User::adopt(entry))
-    }
-
-    /// Under the lock: moves every key idle for at least `min_idle_ns` into
-    /// `evicted`.
-    fn evict_idle_for(
-        &self,
-        state: &mut State<K>,
-        now: u64,
-        min_idle_ns: u64,
-        evicted: &mut Vec<Arc<Entry>>,
-    ) {
-        let before = evicted.len();
-        state.keys.retain(|_, entry| {
-            let idle = entry.idle_for(now).is_some_and(|idle| idle >= min_idle_ns);
-            if idle {
-                evicted.push(entry.clone());
-            }
-            !idle
-        });
-        let count = (evicted.len() - before) as u64;
-        self.counters
-            .keys_evicted
-            .fetch_add(count, Ordering::Relaxed);
-    }
-
-    /// Under the lock: moves the key idle the longest into `evicted`, if
-    /// any key is idle.
-    fn evict_longest_idle(
-        &self,
-        state: &mut State<K>,
-        now: u64,
-        evicted: &mut Vec<Arc<Entry>>,
-    ) -> bool {
-        let Some(victim) = state
-            .keys
-            .values()
-            .filter_map(|entry| entry.idle_for(now).map(|idle| (idle, entry)))
-            .max_by_key(|(idle, _)| *idle)
-            .map(|(_, entry)| entry.clone())
-        else {
-            return false;
-        };
-        // Still idle: users only grow under the lock we hold.
-        state.keys.retain(|_, entry| !Arc::ptr_eq(entry, &victim));
-        evicted.push(victim);
-        bump(&self.counters.keys_evicted);
-        true
-    }
-
     fn rejected_closed(&self) -> KeyedRejected {
         bump(&self.counters.rejected_closed);
         KeyedRejected::new(
             KeyedRejectReason::Closed,
             Duration::ZERO,
             self.name.clone(),
-            self.max_keys,
+            self.registry.max_keys(),
             None,
         )
     }
 
     fn key_rejected(&self, rejected: Rejected) -> KeyedRejected {
         let waited = rejected.waited();
-        KeyedRejected::from_bulkhead(rejected, false, waited, self.name.clone(), self.max_keys)
+        KeyedRejected::from_bulkhead(
+            rejected,
+            false,
+            waited,
+            self.name.clone(),
+            self.registry.max_keys(),
+        )
     }
 
     fn global_rejected(
@@ -1052,7 +893,13 @@ where
     ) -> KeyedRejected {
         bump(&entry.rejected_global);
         bump(&self.counters.rejected_global);
-        KeyedRejected::from_bulkhead(rejected, true, waited, self.name.clone(), self.max_keys)
+        KeyedRejected::from_bulkhead(
+            rejected,
+            true,
+            waited,
+            self.name.clone(),
+            self.registry.max_keys(),
+        )
     }
 
     /// The wait for a global permit ended without the global bulkhead
@@ -1065,7 +912,13 @@ where
     ) -> KeyedRejected {
         bump(&entry.rejected_global);
         bump(&self.counters.rejected_global);
-        KeyedRejected::new(reason, waited, self.name.clone(), self.max_keys, None)
+        KeyedRejected::new(
+            reason,
+            waited,
+            self.name.clone(),
+            self.registry.max_keys(),
+            None,
+        )
     }
 }
 
@@ -1074,41 +927,6 @@ enum GlobalFailure {
     Rejected(Rejected),
     Closed,
     Timeout,
-}
-
-impl Entry {
-    /// One more user. Under the keys' lock, with the entry in the map.
-    fn enter(&self) {
-        self.users.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// One user fewer. After its permits (if any) are released: once the
-    /// count is zero the entry may be evicted and the key made afresh.
-    fn leave(&self) {
-        self.idle_since_ns
-            .store(nanos(self.epoch.elapsed()), Ordering::Relaxed);
-        // Release: the permits given back, and the time stored, before an
-        // evictor (Acquire, under the lock) sees zero.
-        self.users.fetch_sub(1, Ordering::Release);
-    }
-
-    /// How long the key has been idle, if it is. Under the keys' lock.
-    fn idle_for(&self, now: u64) -> Option<u64> {
-        (self.users.load(Ordering::Acquire) == 0)
-            .then(|| now.saturating_sub(self.idle_since_ns.load(Ordering::Relaxed)))
-    }
-
-    fn metrics<K>(&self, key: K) -> KeyMetrics<K> {
-        KeyMetrics {
-            key,
-            label: self.label.clone(),
-            bulkhead: self.bulkhead.metrics(),
-            admitted: get(&self.admitted),
-            rejected_global: get(&self.rejected_global),
-            call_timeouts: get(&self.call_timeouts),
-            waiting_global: self.waiting_global.load(Ordering::Relaxed),
-        }
-    }
 }
 
 /// Counts a caller in a gauge until dropped.
@@ -1127,59 +945,15 @@ impl Drop for Counted<'_> {
     }
 }
 
-/// The metric labels handed out: at most `max`, ever; past that, `"other"`.
-struct Labels {
-    max: usize,
-    issued: Mutex<HashSet<Arc<str>>>,
-    other: Arc<str>,
-}
-
-impl Labels {
-    fn new(max: usize) -> Self {
-        Self {
-            max,
-            issued: Mutex::new(HashSet::new()),
-            other: Arc::from("other"),
-        }
-    }
-
-    fn assign(&self, label: String) -> Arc<str> {
-        if *label == *self.other {
-            return self.other.clone();
-        }
-        let mut issued = self.issued.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(label) = issued.get(label.as_str()) {
-            return label.clone();
-        }
-        if issued.len() >= self.max {
-            return self.other.clone();
-        }
-        let label: Arc<str> = Arc::from(label);
-        issued.insert(label.clone());
-        label
-    }
-
-    fn in_use(&self) -> usize {
-        self.issued
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
-}
-
 impl<K> fmt::Debug for KeyedBulkhead<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let inner = &*self.inner;
-        let (keys, closed) = {
-            let state = inner.state.lock().unwrap_or_else(PoisonError::into_inner);
-            (state.keys.len(), state.closed)
-        };
         f.debug_struct("KeyedBulkhead")
             .field("name", &inner.name)
-            .field("keys_tracked", &keys)
-            .field("max_keys", &inner.max_keys)
+            .field("keys_tracked", &inner.registry.len())
+            .field("max_keys", &inner.registry.max_keys())
             .field("global", &inner.global)
-            .field("closed", &closed)
+            .field("closed", &inner.closed.load(Ordering::SeqCst))
             .finish_non_exhaustive()
     }
 }

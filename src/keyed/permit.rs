@@ -3,19 +3,20 @@
 use core::fmt;
 use std::sync::Arc;
 
-use super::Entry;
+use super::entry::Entry;
 use crate::bulkhead::{BulkheadPermit, CallOutcome};
 
 /// A caller's hold on a tracked key: holders and waiters alike. While any
-/// exists, the key's entry cannot be evicted. Made under the keys' lock
-/// (the count only grows there); dropped anywhere.
+/// exists, the key's entry cannot be evicted. Made with the key's shard's
+/// map lock held (the count only grows there); dropped anywhere.
 pub(super) struct User {
     pub(super) entry: Arc<Entry>,
 }
 
 impl User {
-    /// Counts one more user of `entry`. Call it under the keys' lock, with
-    /// the entry in the map.
+    /// Counts one more user of `entry`. Call it with the entry's shard's map
+    /// lock held, and the entry in the map.
+    #[inline]
     pub(super) fn enter(entry: &Arc<Entry>) -> Self {
         entry.enter();
         Self {

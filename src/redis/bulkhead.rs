@@ -4,13 +4,14 @@ use core::fmt;
 use core::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use event_listener::Event;
 
 use super::{Attempt, LeaseError, LeasedPermit, Lost, LostReason, RedisSemaphore, ReleaseError};
+use crate::bulkhead::guard::{Guard, Source};
 use crate::bulkhead::observer::{CallOutcome, Observer};
-use crate::bulkhead::policy::Policy;
+use crate::bulkhead::policy::{Policy, Waited};
 use crate::timer::Timer;
 use crate::{BuildError, BulkheadBuilder, BulkheadError, Metrics, RejectReason, Rejected};
 
@@ -128,7 +129,7 @@ impl RedisBulkhead {
 
     /// The bulkhead's name: its semaphore's.
     pub fn name(&self) -> &str {
-        &self.shared.policy.name
+        self.shared.policy.name()
     }
 
     /// The semaphore underneath, for [`holders`](RedisSemaphore::holders)
@@ -152,7 +153,7 @@ impl RedisBulkhead {
         let mut permit = self.acquire_as(CallOutcome::Cancelled).await?;
         let policy = &self.shared.policy;
         let (result, outcome) = policy.run(policy.traced(call)).await;
-        permit.outcome = outcome;
+        permit.set_outcome(outcome);
         drop(permit);
         result
     }
@@ -177,19 +178,19 @@ impl RedisBulkhead {
         let first = s.sem.try_acquire().await;
         self.note_limit();
         match first {
-            Ok(lease) => Ok(self.admitted(lease, Duration::ZERO, CallOutcome::Released)),
+            Ok(lease) => Ok(self.admitted(lease, self.at_once(), CallOutcome::Released)),
             Err(e) => Err(s.policy.reject(reason_of(&e), Duration::ZERO)),
         }
     }
 
     async fn acquire_as(&self, outcome: CallOutcome) -> Result<RedisBulkheadPermit, Rejected> {
         let s = &self.shared;
-        if s.policy.max_wait == Some(Duration::ZERO) {
+        if s.policy.fails_fast() {
             // Fail fast: one script call, no outage tolerance.
             let first = s.sem.try_acquire().await;
             self.note_limit();
             return match first {
-                Ok(lease) => Ok(self.admitted(lease, Duration::ZERO, outcome)),
+                Ok(lease) => Ok(self.admitted(lease, self.at_once(), outcome)),
                 Err(e) => Err(s.policy.reject(reason_of(&e), Duration::ZERO)),
             };
         }
@@ -197,14 +198,14 @@ impl RedisBulkhead {
         self.note_limit();
         let (lease, waited) = match first {
             Ok(Attempt::Granted(lease)) => {
-                return Ok(self.admitted(lease, Duration::ZERO, outcome));
+                return Ok(self.admitted(lease, self.at_once(), outcome));
             }
             // Busy, or Redis briefly out of reach: wait within the policy's
             // bounds, going on from this attempt (same id, a listener
             // registered before it) rather than asking Redis again at once.
             Ok(Attempt::Busy(busy)) => {
                 let acquire = async { s.sem.wait_from(busy).await.map_err(|e| reason_of(&e)) };
-                s.policy.wait_for(acquire).await?
+                s.policy.wait(acquire).await?
             }
             Err(e) => return Err(s.policy.reject(reason_of(&e), Duration::ZERO)),
         };
@@ -214,27 +215,37 @@ impl RedisBulkhead {
     /// Keeps the retry hint's limit in step with the limit in Redis.
     fn note_limit(&self) {
         let s = &self.shared;
-        s.policy
-            .hint_limit
-            .store(s.sem.limit_seen(), Ordering::Relaxed);
+        s.policy.note_limit(s.sem.limit_seen());
+    }
+
+    /// A grant without waiting; its hold time is measured as the policy
+    /// samples busy grants (a lease is always a scarce permit).
+    fn at_once(&self) -> Waited {
+        Waited {
+            waited: Duration::ZERO,
+            since: self.shared.policy.clock_in(true),
+        }
     }
 
     fn admitted(
         &self,
         lease: LeasedPermit,
-        waited: Duration,
+        waited: Waited,
         outcome: CallOutcome,
     ) -> RedisBulkheadPermit {
         let s = &self.shared;
         s.in_flight.fetch_add(1, Ordering::SeqCst);
         let permit = RedisBulkheadPermit {
-            shared: s.clone(),
-            lease: Some(lease),
-            since: s.policy.clock(true),
-            outcome,
-            watch: s.policy.watch(),
+            guard: Guard::new(
+                Lease {
+                    shared: s.clone(),
+                    lease: Some(lease),
+                },
+                waited.since,
+                outcome,
+            ),
         };
-        s.policy.permitted(waited);
+        s.policy.permitted(waited.waited);
         permit
     }
 
@@ -242,24 +253,11 @@ impl RedisBulkhead {
     /// limit as last read from Redis, `in_flight` this process's calls.
     pub fn metrics(&self) -> Metrics {
         let s = &*self.shared;
-        let c = &s.policy.counters;
-        let get = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
-        Metrics {
-            name: s.policy.name.clone(),
-            max_concurrent_calls: s.sem.limit_seen(),
-            in_flight: s.in_flight.load(Ordering::SeqCst),
-            queued: s.policy.queued(),
-            max_queue: s.policy.max_queue,
-            max_wait: s.policy.max_wait,
-            closed: s.sem.is_closed(),
-            permitted: get(&c.permitted),
-            rejected_full: get(&c.rejected_full),
-            rejected_timeout: get(&c.rejected_timeout),
-            rejected_closed: get(&c.rejected_closed),
-            rejected_unavailable: get(&c.rejected_unavailable),
-            call_timeouts: get(&c.call_timeouts),
-            leaks_suspected: get(&c.leaks_suspected),
-        }
+        s.policy.metrics(
+            s.sem.limit_seen(),
+            s.in_flight.load(Ordering::SeqCst),
+            s.sem.is_closed(),
+        )
     }
 
     /// Changes the limit for every client (stored in Redis; waiters
@@ -310,7 +308,7 @@ fn reason_of(e: &LeaseError) -> RejectReason {
 impl fmt::Debug for RedisBulkhead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBulkhead")
-            .field("name", &self.shared.policy.name)
+            .field("name", &self.shared.policy.name())
             .field("semaphore", &self.shared.sem)
             .field("in_flight", &self.shared.in_flight.load(Ordering::Relaxed))
             .field("queued", &self.shared.policy.queued())
@@ -322,17 +320,37 @@ impl fmt::Debug for RedisBulkhead {
 /// until it is dropped or [released](Self::release).
 #[must_use = "dropping the permit ends the call it guards at once"]
 pub struct RedisBulkheadPermit {
+    guard: Guard<Lease>,
+}
+
+/// A Redis lease, as a guard's [`Source`]: giving it back drops the lease
+/// (which releases it in Redis, in the background) and counts the call out
+/// of this process's in-flight calls. `lease` is `None` once
+/// [`release`](RedisBulkheadPermit::release) took it.
+struct Lease {
     shared: Arc<Shared>,
     lease: Option<LeasedPermit>,
-    since: Option<Instant>,
-    outcome: CallOutcome,
-    /// The lease's leak watch in the policy (0: none).
-    watch: u64,
+}
+
+impl Source for Lease {
+    fn policy(&self) -> &Policy {
+        &self.shared.policy
+    }
+
+    fn give_back(&mut self) {
+        drop(self.lease.take());
+        let s = &*self.shared;
+        if s.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            s.idle.notify(usize::MAX);
+        }
+    }
 }
 
 impl RedisBulkheadPermit {
     fn lease(&self) -> &LeasedPermit {
-        self.lease
+        self.guard
+            .source()
+            .lease
             .as_ref()
             .expect("the lease is only taken on release")
     }
@@ -359,7 +377,7 @@ impl RedisBulkheadPermit {
 
     /// Marks how the guarded work ended, for the observer.
     pub fn set_outcome(&mut self, outcome: CallOutcome) {
-        self.outcome = outcome;
+        self.guard.set_outcome(outcome);
     }
 
     /// Releases the lease now and reports whether it was still held.
@@ -368,37 +386,20 @@ impl RedisBulkheadPermit {
     ///
     /// As [`LeasedPermit::release`].
     pub async fn release(mut self) -> Result<(), ReleaseError> {
-        self.shared.policy.unwatch(core::mem::take(&mut self.watch));
-        let lease = self.lease.take().expect("released once");
-        let released = lease.release().await;
-        self.finish();
+        let lease = self.guard.source_mut().lease.take();
+        let released = lease.expect("released once").release().await;
+        // If this future is dropped before here, dropping `self` ends the
+        // call all the same.
+        self.guard.finish();
         released
-    }
-
-    fn finish(&mut self) {
-        self.shared.policy.unwatch(core::mem::take(&mut self.watch));
-        let s = &*self.shared;
-        if s.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
-            s.idle.notify(usize::MAX);
-        }
-        s.policy.finished(self.since, self.outcome);
-    }
-}
-
-impl Drop for RedisBulkheadPermit {
-    fn drop(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            drop(lease);
-            self.finish();
-        }
     }
 }
 
 impl fmt::Debug for RedisBulkheadPermit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBulkheadPermit")
-            .field("bulkhead", &self.shared.policy.name)
-            .field("lease", &self.lease)
+            .field("bulkhead", &self.guard.source().shared.policy.name())
+            .field("lease", &self.guard.source().lease)
             .finish()
     }
 }

@@ -14,8 +14,8 @@ use futures_core::Stream;
 
 use super::Inner;
 use super::error::LostReason;
-use crate::bulkhead::timeout::Timeout;
 use crate::timer::Timer;
+use crate::timer::timeout::Timeout;
 
 /// Wake-ups shared by the semaphore's handles and its background tasks.
 #[derive(Default)]
@@ -207,7 +207,7 @@ async fn sleep_unless_stopped(timer: &dyn Timer, d: Duration, signals: &Signals)
         return false;
     }
     let sleep = timer.sleep(d);
-    match crate::bulkhead::timeout::Timeout::new(stop, sleep).await {
+    match crate::timer::timeout::Timeout::new(stop, sleep).await {
         Ok(()) => false,
         Err(_elapsed) => !signals.is_stopped(),
     }

@@ -70,9 +70,9 @@ use std::time::{Duration, Instant};
 use event_listener::EventListener;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::bulkhead::timeout::Timeout;
 use crate::semaphore::Semaphore;
 use crate::timer::Timer;
+use crate::timer::timeout::Timeout;
 use permit::Lease;
 use scripts::Scripts;
 

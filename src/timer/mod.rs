@@ -66,13 +66,16 @@
 //! if the thread is late. No waker is cloned for a sleep that is polled
 //! again by the same task, and no waker is woken or dropped under the lock.
 
+mod clock;
 mod thread;
+pub(crate) mod timeout;
 
 #[cfg(feature = "async-io")]
 mod async_io;
 #[cfg(feature = "tokio")]
 mod tokio;
 
+pub(crate) use clock::{Clock, ClockSleep, TimerGone};
 pub use thread::{ThreadSleep, ThreadTimer};
 
 #[cfg(feature = "async-io")]
@@ -80,6 +83,7 @@ pub use self::async_io::AsyncIoTimer;
 #[cfg(feature = "tokio")]
 pub use self::tokio::TokioTimer;
 
+use core::any::Any;
 use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
@@ -94,6 +98,7 @@ use std::sync::Arc;
 /// # Cancel safety
 ///
 /// Dropping a sleep cancels it. The timers in this module release
+/// everything the sleep had registered when it is dropped.
 ///
 /// # Examples
 ///
@@ -105,7 +110,6 @@ use std::sync::Arc;
 /// let nap: Sleep = timer.sleep(Duration::from_millis(1));
 /// futures::executor::block_on(nap);
 /// ```
-/// everything the sleep had registered when it is dropped.
 pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// A source of delays: the one piece of a runtime the bulkhead needs.
@@ -135,7 +139,7 @@ pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// ```
 ///
 /// See the [module documentation](self) for implementing one.
-pub trait Timer: Send + Sync + fmt::Debug + 'static {
+pub trait Timer: Any + Send + Sync + fmt::Debug {
     /// A future that completes once `duration` has passed.
     ///
     /// The duration is measured from this call, not from the first poll.
