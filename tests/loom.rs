@@ -320,3 +320,79 @@ fn release_to_two_waiters(make: fn(usize) -> Semaphore, barge: bool) {
         assert_eq!(sem.queue_len(), 0);
     });
 }
+
+/// A waker whose clones panic when dropped (the waker itself, a static
+/// without a count, does not), standing for user code that panics.
+fn drop_panicking_waker() -> Waker {
+    use std::task::{RawWaker, RawWakerVTable};
+    static ORIGINAL: u8 = 0;
+    static CLONE: u8 = 0;
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, no_op, no_op, drop);
+    fn raw(data: &'static u8) -> RawWaker {
+        RawWaker::new(core::ptr::from_ref(data).cast(), &VTABLE)
+    }
+    unsafe fn clone(_: *const ()) -> RawWaker {
+        raw(&CLONE)
+    }
+    unsafe fn no_op(_: *const ()) {}
+    unsafe fn drop(data: *const ()) {
+        if core::ptr::eq(data, core::ptr::from_ref(&CLONE).cast()) {
+            panic!("rogue waker: drop");
+        }
+    }
+    // SAFETY: the vtable's functions touch no data and are thread-safe.
+    unsafe { Waker::from_raw(raw(&ORIGINAL)) }
+}
+
+/// Keeps the expected "rogue waker" panics out of the output of every
+/// explored execution; any other panic is reported as usual.
+fn quiet_rogues() {
+    static QUIET: std::sync::Once = std::sync::Once::new();
+    QUIET.call_once(|| {
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let rogue = info
+                .payload()
+                .downcast_ref::<&str>()
+                .is_some_and(|m| m.starts_with("rogue waker"));
+            if !rogue {
+                report(info);
+            }
+        }));
+    });
+}
+
+/// Unfair mode: an acquire whose waker's drop panics queues while a permit
+/// comes back. Wherever the permit lands (before the first try, before the
+/// try under the lock, or after the node is linked, where the acquire,
+/// alone in line, takes it itself and drops its stored waker), a panic
+/// loses nothing: the future owns the permit until it is dropped, and the
+/// line stays whole.
+#[test]
+fn unfair_waker_drop_panics_while_the_acquire_queues() {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    quiet_rogues();
+    loom::model(|| {
+        let sem = Arc::new(Semaphore::new_unfair(0));
+        let s = sem.clone();
+        let t = thread::spawn(move || {
+            let waker = drop_panicking_waker();
+            let mut fut = Box::pin(s.acquire());
+            let mut cx = Context::from_waker(&waker);
+            let first = catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx)));
+            if let Ok(Poll::Ready(permit)) = first {
+                drop(permit.unwrap());
+            }
+            // Queued, woken, or holding the permit after a panic: dropping
+            // it gives back whatever it holds (and may panic dropping the
+            // stored waker, after doing so).
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(fut)));
+        });
+        sem.add_permits(1);
+        t.join().unwrap();
+        assert_eq!(sem.available_permits(), 1);
+        assert_eq!(sem.queue_len(), 0);
+        let again = sem.try_acquire().unwrap();
+        drop(again);
+    });
+}

@@ -1,7 +1,8 @@
 //! Tests of `bulkhead::Semaphore`'s public API: fairness, the unfair mode,
 //! cancellation, permits, the Java-style negative balance, overflow, close,
-//! visibility, lost wake-ups, blocking acquirers and trait promises. (The
-//! randomized model-based test lives in `tests/model.rs`.)
+//! visibility, lost wake-ups, blocking acquirers, wakers that panic and
+//! trait promises. (The randomized model-based test lives in
+//! `tests/model.rs`.)
 //!
 //! Most tests poll the futures by hand with counting wakers, so the order
 //! of events and the number of wake-ups are exact. The stress tests are
@@ -16,10 +17,10 @@ use std::cell::UnsafeCell;
 use std::error::Error;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::{Pin, pin};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, RawWaker, RawWakerVTable, Wake, Waker};
 use std::thread;
 
 use bulkhead::futures::{Acquire, AcquireOwned};
@@ -1603,7 +1604,660 @@ fn blocking_acquire_many_waits_for_all_its_permits() {
 }
 
 // ---------------------------------------------------------------------------
-// 11. Traits, errors, sizes
+// 11. Wakers that panic
+//
+// Any waker's `wake`, `clone` or `drop` may panic wherever the semaphore
+// calls it. Afterwards no permit is lost or duplicated, the line is whole,
+// every other waiter that was served or closed is still woken, and the
+// panic reaches the caller whose call ran the waker.
+// ---------------------------------------------------------------------------
+
+/// [`Rogue`] panics in `wake` and `wake_by_ref`.
+const ON_WAKE: u8 = 1;
+/// [`Rogue`] panics in `clone`.
+const ON_CLONE: u8 = 2;
+/// [`Rogue`] panics in `drop`.
+const ON_DROP: u8 = 4;
+/// How every [`Rogue`] panic message starts.
+const ROGUE: &str = "rogue waker";
+
+/// A hand-made waker (a `RawWaker` over an `Arc`) standing for user code
+/// that panics: while armed, its `wake`, `clone` or `drop` panics after
+/// doing its job otherwise (a panicking wake still counts, a panicking drop
+/// still frees), so the tests see the semaphore's behaviour and not a leak.
+struct Rogue {
+    state: Arc<RogueState>,
+    waker: Waker,
+}
+
+#[derive(Default)]
+struct RogueState {
+    /// `ON_WAKE | ON_CLONE | ON_DROP`: what panics now.
+    armed: AtomicU8,
+    wakes: AtomicUsize,
+    panics: AtomicUsize,
+    /// Runs inside the next `clone`: another thread acting at exactly that
+    /// moment.
+    on_clone: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl RogueState {
+    fn misbehave(&self, flag: u8, what: &str) {
+        if self.armed.load(Ordering::SeqCst) & flag != 0 {
+            self.panics.fetch_add(1, Ordering::SeqCst);
+            panic!("{ROGUE}: {what}");
+        }
+    }
+}
+
+static ROGUE_VTABLE: RawWakerVTable =
+    RawWakerVTable::new(rogue_clone, rogue_wake, rogue_wake_by_ref, rogue_drop);
+
+/// Turns one strong count of `state` into a raw waker.
+fn rogue_raw(state: Arc<RogueState>) -> RawWaker {
+    RawWaker::new(Arc::into_raw(state).cast(), &ROGUE_VTABLE)
+}
+
+/// # Safety
+///
+/// `data` comes from [`rogue_raw`] and its count is still held.
+unsafe fn rogue_clone(data: *const ()) -> RawWaker {
+    // SAFETY: the waker being cloned holds a count, so the state is alive.
+    let state = unsafe { &*data.cast::<RogueState>() };
+    let hook = state.on_clone.lock().unwrap().take();
+    if let Some(hook) = hook {
+        hook();
+    }
+    state.misbehave(ON_CLONE, "clone");
+    // SAFETY: as above; the new waker owns the new count.
+    unsafe { Arc::increment_strong_count(data.cast::<RogueState>()) };
+    RawWaker::new(data, &ROGUE_VTABLE)
+}
+
+/// # Safety
+///
+/// As [`rogue_clone`]; consumes the count.
+unsafe fn rogue_wake(data: *const ()) {
+    // SAFETY: the waker's count, which `wake` consumes; dropped (freed) on
+    // the way out, panic or not.
+    let state = unsafe { Arc::from_raw(data.cast::<RogueState>()) };
+    state.wakes.fetch_add(1, Ordering::SeqCst);
+    state.misbehave(ON_WAKE, "wake");
+}
+
+/// # Safety
+///
+/// As [`rogue_clone`].
+unsafe fn rogue_wake_by_ref(data: *const ()) {
+    // SAFETY: as in `rogue_clone`.
+    let state = unsafe { &*data.cast::<RogueState>() };
+    state.wakes.fetch_add(1, Ordering::SeqCst);
+    state.misbehave(ON_WAKE, "wake_by_ref");
+}
+
+/// # Safety
+///
+/// As [`rogue_clone`]; consumes the count.
+unsafe fn rogue_drop(data: *const ()) {
+    // SAFETY: the waker's count, released here, panic or not.
+    let state = unsafe { Arc::from_raw(data.cast::<RogueState>()) };
+    state.misbehave(ON_DROP, "drop");
+}
+
+impl Rogue {
+    fn new() -> Self {
+        quiet_rogues();
+        let state = Arc::new(RogueState::default());
+        // SAFETY: the vtable keeps the `RawWaker` contract: each waker owns
+        // one count of an `Arc` whose contents are `Send + Sync`.
+        let waker = unsafe { Waker::from_raw(rogue_raw(state.clone())) };
+        Self { state, waker }
+    }
+
+    /// Makes `flags` panic from now on.
+    fn arm(&self, flags: u8) {
+        self.state.armed.store(flags, Ordering::SeqCst);
+    }
+
+    fn disarm(&self) {
+        self.arm(0);
+    }
+
+    /// Runs `hook` inside the next clone of this waker.
+    fn on_clone(&self, hook: impl FnOnce() + Send + 'static) {
+        *self.state.on_clone.lock().unwrap() = Some(Box::new(hook));
+    }
+
+    fn wakes(&self) -> usize {
+        self.state.wakes.load(Ordering::SeqCst)
+    }
+
+    fn panics(&self) -> usize {
+        self.state.panics.load(Ordering::SeqCst)
+    }
+
+    /// Polls `fut` once with this waker; `Err` with the message if the poll
+    /// panicked.
+    fn poll<F: Future + ?Sized>(&self, fut: Pin<&mut F>) -> Result<Poll<F::Output>, String> {
+        let mut cx = Context::from_waker(&self.waker);
+        catch_unwind(AssertUnwindSafe(|| fut.poll(&mut cx)))
+            .map_err(|payload| panic_message(&*payload).to_owned())
+    }
+}
+
+impl Drop for Rogue {
+    fn drop(&mut self) {
+        // Our own waker is dropped next: it must not panic.
+        self.disarm();
+    }
+}
+
+/// Keeps the expected `Rogue` panics out of the test output; every other
+/// panic is reported as usual.
+fn quiet_rogues() {
+    static QUIET: std::sync::Once = std::sync::Once::new();
+    QUIET.call_once(|| {
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !panic_message(info.payload()).starts_with(ROGUE) {
+                report(info);
+            }
+        }));
+    });
+}
+
+/// Runs `f` and returns the message it panicked with, if it did.
+fn panicked(f: impl FnOnce()) -> Option<String> {
+    catch_unwind(AssertUnwindSafe(f))
+        .err()
+        .map(|payload| panic_message(&*payload).to_owned())
+}
+
+/// The message of a `Rogue` panic in `what`.
+fn rogue(what: &str) -> Option<String> {
+    Some(format!("{ROGUE}: {what}"))
+}
+
+/// Checks through the public API that the line is whole after a panic: two
+/// new waiters queue one behind the other and are served in order, one
+/// permit at a time, and the balance ends where it was.
+#[track_caller]
+fn assert_line_works(sem: &Semaphore) {
+    assert_eq!(sem.queue_len(), 0, "nobody is left in line");
+    let before = sem.available_permits();
+    let all = sem
+        .try_acquire_many(before.max(0) as usize)
+        .expect("the balance is free");
+    let (wx, wy) = (Counted::new(), Counted::new());
+    let mut x = pin!(sem.acquire());
+    let mut y = pin!(sem.acquire());
+    wx.assert_pending(x.as_mut());
+    wy.assert_pending(y.as_mut());
+    assert_eq!(sem.queue_len(), 2);
+    sem.add_permits(1);
+    assert_eq!((wx.wakes(), wy.wakes()), (1, 0), "the head is woken first");
+    drop(wx.ready(x.as_mut()).expect("the head is served"));
+    assert_eq!(wy.wakes(), 1, "then the next");
+    drop(wy.ready(y.as_mut()).expect("the next is served"));
+    drop(all);
+    assert_state(sem, before + 1, 0);
+    assert_eq!(sem.forget_permits(1), 1);
+}
+
+/// Fault 1: a waker whose drop panics while its acquire queues. The clone
+/// the semaphore makes gives a permit back (another thread at that moment),
+/// so the acquire takes permits after all and drops the clone it no longer
+/// needs. The panic propagates, and the future still owns the permit:
+/// polled again it returns it, dropped it gives it back. (Unfair mode used
+/// to keep the future marked queued with its node already unlinked: the
+/// permit was lost, and the drop unlinked the node a second time.)
+#[test]
+fn acquire_whose_waker_drop_panics_as_it_queues_keeps_its_permit() {
+    for fair in [true, false] {
+        for repoll in [true, false] {
+            let sem = Arc::new(semaphore(fair, 0));
+            let waker = Rogue::new();
+            let giver = sem.clone();
+            waker.on_clone(move || giver.add_permits(1));
+            waker.arm(ON_DROP);
+            let mut a = Box::pin(sem.acquire());
+            let first = waker.poll(a.as_mut());
+            waker.disarm();
+            assert_eq!(
+                waker.panics(),
+                usize::from(first.is_err()),
+                "the panic propagates"
+            );
+            assert_state(&sem, 0, 0);
+            match first {
+                // The clone was woken, not dropped: nothing panicked.
+                Ok(Poll::Ready(permit)) => drop(permit.unwrap()),
+                Ok(Poll::Pending) => panic!("the permit was there (fair: {fair})"),
+                Err(msg) => {
+                    assert_eq!(Some(msg), rogue("drop"));
+                    if repoll {
+                        let permit = Counted::new().ready(a.as_mut());
+                        assert_eq!(permit.unwrap().num_permits(), 1);
+                    }
+                    drop(a);
+                }
+            }
+            assert_state(&sem, 1, 0);
+            assert_line_works(&sem);
+        }
+    }
+}
+
+/// Fault 2: a waker that panics in a batch woken by `add_permits` does not
+/// strand the rest of the batch: each was served (fair) or woken to compete
+/// (unfair) and is woken; the panic reaches `add_permits`' caller.
+#[test]
+fn add_permits_wakes_the_whole_batch_when_one_waker_panics() {
+    for fair in [true, false] {
+        let sem = semaphore(fair, 0);
+        let waker = Rogue::new();
+        let others = [Counted::new(), Counted::new()];
+        let mut a = Box::pin(sem.acquire());
+        let mut rest: Vec<_> = (0..2).map(|_| Box::pin(sem.acquire())).collect();
+        assert!(waker.poll(a.as_mut()).unwrap().is_pending());
+        for (fut, w) in rest.iter_mut().zip(&others) {
+            w.assert_pending(fut.as_mut());
+        }
+        waker.arm(ON_WAKE);
+        assert_eq!(panicked(|| sem.add_permits(3)), rogue("wake"));
+        assert_eq!(waker.wakes(), 1);
+        assert_eq!(
+            others.each_ref().map(Counted::wakes),
+            [1, 1],
+            "the rest woken"
+        );
+        assert_state(&sem, if fair { 0 } else { 3 }, 0);
+        let mut held = vec![Counted::new().ready(a.as_mut()).unwrap()];
+        for (fut, w) in rest.iter_mut().zip(&others) {
+            held.push(w.ready(fut.as_mut()).unwrap());
+        }
+        assert_state(&sem, 0, 0);
+        drop(held);
+        assert_state(&sem, 3, 0);
+        assert_line_works(&sem);
+    }
+}
+
+/// Fault 2 through a returned permit: the release that serves (fair) or
+/// wakes (unfair) a batch wakes all of it although the first waker panics,
+/// and the permit's drop panics with it.
+#[test]
+fn returned_permit_wakes_the_whole_batch_when_one_waker_panics() {
+    for fair in [true, false] {
+        let sem = semaphore(fair, 3);
+        let hold = sem.try_acquire_many(3).unwrap();
+        let waker = Rogue::new();
+        let others = [Counted::new(), Counted::new()];
+        let mut a = Box::pin(sem.acquire());
+        let mut rest: Vec<_> = (0..2).map(|_| Box::pin(sem.acquire())).collect();
+        assert!(waker.poll(a.as_mut()).unwrap().is_pending());
+        for (fut, w) in rest.iter_mut().zip(&others) {
+            w.assert_pending(fut.as_mut());
+        }
+        waker.arm(ON_WAKE);
+        assert_eq!(panicked(move || drop(hold)), rogue("wake"));
+        assert_eq!(waker.wakes(), 1);
+        assert_eq!(
+            others.each_ref().map(Counted::wakes),
+            [1, 1],
+            "the rest woken"
+        );
+        assert_state(&sem, if fair { 0 } else { 3 }, 0);
+        let mut held = vec![Counted::new().ready(a.as_mut()).unwrap()];
+        for (fut, w) in rest.iter_mut().zip(&others) {
+            held.push(w.ready(fut.as_mut()).unwrap());
+        }
+        drop(held);
+        assert_state(&sem, 3, 0);
+        assert_line_works(&sem);
+    }
+}
+
+/// A release that serves (fair) or wakes (unfair) only the head wakes it
+/// directly; if that waker panics the permit's drop panics, the head still
+/// gets the permit and the waiter behind it is still in line.
+#[test]
+fn returned_permit_that_wakes_one_panicking_waker_still_serves_it() {
+    for fair in [true, false] {
+        let sem = semaphore(fair, 1);
+        let hold = sem.try_acquire().unwrap();
+        let (waker, wb) = (Rogue::new(), Counted::new());
+        let mut a = Box::pin(sem.acquire());
+        let mut b = Box::pin(sem.acquire());
+        assert!(waker.poll(a.as_mut()).unwrap().is_pending());
+        wb.assert_pending(b.as_mut());
+        waker.arm(ON_WAKE);
+        assert_eq!(panicked(move || drop(hold)), rogue("wake"));
+        assert_eq!((waker.wakes(), wb.wakes()), (1, 0));
+        assert_state(&sem, if fair { 0 } else { 1 }, 1);
+        let pa = Counted::new().ready(a.as_mut()).unwrap();
+        assert_state(&sem, 0, 1);
+        drop(pa);
+        assert_eq!(
+            wb.wakes(),
+            1,
+            "the next waiter is served when it comes back"
+        );
+        drop(wb.ready(b.as_mut()).unwrap());
+        assert_state(&sem, 1, 0);
+        assert_line_works(&sem);
+    }
+}
+
+/// Fault 2 through `close`: a panicking waker (two of them, one in each
+/// batch) does not stop `close` from failing and waking every waiter,
+/// including those past the first batch of 32.
+#[test]
+fn close_wakes_every_waiter_when_wakers_panic() {
+    let n = 40;
+    let rogues = [0, 35];
+    let sem = Semaphore::new(0);
+    let wakers: Vec<Rogue> = (0..n).map(|_| Rogue::new()).collect();
+    let mut futs: Vec<_> = (0..n).map(|_| Box::pin(sem.acquire())).collect();
+    for (fut, w) in futs.iter_mut().zip(&wakers) {
+        assert!(w.poll(fut.as_mut()).unwrap().is_pending());
+    }
+    for i in rogues {
+        wakers[i].arm(ON_WAKE);
+    }
+    assert_eq!(panicked(|| sem.close()), rogue("wake"));
+    assert_state(&sem, 0, 0);
+    for (i, (fut, w)) in futs.iter_mut().zip(&wakers).enumerate() {
+        assert_eq!(w.wakes(), 1, "waiter {i} is woken once");
+        w.disarm();
+        assert!(matches!(w.poll(fut.as_mut()), Ok(Poll::Ready(Err(_)))));
+    }
+    assert!(sem.try_acquire().is_err());
+}
+
+/// Fault 2 through a cancelled acquire: a partly served head that is dropped
+/// passes its permits to the waiters behind it, and wakes all of them
+/// although the first one's waker panics; the drop panics with it.
+#[test]
+fn dropping_a_queued_acquire_wakes_everyone_it_serves_when_one_waker_panics() {
+    let sem = Semaphore::new(0);
+    let (wa, waker, wc) = (Counted::new(), Rogue::new(), Counted::new());
+    let mut a = Box::pin(sem.acquire_many(3));
+    let mut b = Box::pin(sem.acquire());
+    let mut c = Box::pin(sem.acquire());
+    wa.assert_pending(a.as_mut());
+    sem.add_permits(2); // A holds 2 of its 3
+    assert!(waker.poll(b.as_mut()).unwrap().is_pending());
+    wc.assert_pending(c.as_mut());
+    assert_state(&sem, 0, 3);
+    waker.arm(ON_WAKE);
+    assert_eq!(panicked(move || drop(a)), rogue("wake"));
+    assert_eq!((waker.wakes(), wc.wakes()), (1, 1), "both served are woken");
+    assert_state(&sem, 0, 0);
+    let pb = Counted::new().ready(b.as_mut()).unwrap();
+    let pc = wc.ready(c.as_mut()).unwrap();
+    drop((pb, pc));
+    assert_state(&sem, 2, 0);
+    assert_line_works(&sem);
+}
+
+/// A cancelled acquire drops its own waker after it has served the waiters
+/// behind it; if that drop panics and so does one of their wakers, the
+/// drop panics once (no abort), the others are woken and nothing is lost.
+#[test]
+fn dropping_a_queued_acquire_survives_its_own_and_another_panicking_waker() {
+    let sem = Semaphore::new(0);
+    let (own, waker, wc) = (Rogue::new(), Rogue::new(), Counted::new());
+    let mut a = Box::pin(sem.acquire_many(3));
+    let mut b = Box::pin(sem.acquire());
+    let mut c = Box::pin(sem.acquire());
+    assert!(own.poll(a.as_mut()).unwrap().is_pending());
+    sem.add_permits(2);
+    assert!(waker.poll(b.as_mut()).unwrap().is_pending());
+    wc.assert_pending(c.as_mut());
+    own.arm(ON_DROP);
+    waker.arm(ON_WAKE);
+    let msg = panicked(move || drop(a)).expect("the drop panics");
+    assert!(msg.starts_with(ROGUE), "{msg:?}");
+    assert_eq!((own.panics(), waker.panics()), (1, 1), "both wakers ran");
+    assert_eq!(wc.wakes(), 1);
+    assert_state(&sem, 0, 0);
+    let pb = Counted::new().ready(b.as_mut()).unwrap();
+    drop((pb, wc.ready(c.as_mut()).unwrap()));
+    assert_state(&sem, 2, 0);
+    assert_line_works(&sem);
+}
+
+/// A cancelled acquire whose own waker's drop panics (and nothing else):
+/// the drop panics, after it left the line and passed its permits on.
+#[test]
+fn dropping_a_queued_acquire_whose_waker_drop_panics_passes_its_permits_on() {
+    let sem = Semaphore::new(0);
+    let (own, wb) = (Rogue::new(), Counted::new());
+    let mut a = Box::pin(sem.acquire_many(2));
+    let mut b = Box::pin(sem.acquire());
+    assert!(own.poll(a.as_mut()).unwrap().is_pending());
+    sem.add_permits(1);
+    wb.assert_pending(b.as_mut());
+    own.arm(ON_DROP);
+    assert_eq!(panicked(move || drop(a)), rogue("drop"));
+    assert_eq!(wb.wakes(), 1);
+    assert_state(&sem, 0, 0);
+    drop(wb.ready(b.as_mut()).unwrap());
+    assert_state(&sem, 1, 0);
+    assert_line_works(&sem);
+}
+
+/// Unfair mode: a woken waiter dropped before it runs passes its wake-up on
+/// to the waiters behind it, and wakes all of them although one waker
+/// panics.
+#[test]
+fn unfair_dropped_woken_waiter_passes_its_wake_up_on_when_a_waker_panics() {
+    let sem = Semaphore::new_unfair(0);
+    let (wa, waker, wc) = (Counted::new(), Rogue::new(), Counted::new());
+    let mut a = Box::pin(sem.acquire_many(2));
+    let mut b = Box::pin(sem.acquire());
+    let mut c = Box::pin(sem.acquire());
+    wa.assert_pending(a.as_mut());
+    assert!(waker.poll(b.as_mut()).unwrap().is_pending());
+    wc.assert_pending(c.as_mut());
+    sem.add_permits(2);
+    assert_eq!(wa.wakes(), 1, "A is woken to take both");
+    assert_state(&sem, 2, 2);
+    waker.arm(ON_WAKE);
+    assert_eq!(panicked(move || drop(a)), rogue("wake"));
+    assert_eq!((waker.wakes(), wc.wakes()), (1, 1), "B and C are woken");
+    assert_state(&sem, 2, 0);
+    let pb = Counted::new().ready(b.as_mut()).unwrap();
+    drop((pb, wc.ready(c.as_mut()).unwrap()));
+    assert_state(&sem, 2, 0);
+    assert_line_works(&sem);
+}
+
+/// A first poll whose waker's clone panics changes nothing: the future is
+/// not queued, and polled again it queues as usual.
+#[test]
+fn first_poll_whose_waker_clone_panics_changes_nothing() {
+    for fair in [true, false] {
+        let sem = semaphore(fair, 0);
+        let waker = Rogue::new();
+        waker.arm(ON_CLONE);
+        let mut a = Box::pin(sem.acquire());
+        assert_eq!(waker.poll(a.as_mut()).err(), rogue("clone"));
+        assert_state(&sem, 0, 0);
+        let wa = Counted::new();
+        wa.assert_pending(a.as_mut());
+        assert_state(&sem, 0, 1);
+        sem.add_permits(1);
+        assert_eq!(wa.wakes(), 1);
+        drop(wa.ready(a.as_mut()).unwrap());
+        assert_state(&sem, 1, 0);
+        assert_line_works(&sem);
+    }
+}
+
+/// A queued future polled with a new waker whose clone panics keeps its old
+/// waker, its place and its permits.
+#[test]
+fn repoll_whose_new_waker_clone_panics_keeps_the_old_one() {
+    for fair in [true, false] {
+        let sem = semaphore(fair, 0);
+        let (old, new) = (Counted::new(), Rogue::new());
+        let mut a = Box::pin(sem.acquire());
+        old.assert_pending(a.as_mut());
+        new.arm(ON_CLONE);
+        assert_eq!(new.poll(a.as_mut()).err(), rogue("clone"));
+        assert_state(&sem, 0, 1);
+        sem.add_permits(1);
+        assert_eq!(
+            (old.wakes(), new.wakes()),
+            (1, 0),
+            "woken through the old waker"
+        );
+        drop(old.ready(a.as_mut()).unwrap());
+        assert_state(&sem, 1, 0);
+        assert_line_works(&sem);
+    }
+}
+
+/// A queued future polled with a new waker whose predecessor panics when
+/// the semaphore drops it: the poll panics, the new waker is in place.
+#[test]
+fn repoll_whose_old_waker_drop_panics_installs_the_new_one() {
+    for fair in [true, false] {
+        let sem = semaphore(fair, 0);
+        let (old, new) = (Rogue::new(), Counted::new());
+        let mut a = Box::pin(sem.acquire());
+        assert!(old.poll(a.as_mut()).unwrap().is_pending());
+        old.arm(ON_DROP);
+        assert_eq!(panicked(|| drop(new.poll(a.as_mut()))), rogue("drop"));
+        old.disarm();
+        assert_state(&sem, 0, 1);
+        sem.add_permits(1);
+        assert_eq!(
+            (old.wakes(), new.wakes()),
+            (0, 1),
+            "woken through the new waker"
+        );
+        drop(new.ready(a.as_mut()).unwrap());
+        assert_state(&sem, 1, 0);
+        assert_line_works(&sem);
+    }
+}
+
+/// Unfair mode: a woken waiter that lost the race goes back into line and
+/// clones its waker to do so; if that clone panics, the future is out of
+/// line and its wake-up passes on to the waiter behind it, which the
+/// permits left can serve.
+#[test]
+fn unfair_woken_waiter_whose_clone_panics_as_it_requeues_passes_its_wake_up_on() {
+    let sem = Semaphore::new_unfair(0);
+    let (wa, wb) = (Counted::new(), Counted::new());
+    let mut a = Box::pin(sem.acquire_many(2));
+    let mut b = Box::pin(sem.acquire());
+    wa.assert_pending(a.as_mut());
+    wb.assert_pending(b.as_mut());
+    sem.add_permits(2);
+    assert_eq!((wa.wakes(), wb.wakes()), (1, 0));
+    let newcomer = sem.try_acquire().unwrap(); // barges: A cannot have 2 now
+    let waker = Rogue::new();
+    waker.arm(ON_CLONE);
+    assert_eq!(waker.poll(a.as_mut()).err(), rogue("clone"));
+    assert_eq!(wb.wakes(), 1, "B is woken for the permit left");
+    assert_state(&sem, 1, 0);
+    let pb = wb.ready(b.as_mut()).unwrap();
+    drop(a);
+    drop((pb, newcomer));
+    assert_state(&sem, 2, 0);
+    assert_line_works(&sem);
+}
+
+/// A permit dropped while its task unwinds from a panic of its own serves
+/// (fair) or wakes (unfair) the next waiters as usual; a waker that panics
+/// then must not abort the process (a panic during unwinding would): the
+/// task's own panic is the one that propagates, and everyone is woken.
+#[test]
+fn permit_dropped_while_unwinding_survives_a_panicking_waker() {
+    for fair in [true, false] {
+        for permits in [1, 2] {
+            let sem = semaphore(fair, permits);
+            let hold = sem.try_acquire_many(permits).unwrap();
+            let (waker, wb) = (Rogue::new(), Counted::new());
+            let mut a = Box::pin(sem.acquire());
+            let mut b = Box::pin(sem.acquire());
+            assert!(waker.poll(a.as_mut()).unwrap().is_pending());
+            wb.assert_pending(b.as_mut());
+            waker.arm(ON_WAKE);
+            let msg = panicked(move || {
+                let _hold = hold;
+                panic!("the task failed");
+            });
+            assert_eq!(msg.as_deref(), Some("the task failed"));
+            assert_eq!((waker.wakes(), wb.wakes()), (1, permits - 1));
+            let pa = Counted::new().ready(a.as_mut()).unwrap();
+            drop(pa);
+            assert_eq!(wb.wakes(), 1);
+            drop(wb.ready(b.as_mut()).unwrap());
+            assert_state(&sem, permits as isize, 0);
+            assert_line_works(&sem);
+        }
+    }
+}
+
+/// An acquire dropped while its task unwinds passes its permits on as usual;
+/// a waker of the waiters it serves that panics must not abort the process.
+#[test]
+fn acquire_dropped_while_unwinding_survives_a_panicking_waker() {
+    let sem = Semaphore::new(0);
+    let (wa, waker, wc) = (Counted::new(), Rogue::new(), Counted::new());
+    let mut a = Box::pin(sem.acquire_many(3));
+    let mut b = Box::pin(sem.acquire());
+    let mut c = Box::pin(sem.acquire());
+    wa.assert_pending(a.as_mut());
+    sem.add_permits(2);
+    assert!(waker.poll(b.as_mut()).unwrap().is_pending());
+    wc.assert_pending(c.as_mut());
+    waker.arm(ON_WAKE);
+    let msg = panicked(move || {
+        let _a = a;
+        panic!("the task failed");
+    });
+    assert_eq!(msg.as_deref(), Some("the task failed"));
+    assert_eq!((waker.wakes(), wc.wakes()), (1, 1));
+    let pb = Counted::new().ready(b.as_mut()).unwrap();
+    drop((pb, wc.ready(c.as_mut()).unwrap()));
+    assert_state(&sem, 2, 0);
+    assert_line_works(&sem);
+}
+
+/// A thread blocked in `acquire_blocking` behind an async waiter whose waker
+/// panics is still woken by the release that serves them both.
+#[test]
+fn blocked_thread_behind_a_panicking_waker_is_woken() {
+    let sem = Arc::new(Semaphore::new(0));
+    let waker = Rogue::new();
+    let mut a = Box::pin(sem.acquire());
+    assert!(waker.poll(a.as_mut()).unwrap().is_pending());
+    let (tx, rx) = mpsc::channel();
+    let s = sem.clone();
+    // Not scoped: if the thread is never woken, the test fails instead of
+    // hanging on the join.
+    let blocked = thread::spawn(move || {
+        let permit = s.acquire_blocking().unwrap();
+        tx.send(permit.num_permits()).unwrap();
+    });
+    spin_until("the thread is queued", || sem.queue_len() == 2);
+    waker.arm(ON_WAKE);
+    assert_eq!(panicked(|| sem.add_permits(2)), rogue("wake"));
+    assert_eq!(rx.recv_timeout(PATIENCE), Ok(1), "the thread is woken");
+    blocked.join().unwrap();
+    drop(Counted::new().ready(a.as_mut()).unwrap());
+    assert_state(&sem, 2, 0);
+    assert_line_works(&sem);
+}
+
+// ---------------------------------------------------------------------------
+// 12. Traits, errors, sizes
 // ---------------------------------------------------------------------------
 
 fn is_send<T: Send>() {}

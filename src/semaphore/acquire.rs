@@ -13,6 +13,7 @@ use super::{OwnedPermit, Permit, Semaphore};
 use crate::error::{AcquireError, TryAcquireError};
 use crate::list::{Linked, Links};
 use crate::loom::{AtomicUsize, Ordering, UnsafeCell, lock};
+use crate::wake_list::WakeList;
 
 /// Set in [`Waiter::remaining`] when `close` unlinked the node.
 const NODE_CLOSED: usize = 1 << (usize::BITS - 1);
@@ -29,7 +30,10 @@ pub(super) struct Waiter {
     /// Position in the queue. Only touched under the semaphore's lock.
     links: Links<Waiter>,
     /// The task to wake when the node is served or closed. May only be
-    /// accessed while the semaphore's lock is held.
+    /// accessed while the semaphore's lock is held, and is never cloned,
+    /// woken or dropped then (that is user code, which may panic or call
+    /// back into the semaphore): the owner clones its task's waker before it
+    /// locks, and a waker taken out is woken or dropped after unlocking.
     waker: UnsafeCell<Option<Waker>>,
     /// While linked: the permits still owed (non-zero). Once unlinked: `0`
     /// if served in full, `NODE_CLOSED | owed` if the semaphore closed, or
@@ -138,21 +142,28 @@ impl Waiter {
         }
     }
 
-    /// Stores the task's waker, unless the stored one already wakes the same
-    /// task. Returns the replaced waker, to be dropped after unlocking.
+    /// Whether the stored waker wakes the same task as `waker`. Runs no user
+    /// code (`Waker::will_wake` compares pointers).
     ///
     /// # Safety
     ///
     /// The semaphore's lock must be held.
-    unsafe fn set_waker(&self, new: &Waker) -> Option<Waker> {
-        self.waker.with_mut(|w| {
-            // SAFETY: the caller holds the lock, which guards the waker.
-            let slot = unsafe { &mut *w };
-            match slot {
-                Some(old) if old.will_wake(new) => None,
-                _ => slot.replace(new.clone()),
-            }
-        })
+    unsafe fn will_wake(&self, waker: &Waker) -> bool {
+        // SAFETY: the caller holds the lock, which guards the waker.
+        self.waker
+            .with(|w| unsafe { (*w).as_ref() }.is_some_and(|old| old.will_wake(waker)))
+    }
+
+    /// Stores `waker`, cloned by the caller before it took the lock (a clone
+    /// is user code), and returns the one it replaces, to be dropped after
+    /// unlocking.
+    ///
+    /// # Safety
+    ///
+    /// The semaphore's lock must be held.
+    unsafe fn replace_waker(&self, waker: Waker) -> Option<Waker> {
+        // SAFETY: the caller holds the lock, which guards the waker.
+        self.waker.with_mut(|w| unsafe { (*w).replace(waker) })
     }
 
     /// Takes the waker out.
@@ -252,35 +263,62 @@ impl Semaphore {
         phase: &mut Phase,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), AcquireError>> {
-        self.enqueue(waiter, n, phase, cx, false)
+        // Cloned before the lock is taken, as every waker call is. If the
+        // clone panics, nothing has changed yet.
+        let waker = cx.waker().clone();
+        self.enqueue(waiter, n, phase, waker, false)
     }
 
-    /// Retries the balance under the lock, else joins the line: at its back,
-    /// or at its front for an unfair waiter that was woken and lost the race
+    /// Retries the balance under the lock, else joins the line with `waker`
+    /// (the task's, cloned by the caller without the lock): at its back, or
+    /// at its front for an unfair waiter that was woken and lost the race
     /// for the permits, so that it keeps its place. Inlined into both
     /// callers, so that a woken unfair waiter that lost makes one call from
     /// [`poll_queued`](Self::poll_queued), not two.
+    ///
+    /// No user code runs under the lock, and wherever a waker is dropped
+    /// after it (user code that may panic), `phase` and the node's status
+    /// already say what the future owns: a panic there loses nothing.
     #[inline(always)]
     fn enqueue(
         &self,
         waiter: Pin<&Waiter>,
         n: usize,
         phase: &mut Phase,
-        cx: &mut Context<'_>,
+        waker: Waker,
         front: bool,
     ) -> Poll<Result<(), AcquireError>> {
         let mut list = lock(&self.waiters);
+        let waiter = waiter.get_ref();
         // With the lock held, `WAITERS` is set exactly when the line is
         // non-empty, so this is the same check as the fast path, now final.
-        if let Some(done) = took(self.try_take(n), phase) {
-            return done;
+        match self.try_take(n) {
+            Err(TryAcquireError::NoPermits) => {}
+            Ok(()) => {
+                // Taken after all, and `waker` is not needed. Until it is
+                // dropped the future holds the permits as a served node
+                // does (`Queued`, status `Granted`; the node is unlinked and
+                // ours), so that if the drop panics the next poll returns
+                // them and the future's drop gives them back.
+                waiter.remaining.store(0, Ordering::Relaxed);
+                *phase = Phase::Queued;
+                drop(list);
+                drop(waker);
+                *phase = Phase::Done;
+                return Poll::Ready(Ok(()));
+            }
+            Err(TryAcquireError::Closed) => {
+                *phase = Phase::Done;
+                drop(list);
+                drop(waker);
+                return Poll::Ready(Err(AcquireError::closed()));
+            }
         }
-        let waiter = waiter.get_ref();
         waiter.remaining.store(n, Ordering::Relaxed);
         // SAFETY: we hold the lock. The node is not linked (never was, or
-        // the semaphore unlinked it and took its waker), so the waker slot
-        // is empty and nothing is replaced.
-        let old = unsafe { waiter.set_waker(cx.waker()) };
+        // the semaphore unlinked it and took its waker), so the slot is
+        // empty and nothing is dropped under the lock.
+        let old = unsafe { waiter.replace_waker(waker) };
         debug_assert!(old.is_none(), "an unlinked node has no waker");
         // SAFETY: `waiter` is pinned inside this future, is not linked, and
         // the future's drop unlinks it (under the lock) before it goes away:
@@ -319,8 +357,10 @@ impl Semaphore {
             self.queued.store(list.len(), Ordering::Relaxed);
             debug_assert!(list.is_empty(), "the line held only this node");
             self.state.fetch_and(!super::WAITERS, Ordering::Relaxed);
-            // SAFETY: we hold the lock.
-            let own = unsafe { waiter.take_waker() };
+            // Served by ourselves: marked granted, as a hand-off would, so
+            // that while our waker is dropped (user code, which may panic)
+            // the future owns the permits, with `phase` still `Queued`.
+            let own = waiter.grant();
             drop(list);
             drop(own);
             *phase = Phase::Done;
@@ -344,18 +384,8 @@ impl Semaphore {
     ) -> Poll<Result<(), AcquireError>> {
         let node = waiter.get_ref();
         if let Status::Waiting(_) = node.status() {
-            let list = lock(&self.waiters);
-            // Read again under the lock: now nobody can serve or close the
-            // node until we have stored the waker.
-            match node.status() {
-                Status::Waiting(_) => {
-                    // SAFETY: we hold the lock.
-                    let old = unsafe { node.set_waker(cx.waker()) };
-                    drop(list);
-                    drop(old);
-                    return Poll::Pending;
-                }
-                _ => drop(list),
+            if self.keep_waker(node, cx) {
+                return Poll::Pending;
             }
         }
         match node.status() {
@@ -366,11 +396,57 @@ impl Semaphore {
                 *phase = Phase::Idle;
                 match took(self.try_take(n), phase) {
                     Some(done) => done,
-                    None => self.enqueue(waiter, n, phase, cx, true),
+                    None => {
+                        // Lost the race: back to the front of the line. The
+                        // wake-up is spent, so if cloning the waker (user
+                        // code) panics, the future is out of line for good
+                        // and passes the wake-up on, as a dropped one does.
+                        let pass_on = PassOn(self);
+                        let waker = cx.waker().clone();
+                        core::mem::forget(pass_on);
+                        self.enqueue(waiter, n, phase, waker, true)
+                    }
                 }
             }
             done => self.finish(done, n, phase),
         }
+    }
+
+    /// Makes sure a node that looked linked will wake the polling task:
+    /// returns `true` if it still waits (the poll is pending), `false` if it
+    /// was served, closed or notified meanwhile.
+    ///
+    /// A new waker is cloned with the lock released (a clone is user code);
+    /// until it is stored, the old one stays, so a hand-off meanwhile wakes
+    /// the old task, and we see the hand-off when we look again.
+    #[inline(always)]
+    fn keep_waker(&self, node: &Waiter, cx: &mut Context<'_>) -> bool {
+        let list = lock(&self.waiters);
+        // Read again under the lock: now nobody can serve or close the node
+        // until we unlock.
+        if !matches!(node.status(), Status::Waiting(_)) {
+            return false;
+        }
+        // SAFETY: we hold the lock.
+        if unsafe { node.will_wake(cx.waker()) } {
+            return true;
+        }
+        drop(list);
+        let new = cx.waker().clone();
+        let list = lock(&self.waiters);
+        if let Status::Waiting(_) = node.status() {
+            // SAFETY: we hold the lock.
+            let old = unsafe { node.replace_waker(new) };
+            drop(list);
+            // If this panics, the new waker is already in place.
+            drop(old);
+            return true;
+        }
+        drop(list);
+        // Served, closed or notified meanwhile, and `phase` is `Queued`: if
+        // this drop panics, the next poll or the future's drop completes it.
+        drop(new);
+        false
     }
 
     /// Turns an unlinked node's status into the future's output.
@@ -424,11 +500,15 @@ impl Semaphore {
                         // The head may have changed, or permits come back:
                         // serve the next waiters (and clear `WAITERS` if the
                         // line is now empty).
-                        self.distribute_and_unlock(list);
-                        drop(waker);
+                        let mut wakers = WakeList::new();
+                        self.distribute_and_unlock_with(list, &mut wakers);
+                        // Our own waker last, once the others are woken:
+                        // dropping it is user code too.
+                        wakers.catch(|| drop(waker));
                         if overflow {
                             self.overflow(handed);
                         }
+                        wakers.resume_panic();
                         return;
                     }
                     other => other,
@@ -454,6 +534,18 @@ impl Semaphore {
     }
 }
 
+/// Passes on an unfair wake-up that its future spent when it is dropped,
+/// as a woken future dropped before it runs does. Armed only while a woken
+/// waiter that lost the race clones its waker to queue again, and defused
+/// with `mem::forget`: it runs only if the clone panics.
+struct PassOn<'a>(&'a Semaphore);
+
+impl Drop for PassOn<'_> {
+    fn drop(&mut self) {
+        self.0.distribute_and_unlock(lock(&self.0.waiters));
+    }
+}
+
 pin_project! {
     /// The future returned by [`Semaphore::acquire`] and
     /// [`Semaphore::acquire_many`].
@@ -470,7 +562,9 @@ pin_project! {
     ///
     /// # Panics
     ///
-    /// Polling it again after it returned `Ready` panics.
+    /// Polling it again after it returned `Ready` panics. A poll or a drop
+    /// also panics if a waker it runs panics, after finishing its work; see
+    /// [Wakers that panic](Semaphore#wakers-that-panic).
     ///
     /// # Examples
     ///
@@ -556,7 +650,9 @@ pin_project! {
     ///
     /// # Panics
     ///
-    /// Polling it again after it returned `Ready` panics.
+    /// Polling it again after it returned `Ready` panics. A poll or a drop
+    /// also panics if a waker it runs panics, after finishing its work; see
+    /// [Wakers that panic](Semaphore#wakers-that-panic).
     ///
     /// # Examples
     ///

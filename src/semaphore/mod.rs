@@ -49,6 +49,23 @@
 //! A future served or closed but not yet polled to completion gives its
 //! permits back with an ordinary release; one woken to compete (unfair)
 //! passes its wake-up on by running `distribute`.
+//!
+//! **Wakers that panic.** A waker is user code: its `wake`, `clone` or
+//! `drop` may panic. None of them runs with the lock held (a future clones
+//! its task's waker before it locks; a waker taken out of a node is woken
+//! or dropped after unlocking), and each runs where the node's status and
+//! the future's phase already say what the future owns. A future that took
+//! permits but still has a waker to drop is marked granted first, so after
+//! a panic there it still holds them: its next poll returns them, its drop
+//! gives them back. An unfair waiter that was woken, lost the race and
+//! panics cloning its waker to queue again passes its wake-up on. A batch
+//! ([`WakeList`]) wakes each waker under `catch_unwind`, finishes the batch
+//! and the batches after it, and only then resumes the first panic: it
+//! reaches the caller whose call ran the waker (a poll, `add_permits`,
+//! `close`, dropping a permit or a future), and no other waiter is left
+//! unwoken. If that caller is already unwinding from a panic of its own
+//! (a permit dropped during a panic), the waker's panic is dropped instead:
+//! a second one would abort the process.
 
 mod acquire;
 mod permit;
@@ -68,7 +85,7 @@ use state::{CLOSED, WAITERS, balance, units};
 use crate::error::TryAcquireError;
 use crate::list::List;
 use crate::loom::{AtomicUsize, Mutex, MutexGuard, Ordering, lock};
-use crate::wake_list::WakeList;
+use crate::wake_list::{WakeList, wake};
 
 /// An async counting semaphore: fair by default, weighted, safe to cancel,
 /// usable from any executor and from plain threads.
@@ -103,6 +120,18 @@ use crate::wake_list::WakeList;
 /// the cost of fairness: a waiter can lose that race repeatedly, and one
 /// that asks for several permits is woken only when all of them are
 /// available, so newcomers taking permits one at a time can starve it.
+///
+/// # Wakers that panic
+///
+/// A waker that panics (in `wake`, `clone` or `drop`) loses no permit and
+/// strands no other waiter: the semaphore finishes what it was doing, wakes
+/// everyone else it served, closed or woken, and then resumes the panic in
+/// the call that ran the waker (a poll, [`add_permits`](Self::add_permits),
+/// [`close`](Self::close), or dropping a permit or an acquire future). A
+/// future whose poll panicked after it took permits still holds them: its
+/// next poll returns them, and dropping it gives them back. When that call
+/// is a drop during a panic's unwinding, the waker's panic is dropped, as a
+/// second panic would abort the process.
 ///
 /// # Examples
 ///
@@ -529,7 +558,9 @@ impl Semaphore {
     /// # Panics
     ///
     /// Panics if the balance would exceed [`MAX_PERMITS`](Self::MAX_PERMITS);
-    /// the balance is then left as it was.
+    /// the balance is then left as it was. Also panics if the waker of a
+    /// waiter it serves panics, once every waiter is served and woken (see
+    /// [Wakers that panic](Self#wakers-that-panic)).
     ///
     /// # Examples
     ///
@@ -699,6 +730,11 @@ impl Semaphore {
     /// [`TryAcquireError::Closed`]. Permits already held stay valid and are
     /// returned normally when dropped.
     ///
+    /// # Panics
+    ///
+    /// Panics if a waiter's waker panics, once every waiter has been failed
+    /// and woken (see [Wakers that panic](Self#wakers-that-panic)).
+    ///
     /// # Examples
     ///
     /// ```
@@ -718,8 +754,11 @@ impl Semaphore {
     pub fn close(&self) {
         let mut list = lock(&self.waiters);
         self.state.fetch_or(CLOSED, Ordering::Release);
+        // One batch at a time, and the same list for all: a waker that
+        // panics neither stops the batch nor the next ones, and its panic
+        // reaches our caller once every waiter is failed and woken.
+        let mut wakers = WakeList::new();
         loop {
-            let mut wakers = WakeList::new();
             while wakers.can_push() {
                 let Some(node) = list.pop_front() else { break };
                 // SAFETY: `node` was linked until just now, so it is alive;
@@ -737,10 +776,11 @@ impl Semaphore {
             drop(list);
             wakers.wake_all();
             if done {
-                return;
+                break;
             }
             list = lock(&self.waiters);
         }
+        wakers.resume_panic();
     }
 
     /// Whether [`close`](Self::close) has been called.
@@ -882,7 +922,7 @@ impl Semaphore {
                         let waker = unsafe { self.notify_head(&mut list, waiter, need) };
                         drop(list);
                         if let Some(waker) = waker {
-                            waker.wake();
+                            wake(waker);
                         }
                         return reported;
                     }
@@ -924,7 +964,7 @@ impl Semaphore {
                     let waker = unsafe { self.grant_head(&mut list, waiter) };
                     drop(list);
                     if let Some(waker) = waker {
-                        waker.wake();
+                        wake(waker);
                     }
                     return reported;
                 }
@@ -950,6 +990,7 @@ impl Semaphore {
         if left == 0 && !list.is_empty() {
             drop(list);
             wakers.wake_all();
+            wakers.resume_panic();
             return reported;
         }
         // Permits left over, or the line is now empty: the rest goes to the
@@ -960,10 +1001,11 @@ impl Semaphore {
         } else {
             Ok(0)
         };
-        self.distribute_and_unlock_with(list, wakers);
+        self.distribute_and_unlock_with(list, &mut wakers);
         if added.is_err() {
             self.overflow(left);
         }
+        wakers.resume_panic();
         reported
     }
 
@@ -1038,20 +1080,24 @@ impl Semaphore {
     }
 
     /// Runs [`distribute`](Self::distribute) to completion, waking each batch
-    /// of served waiters with the lock released.
+    /// of served waiters with the lock released. If a waker panics, the
+    /// others are woken all the same and the panic is resumed at the end.
     fn distribute_and_unlock<'a>(&'a self, list: MutexGuard<'a, List<Waiter>>) {
-        self.distribute_and_unlock_with(list, WakeList::new());
+        let mut wakers = WakeList::new();
+        self.distribute_and_unlock_with(list, &mut wakers);
+        wakers.resume_panic();
     }
 
     /// As [`distribute_and_unlock`](Self::distribute_and_unlock), with
-    /// wakers already collected under the same lock.
+    /// wakers already collected under the same lock, and leaving a panic
+    /// caught from one of them in `wakers` for the caller to resume.
     fn distribute_and_unlock_with<'a>(
         &'a self,
         mut list: MutexGuard<'a, List<Waiter>>,
-        mut wakers: WakeList,
+        wakers: &mut WakeList,
     ) {
         loop {
-            let done = self.distribute(&mut list, &mut wakers);
+            let done = self.distribute(&mut list, wakers);
             drop(list);
             wakers.wake_all();
             if done {

@@ -36,7 +36,9 @@ use super::Semaphore;
 /// Dropping the guard panics if giving its permits back would take the
 /// balance above [`Semaphore::MAX_PERMITS`], which can only happen after
 /// [`Semaphore::add_permits`] raised the balance close to that limit. The
-/// permits are then lost, and the balance is left as it was.
+/// permits are then lost, and the balance is left as it was. It also
+/// panics if the waker of a waiter it serves panics, once every waiter is
+/// served and woken; see [Wakers that panic](Semaphore#wakers-that-panic).
 #[must_use = "dropping a permit gives its permits back at once"]
 #[clippy::has_significant_drop]
 pub struct Permit<'a> {
@@ -188,7 +190,9 @@ impl fmt::Debug for Permit<'_> {
 /// Dropping the guard panics if giving its permits back would take the
 /// balance above [`Semaphore::MAX_PERMITS`], which can only happen after
 /// [`Semaphore::add_permits`] raised the balance close to that limit. The
-/// permits are then lost, and the balance is left as it was.
+/// permits are then lost, and the balance is left as it was. It also
+/// panics if the waker of a waiter it serves panics, once every waiter is
+/// served and woken; see [Wakers that panic](Semaphore#wakers-that-panic).
 #[must_use = "dropping a permit gives its permits back at once"]
 #[clippy::has_significant_drop]
 pub struct OwnedPermit {
