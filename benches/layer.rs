@@ -51,8 +51,9 @@
 //! (so `tokio::time::timeout` works), the same for every crate; the times
 //! are per call. The contended cells are timed per call too (criterion's
 //! `Throughput::Elements`), spawning and joining included. All runtimes
-//! enable the time driver; the bulkhead gets a `TokioTimer` on the runtime
-//! it runs on, so its timeouts use the same clock and wheel as tokio's.
+//! enable the time driver; the bulkhead is built inside its runtime with
+//! the default timer, so its waits sleep on the same clock and wheel as
+//! tokio's.
 //!
 //! Before measuring, every contender is checked once, built by the same
 //! function with 20 ms instead of 10 s: an admitted call returns `Ok`; with
@@ -81,7 +82,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bulkhead::timer::TokioTimer;
 use bulkhead::tower::BulkheadLayer;
 use bulkhead::{Bulkhead, BulkheadError};
 use criterion::measurement::WallTime;
@@ -223,12 +223,14 @@ fn poll_once<F: Future>(fut: F) -> Poll<F::Output> {
 #[derive(Clone)]
 struct BulkheadPeer(Bulkhead);
 
-/// A bulkhead with `settings`, timed by tokio on `rt`.
+/// A bulkhead with `settings`, built inside `rt` with the default timer
+/// (what a tokio user gets without configuring one: each wait sleeps on
+/// the runtime it runs in).
 fn bulkhead(rt: &Runtime, s: Settings) -> Bulkhead {
+    let _entered = rt.enter();
     let mut b = Bulkhead::builder()
         .name("bench")
-        .max_concurrent_calls(s.limit)
-        .timer(Arc::new(TokioTimer::new(rt.handle().clone())));
+        .max_concurrent_calls(s.limit);
     if let Some(d) = s.max_wait {
         b = b.max_wait(d);
     }

@@ -334,7 +334,8 @@ fn a_tokio_timer_whose_runtime_is_gone_gives_typed_rejections() {
     let mut waiting = pin!(bh.call(async { Ok::<_, ()>(()) }));
     match poll_once(waiting.as_mut()) {
         Poll::Ready(Err(BulkheadError::Rejected(r))) => {
-            assert_eq!(r.reason(), RejectReason::Unavailable)
+            assert_eq!(r.reason(), RejectReason::Unavailable);
+            assert!(r.to_string().ends_with("its timer is not running"), "{r}");
         }
         other => panic!("expected Unavailable, got {other:?}"),
     }

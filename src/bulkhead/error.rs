@@ -4,6 +4,8 @@
 use core::fmt;
 use std::time::Duration;
 
+use super::name::Name;
+
 /// Why the bulkhead turned a call away.
 ///
 /// # Examples
@@ -87,23 +89,52 @@ impl fmt::Display for RejectReason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejected {
     reason: RejectReason,
-    waited: Duration,
-    name: &'static str,
-    retry_after: Option<Duration>,
+    /// `Unavailable` because the timer cannot run, not the permit store.
+    timer_gone: bool,
+    /// Nanoseconds, saturating (8 bytes where a `Duration` takes 16).
+    waited_ns: u64,
+    name: Name,
+    hint: Hint,
+}
+
+/// What [`Rejected::retry_after`] is computed from, when asked: the
+/// division is left out of the rejection path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hint {
+    /// The average hold time (0: none known).
+    pub(crate) hold_ns: u64,
+    /// The callers waiting, plus this one.
+    pub(crate) ahead: u32,
+    /// The limit (at least 1).
+    pub(crate) limit: u32,
+}
+
+impl Hint {
+    /// No estimate.
+    pub(crate) const NONE: Hint = Hint {
+        hold_ns: 0,
+        ahead: 1,
+        limit: 1,
+    };
 }
 
 impl Rejected {
-    pub(crate) fn new(
-        reason: RejectReason,
-        waited: Duration,
-        name: &'static str,
-        retry_after: Option<Duration>,
-    ) -> Self {
+    pub(crate) fn new(reason: RejectReason, waited: Duration, name: Name, hint: Hint) -> Self {
         Self {
             reason,
-            waited,
+            timer_gone: false,
+            waited_ns: u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX),
             name,
-            retry_after,
+            hint,
+        }
+    }
+
+    /// A rejection because the timer that bounds waiting or the call cannot
+    /// run (its tokio runtime is gone): `Unavailable`, said so in `Display`.
+    pub(crate) fn timer_gone(name: Name, waited: Duration) -> Self {
+        Self {
+            timer_gone: true,
+            ..Self::new(RejectReason::Unavailable, waited, name, Hint::NONE)
         }
     }
 
@@ -122,8 +153,11 @@ impl Rejected {
         self.reason
     }
 
-    /// How long the caller waited before it was turned away (zero when it
-    /// was rejected at once; measured only when the caller had to wait).
+    /// How long the caller waited before it was turned away: zero when it
+    /// was rejected at once, `max_wait` (as the timer measured it) for a
+    /// timeout. A wait that ended otherwise (the bulkhead closed while the
+    /// caller waited) is measured only when an observer is installed, since
+    /// that costs a clock reading per wait; without one it reads zero.
     ///
     /// # Examples
     ///
@@ -143,7 +177,7 @@ impl Rejected {
     /// # });
     /// ```
     pub fn waited(&self) -> Duration {
-        self.waited
+        Duration::from_nanos(self.waited_ns)
     }
 
     /// The name of the bulkhead that rejected the call.
@@ -193,7 +227,18 @@ impl Rejected {
     /// assert!(hint > Duration::ZERO);
     /// ```
     pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
+        let Hint {
+            hold_ns,
+            ahead,
+            limit,
+        } = self.hint;
+        if hold_ns == 0 || !matches!(self.reason, RejectReason::Full | RejectReason::Timeout) {
+            return None;
+        }
+        let ns = hold_ns
+            .saturating_mul(u64::from(ahead))
+            .div_ceil(u64::from(limit.max(1)));
+        Some(Duration::from_nanos(ns))
     }
 }
 
@@ -206,9 +251,14 @@ impl fmt::Display for Rejected {
                 "bulkhead {} had no free permit within {:?}",
                 self.name,
                 // Whole milliseconds: the timer's jitter below that is noise.
-                Duration::from_millis(self.waited.as_millis() as u64)
+                Duration::from_millis(self.waited_ns / 1_000_000)
             ),
             RejectReason::Closed => write!(f, "bulkhead {} is closed", self.name),
+            RejectReason::Unavailable if self.timer_gone => write!(
+                f,
+                "bulkhead {} cannot keep its time limits: its timer is not running",
+                self.name
+            ),
             RejectReason::Unavailable => {
                 write!(f, "bulkhead {} cannot reach its shared permits", self.name)
             }

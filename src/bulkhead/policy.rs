@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use pin_project_lite::pin_project;
 
-use super::error::{BulkheadError, RejectReason, Rejected};
+use super::error::{BulkheadError, Hint, RejectReason, Rejected};
 use super::metrics::{Counters, Metrics};
+use super::name::Name;
 use super::observer::{CallOutcome, Finished, LeakSuspected, Observer, Permitted, Rejection};
 use crate::timer::{Clock, ClockSleep};
 
@@ -25,7 +26,7 @@ use crate::timer::{Clock, ClockSleep};
 /// else (fail fast, the bounded line, `max_wait`, `call_timeout`, counters,
 /// observers, retry hints, leak watches) is decided here.
 pub(crate) struct Policy {
-    name: &'static str,
+    name: Name,
     max_wait: Option<Duration>,
     max_queue: Option<usize>,
     call_timeout: Option<Duration>,
@@ -64,7 +65,7 @@ pub(crate) type Traced<F> = F;
 
 /// What a builder decided, for `Policy::new`.
 pub(crate) struct Settings {
-    pub(crate) name: &'static str,
+    pub(crate) name: Name,
     pub(crate) max_wait: Option<Duration>,
     pub(crate) max_queue: Option<usize>,
     pub(crate) call_timeout: Option<Duration>,
@@ -87,7 +88,7 @@ const HOLD_SAMPLE: u64 = 64;
 /// One grant in this many that left no permit free has its hold time
 /// measured: these decide when a rejected caller can come back, and a
 /// moving average needs a sample now and then, not every call.
-const BUSY_SAMPLE: u64 = 4;
+const BUSY_SAMPLE: u64 = 16;
 
 impl Policy {
     pub(crate) fn new(settings: Settings) -> Self {
@@ -185,6 +186,7 @@ impl Policy {
             acquire,
             sleep: None,
             place: None,
+            started: false,
             start: None,
         }
     }
@@ -265,16 +267,29 @@ impl Policy {
     #[cold]
     #[inline(never)]
     pub(crate) fn reject(&self, reason: RejectReason, waited: Duration) -> Rejected {
+        self.rejected(Rejected::new(reason, waited, self.name, self.retry_hint()))
+    }
+
+    /// A rejection because the timer cannot run (its runtime is gone).
+    #[cold]
+    fn reject_timer_gone(&self, waited: Duration) -> Rejected {
+        self.rejected(Rejected::timer_gone(self.name, waited))
+    }
+
+    /// Counts `rejected` by its reason and tells the observers. The
+    /// error is made first: a panicking observer then unwinds past a
+    /// counted rejection, which is what happened.
+    #[inline]
+    fn rejected(&self, rejected: Rejected) -> Rejected {
         let c = &self.counters;
+        let reason = rejected.reason();
         Counters::bump(match reason {
             RejectReason::Full => &c.rejected_full,
             RejectReason::Timeout => &c.rejected_timeout,
             RejectReason::Closed => &c.rejected_closed,
             RejectReason::Unavailable => &c.rejected_unavailable,
         });
-        // The error first: a panicking observer then unwinds past a
-        // counted rejection, which is what happened.
-        let rejected = Rejected::new(reason, waited, self.name, self.retry_hint(reason));
+        let waited = rejected.waited();
         self.notify(|o| {
             o.on_rejected(&Rejection {
                 name: self.name,
@@ -285,22 +300,17 @@ impl Policy {
         rejected
     }
 
-    /// How long until a rejected caller may find a free permit: see
-    /// [`Rejected::retry_after`].
+    /// What a rejected caller's retry hint is computed from (see
+    /// [`Rejected::retry_after`]): three loads, no division.
     #[inline]
-    fn retry_hint(&self, reason: RejectReason) -> Option<Duration> {
-        if !matches!(reason, RejectReason::Full | RejectReason::Timeout) {
-            return None;
+    fn retry_hint(&self) -> Hint {
+        Hint {
+            hold_ns: self.hold_ns.load(Ordering::Relaxed),
+            ahead: u32::try_from(self.queued()).unwrap_or(u32::MAX).saturating_add(1),
+            limit: u32::try_from(self.hint_limit.load(Ordering::Relaxed))
+                .unwrap_or(u32::MAX)
+                .max(1),
         }
-        let hold = self.hold_ns.load(Ordering::Relaxed);
-        if hold == 0 {
-            return None;
-        }
-        let ahead = self.queued() as u64 + 1;
-        let limit = self.hint_limit.load(Ordering::Relaxed).max(1) as u64;
-        // u64 arithmetic (a u128 division is a library call); saturates.
-        let ns = hold.saturating_mul(ahead).div_ceil(limit);
-        Some(Duration::from_nanos(ns))
     }
 
     /// When a permit was granted, for the hold time: measured when an
@@ -311,6 +321,12 @@ impl Policy {
     #[inline]
     pub(crate) fn clock_in(&self, busy: bool) -> Option<Instant> {
         self.timed(busy).then(Instant::now)
+    }
+
+    /// Whether an observer is installed (and so sees wait times).
+    #[inline]
+    fn observed(&self) -> bool {
+        !self.observers.is_empty()
     }
 
     /// Whether this grant's hold time is measured (see `clock_in`).
@@ -370,6 +386,9 @@ pin_project! {
         sleep: Option<ClockSleep>,
         // Taken on the first poll; given back on drop.
         place: Option<Place<'a>>,
+        started: bool,
+        // When the wait began, read only if an observer will see it (a
+        // clock reading costs about a tenth of a contended cycle).
         start: Option<Instant>,
     }
 }
@@ -392,28 +411,30 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         let policy = *this.policy;
-        let start = match *this.start {
-            Some(start) => start,
-            None => {
-                if policy.fails_fast() {
-                    return Poll::Ready(Err(policy.reject(RejectReason::Full, Duration::ZERO)));
-                }
-                let place = Place::take(&policy.waiting);
-                if policy.max_queue.is_some_and(|max| place.ahead >= max) {
-                    drop(place);
-                    return Poll::Ready(Err(policy.reject(RejectReason::Full, Duration::ZERO)));
-                }
-                *this.place = Some(place);
-                *this.start.insert(Instant::now())
+        if !*this.started {
+            if policy.fails_fast() {
+                return Poll::Ready(Err(policy.reject(RejectReason::Full, Duration::ZERO)));
             }
-        };
+            let place = Place::take(&policy.waiting);
+            if policy.max_queue.is_some_and(|max| place.ahead >= max) {
+                drop(place);
+                return Poll::Ready(Err(policy.reject(RejectReason::Full, Duration::ZERO)));
+            }
+            *this.place = Some(place);
+            *this.started = true;
+            *this.start = policy.observed().then(Instant::now);
+        }
+        let start = *this.start;
         let reason = match this.acquire.poll(cx) {
             Poll::Ready(Ok(permit)) => {
                 this.place.take();
                 // One clock reading for both, and only if someone needs it:
                 // a granted waiter found no permit free.
                 let since = policy.clock_in(true);
-                let waited = since.map_or(Duration::ZERO, |now| now - start);
+                let waited = match (start, since) {
+                    (Some(start), Some(now)) => now - start,
+                    _ => Duration::ZERO,
+                };
                 return Poll::Ready(Ok((permit, Waited { waited, since })));
             }
             Poll::Ready(Err(reason)) => reason,
@@ -423,13 +444,23 @@ where
                 };
                 match poll_deadline(this.sleep.as_mut(), policy, limit, cx) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(())) => RejectReason::Timeout,
-                    Poll::Ready(Err(_gone)) => RejectReason::Unavailable,
+                    Poll::Ready(Ok(())) => {
+                        this.place.take();
+                        // The timer's own measure, unless it was read.
+                        let waited = start.map_or(limit, |start| start.elapsed());
+                        return Poll::Ready(Err(policy.reject(RejectReason::Timeout, waited)));
+                    }
+                    Poll::Ready(Err(_gone)) => {
+                        this.place.take();
+                        let waited = start.map_or(Duration::ZERO, |start| start.elapsed());
+                        return Poll::Ready(Err(policy.reject_timer_gone(waited)));
+                    }
                 }
             }
         };
         this.place.take();
-        Poll::Ready(Err(policy.reject(reason, start.elapsed())))
+        let waited = start.map_or(Duration::ZERO, |start| start.elapsed());
+        Poll::Ready(Err(policy.reject(reason, waited)))
     }
 }
 
@@ -497,7 +528,7 @@ where
             // the call is dropped rather than left running unbounded.
             Poll::Ready(Err(_gone)) => Poll::Ready((
                 Err(BulkheadError::Rejected(
-                    policy.reject(RejectReason::Unavailable, Duration::ZERO),
+                    policy.reject_timer_gone(Duration::ZERO),
                 )),
                 CallOutcome::Cancelled,
             )),

@@ -143,8 +143,8 @@ const FALLBACK: bool = cfg!(any(feature = "async-io", feature = "thread-timer"))
 
 fn auto_sleep(duration: Duration) -> Result<ClockSleep, TimerGone> {
     #[cfg(feature = "tokio")]
-    if let Ok(handle) = ::tokio::runtime::Handle::try_current() {
-        return tokio_sleep(&handle, duration);
+    if in_tokio() {
+        return tokio_current_sleep(duration);
     }
     #[cfg(feature = "async-io")]
     return Ok(ClockSleep::async_io(duration));
@@ -170,8 +170,12 @@ mod tokio_probe {
     /// The runtimes found without a time driver.
     static RUNTIMES: Mutex<Vec<Id>> = Mutex::new(Vec::new());
 
-    pub(super) fn known_timeless(id: Id) -> bool {
+    pub(super) fn any_timeless() -> bool {
         ANY.load(Ordering::Acquire)
+    }
+
+    pub(super) fn known_timeless(id: Id) -> bool {
+        any_timeless()
             && RUNTIMES
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -186,6 +190,36 @@ mod tokio_probe {
             runtimes.push(id);
         }
         ANY.store(true, Ordering::Release);
+    }
+}
+
+/// Whether this runs inside a tokio runtime. Inside a tokio task (the
+/// common case) that is a thread-local read; `Handle::try_current` (which
+/// clones the runtime's handle: two atomic read-modify-writes) is only
+/// asked outside one, as in `block_on`.
+#[cfg(feature = "tokio")]
+#[inline]
+fn in_tokio() -> bool {
+    ::tokio::task::try_id().is_some() || ::tokio::runtime::Handle::try_current().is_ok()
+}
+
+/// A tokio sleep on the current runtime (which exists), or `TimerGone` if
+/// it has no time driver.
+#[cfg(feature = "tokio")]
+fn tokio_current_sleep(duration: Duration) -> Result<ClockSleep, TimerGone> {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    let current = || ::tokio::runtime::Handle::try_current().map(|h| h.id());
+    if tokio_probe::any_timeless() && current().is_ok_and(tokio_probe::known_timeless) {
+        return Err(TimerGone);
+    }
+    match catch_unwind(AssertUnwindSafe(|| ::tokio::time::sleep(duration))) {
+        Ok(sleep) => Ok(ClockSleep::Tokio { sleep }),
+        Err(_) => {
+            if let Ok(id) = current() {
+                tokio_probe::remember_timeless(id);
+            }
+            Err(TimerGone)
+        }
     }
 }
 
