@@ -306,7 +306,9 @@ impl Policy {
     fn retry_hint(&self) -> Hint {
         Hint {
             hold_ns: self.hold_ns.load(Ordering::Relaxed),
-            ahead: u32::try_from(self.queued()).unwrap_or(u32::MAX).saturating_add(1),
+            ahead: u32::try_from(self.queued())
+                .unwrap_or(u32::MAX)
+                .saturating_add(1),
             limit: u32::try_from(self.hint_limit.load(Ordering::Relaxed))
                 .unwrap_or(u32::MAX)
                 .max(1),
