@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use event_listener::Event;
 
-use super::{Attempt, LeaseError, LeasedPermit, Lost, LostReason, RedisSemaphore, ReleaseError};
+use super::attempt::Attempt;
+use super::{LeaseError, LeasedPermit, Lost, LostReason, RedisSemaphore, ReleaseError};
 use crate::bulkhead::guard::{Guard, Source};
 use crate::bulkhead::observer::{CallOutcome, Observer};
 use crate::bulkhead::policy::{Policy, Waited};

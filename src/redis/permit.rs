@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use event_listener::{Event, EventListener};
 
 use super::error::{LostReason, ReleaseError};
-use super::{Inner, ReleaseOutcome};
+use super::semaphore::{Inner, ReleaseOutcome};
 
 /// What this process knows of one lease. Shared by the permit and the
 /// lease keeper that renews it.

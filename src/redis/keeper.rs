@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use event_listener::{Event, IntoNotification};
 use futures_core::Stream;
 
-use super::Inner;
 use super::error::LostReason;
+use super::semaphore::Inner;
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
 
@@ -145,7 +145,7 @@ impl Inner {
         self.lock_leases().values().map(|l| l.deadline()).min()
     }
 
-    fn lost(&self, lease: &super::Lease, reason: LostReason) {
+    fn lost(&self, lease: &super::permit::Lease, reason: LostReason) {
         if lease.mark_lost(reason) {
             self.forget_lease(&lease.id);
         }

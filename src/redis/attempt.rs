@@ -1,0 +1,266 @@
+//! The acquire path: one attempt (the grant script, retried with the same
+//! permit id when its outcome is unknown), the wait between attempts, and
+//! the [`Pending`] id that is released if its future is dropped while a
+//! grant may exist.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use event_listener::EventListener;
+
+use super::error::LeaseError;
+use super::permit::{Lease, LeasedPermit};
+use super::semaphore::{Inner, RedisSemaphore};
+use crate::timer::timeout::Timeout;
+
+/// What one acquire script call decided.
+enum Grant {
+    Granted(LeasedPermit),
+    Busy {
+        retry_after: Option<Duration>,
+        limit: usize,
+    },
+}
+
+/// What one attempt found: a grant, or what to wait on before the next.
+enum Found {
+    Granted(LeasedPermit),
+    Wait {
+        listener: EventListener,
+        pause: Duration,
+        down_since: Option<Instant>,
+        retry_after: Option<Duration>,
+        limit: usize,
+    },
+}
+
+/// The outcome of [`RedisSemaphore::attempt`].
+pub(super) enum Attempt {
+    Granted(LeasedPermit),
+    Busy(Busy),
+}
+
+/// Where a waiting acquire goes on from (see [`RedisSemaphore::attempt`]).
+pub(super) struct Busy {
+    pending: Pending,
+    listener: EventListener,
+    pause: Duration,
+    down_since: Option<Instant>,
+}
+
+impl RedisSemaphore {
+    /// One acquire attempt (one script call). Busy, or unreachable within
+    /// `outage_tolerance`, it returns the
+    /// state to go on waiting from: the same permit id, a listener
+    /// registered *before* the script ran (so a release between the answer
+    /// and the wait is not missed), and how long to sleep at most.
+    pub(super) async fn first_attempt(&self) -> Result<Attempt, LeaseError> {
+        self.attempt(self.inner.pending(), None).await
+    }
+
+    /// See [`first_attempt`](Self::first_attempt); `down_since` is when an
+    /// ongoing outage began.
+    async fn attempt(
+        &self,
+        mut pending: Pending,
+        down_since: Option<Instant>,
+    ) -> Result<Attempt, LeaseError> {
+        self.attempt_with(&mut pending, down_since, true)
+            .await
+            .map(|found| match found {
+                Found::Granted(permit) => Attempt::Granted(permit),
+                Found::Wait {
+                    listener,
+                    pause,
+                    down_since,
+                    ..
+                } => Attempt::Busy(Busy {
+                    pending,
+                    listener,
+                    pause,
+                    down_since,
+                }),
+            })
+    }
+
+    async fn attempt_with(
+        &self,
+        pending: &mut Pending,
+        down_since: Option<Instant>,
+        tolerate: bool,
+    ) -> Result<Found, LeaseError> {
+        if self.is_closed() {
+            return Err(LeaseError::Closed);
+        }
+        let listener = self.inner.signals.wake.listen();
+        let attempt_start = Instant::now();
+        match self.inner.grant(pending).await {
+            Ok(Grant::Granted(permit)) => Ok(Found::Granted(permit)),
+            Ok(Grant::Busy { retry_after, limit }) => Ok(Found::Wait {
+                listener,
+                pause: self.inner.pause(retry_after),
+                down_since: None,
+                retry_after,
+                limit,
+            }),
+            Err(LeaseError::Unavailable(e)) if tolerate => {
+                // `pending` keeps its id (a grant may have landed): the
+                // next attempt returns that grant, or the id is released
+                // when its owner ends. The outage began when the first
+                // failed attempt did.
+                let since = down_since.unwrap_or(attempt_start);
+                if since.elapsed() >= self.inner.outage_tolerance {
+                    return Err(LeaseError::Unavailable(e));
+                }
+                Ok(Found::Wait {
+                    listener,
+                    pause: self.inner.pause(Some(Duration::from_millis(100))),
+                    down_since: Some(since),
+                    retry_after: None,
+                    limit: self.limit_seen(),
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Goes on waiting after a busy [`attempt`](Self::attempt), as
+    /// [`acquire`](Self::acquire) does after its first one.
+    pub(super) async fn wait_from(&self, busy: Busy) -> Result<LeasedPermit, LeaseError> {
+        let Busy {
+            mut pending,
+            mut listener,
+            mut pause,
+            mut down_since,
+        } = busy;
+        loop {
+            let _ = Timeout::new(listener, self.inner.timer.sleep(pause)).await;
+            match self.attempt_with(&mut pending, down_since, true).await? {
+                Found::Granted(permit) => return Ok(permit),
+                Found::Wait {
+                    listener: next,
+                    pause: next_pause,
+                    down_since: since,
+                    ..
+                } => {
+                    listener = next;
+                    pause = next_pause;
+                    down_since = since;
+                }
+            }
+        }
+    }
+
+    /// The one attempt of [`try_acquire`](Self::try_acquire): no outage
+    /// tolerance, and a busy answer is [`LeaseError::NoPermits`].
+    pub(super) async fn sole_attempt(&self) -> Result<LeasedPermit, LeaseError> {
+        let mut pending = self.inner.pending();
+        match self.attempt_with(&mut pending, None, false).await? {
+            Found::Granted(permit) => Ok(permit),
+            Found::Wait {
+                retry_after, limit, ..
+            } => Err(LeaseError::NoPermits { retry_after, limit }),
+        }
+    }
+}
+
+impl Inner {
+    fn pending(self: &Arc<Self>) -> Pending {
+        Pending {
+            inner: self.clone(),
+            id: self.ids.next(),
+            maybe_granted: false,
+        }
+    }
+
+    /// How long a waiter sleeps before trying again, unless woken sooner:
+    /// until the earliest lease expires, capped by `max_poll`, plus a little
+    /// jitter so that waiters across processes do not retry in lockstep.
+    fn pause(&self, retry_after: Option<Duration>) -> Duration {
+        let base = retry_after.map_or(self.max_poll, |r| r.min(self.max_poll));
+        let jitter_ms = self.ids.random() % (base.as_millis() as u64 / 10 + 1);
+        base + Duration::from_millis(jitter_ms + 1)
+    }
+
+    /// Runs the acquire script for `pending`'s id, retrying an ambiguous
+    /// failure with the same id (a retry of a grant that did happen returns
+    /// that same grant).
+    async fn grant(self: &Arc<Self>, pending: &mut Pending) -> Result<Grant, LeaseError> {
+        let mut attempt = 0;
+        loop {
+            pending.maybe_granted = true;
+            let sent = Instant::now();
+            let answer: redis::RedisResult<(i64, u64, i64, i64, i64)> = self
+                .scripts
+                .acquire
+                .key(&self.keys.leases)
+                .key(&self.keys.info)
+                .key(&self.keys.fence)
+                .key(&self.keys.limit)
+                .key(&self.keys.channel)
+                .arg(&pending.id)
+                .arg(self.ttl.as_millis() as u64)
+                .arg(self.default_limit)
+                .arg(&self.label)
+                .invoke_async(&mut self.conn.clone())
+                .await;
+            match answer {
+                Ok((granted, fence, ms, limit, _holders)) => {
+                    let limit = usize::try_from(limit).unwrap_or(0);
+                    self.limit_seen.store(limit, Ordering::Relaxed);
+                    if granted == 0 {
+                        pending.maybe_granted = false;
+                        return Ok(Grant::Busy {
+                            retry_after: u64::try_from(ms).ok().map(Duration::from_millis),
+                            limit,
+                        });
+                    }
+                    let lease = Arc::new(Lease::new(
+                        core::mem::take(&mut pending.id),
+                        fence,
+                        sent,
+                        self.ttl,
+                    ));
+                    pending.maybe_granted = false;
+                    self.lock_leases().insert(lease.id.clone(), lease.clone());
+                    return Ok(Grant::Granted(LeasedPermit {
+                        inner: self.clone(),
+                        lease,
+                        done: false,
+                    }));
+                }
+                Err(e) if attempt < self.retries && is_ambiguous(&e) => {
+                    attempt += 1;
+                    let backoff = Duration::from_millis(20 << attempt.min(6));
+                    self.timer.sleep(backoff).await;
+                }
+                // `pending` is still marked: its drop releases the id.
+                Err(e) => return Err(LeaseError::Unavailable(e)),
+            }
+        }
+    }
+}
+
+/// A permit id on its way to becoming a grant. If the future that owns it
+/// is dropped while a grant may have happened (a script call in flight, or
+/// failed ambiguously), the id is released in the background.
+struct Pending {
+    inner: Arc<Inner>,
+    id: String,
+    maybe_granted: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if self.maybe_granted {
+            self.inner
+                .release_in_background(core::mem::take(&mut self.id));
+        }
+    }
+}
+
+/// Whether a failed call may still have run on the server.
+fn is_ambiguous(e: &redis::RedisError) -> bool {
+    e.is_timeout() || e.is_connection_dropped() || e.is_io_error() || e.is_unrecoverable_error()
+}

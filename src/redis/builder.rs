@@ -1,0 +1,216 @@
+//! [`RedisSemaphoreBuilder`]: the semaphore's settings, their validation,
+//! and the connection and lease keeper that `build` starts.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::ConnectionManagerConfig;
+
+use super::error::ConfigError;
+use super::id::IdSource;
+use super::keeper;
+use super::scripts::Scripts;
+use super::semaphore::{Inner, Keys, RedisSemaphore};
+use super::spawn::Spawner;
+use crate::semaphore::Semaphore;
+use crate::timer::Timer;
+
+/// Configures a [`RedisSemaphore`].
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is awaited"]
+pub struct RedisSemaphoreBuilder {
+    client: redis::Client,
+    name: String,
+    limit: usize,
+    lease_ttl: Duration,
+    renew_every: Option<Duration>,
+    max_poll: Duration,
+    key_prefix: String,
+    label: Option<String>,
+    response_timeout: Duration,
+    retries: usize,
+    outage_tolerance: Duration,
+    timer: Option<Arc<dyn Timer>>,
+}
+
+impl RedisSemaphoreBuilder {
+    /// The defaults, for [`RedisSemaphore::builder`].
+    pub(super) fn new(client: redis::Client, name: String) -> Self {
+        Self {
+            client,
+            name,
+            limit: 1,
+            lease_ttl: Duration::from_secs(30),
+            renew_every: None,
+            max_poll: Duration::from_secs(1),
+            key_prefix: "bulkhead".into(),
+            label: None,
+            response_timeout: Duration::from_secs(2),
+            retries: 2,
+            outage_tolerance: Duration::from_secs(5),
+            timer: None,
+        }
+    }
+
+    /// The limit to install if Redis holds none for this semaphore yet
+    /// (default 1). Once stored, the limit in Redis wins, and
+    /// [`RedisSemaphore::set_limit`] changes it for every client.
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// How long a lease lives without renewal (default 30 s): a crashed
+    /// holder's permit comes back after at most this long. At least 10 ms.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// How often held leases are renewed (default: a third of the time to
+    /// live). All of a process's leases are renewed in one script call.
+    pub fn renew_every(mut self, every: Duration) -> Self {
+        self.renew_every = Some(every);
+        self
+    }
+
+    /// The longest a waiter sleeps between attempts when no wake-up comes
+    /// through pub/sub (default 1 s): the safety net should a notification
+    /// be lost.
+    pub fn max_poll(mut self, every: Duration) -> Self {
+        self.max_poll = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The prefix of every key (default `"bulkhead"`): the keys are
+    /// `{prefix}:{{name}}:leases` and so on.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// A label stored with each lease and shown by
+    /// [`RedisSemaphore::holders`] (default: host name and process id).
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// How long to wait for any answer from Redis before giving up on it
+    /// (default 2 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How many times a grant whose outcome is unknown (a timeout or a
+    /// dropped connection) is retried with the same permit id before the
+    /// call fails with [`LeaseError::Unavailable`](super::LeaseError::Unavailable)
+    /// (default 2).
+    pub fn retries(mut self, retries: usize) -> Self {
+        self.retries = retries;
+        self
+    }
+
+    /// How long a *waiting* [`acquire`](RedisSemaphore::acquire) keeps
+    /// trying while Redis is unreachable (a restart, a failover) before it
+    /// fails with [`LeaseError::Unavailable`](super::LeaseError::Unavailable)
+    /// (default 5 s). Zero fails at the first unanswered attempt.
+    /// [`try_acquire`](RedisSemaphore::try_acquire) never waits: it fails
+    /// once its `retries` are used up.
+    pub fn outage_tolerance(mut self, tolerance: Duration) -> Self {
+        self.outage_tolerance = tolerance;
+        self
+    }
+
+    /// The timer for waits between attempts and for renewals (default:
+    /// [`default_timer`](crate::timer::default_timer)).
+    pub fn timer(mut self, timer: Arc<dyn Timer>) -> Self {
+        self.timer = Some(timer);
+        self
+    }
+
+    /// Connects, subscribes to wake-ups and starts the lease keeper on the
+    /// current runtime (tokio if called inside one, else smol's global
+    /// executor).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] for a setting that cannot work or a failed first
+    /// connection.
+    pub async fn build(self) -> Result<RedisSemaphore, ConfigError> {
+        if self.name.is_empty() || self.name.contains(['{', '}']) {
+            return Err(ConfigError::BadName);
+        }
+        let ttl_ms = self.lease_ttl.as_millis();
+        if !(10..=(1 << 50)).contains(&ttl_ms) {
+            return Err(ConfigError::BadLeaseTtl);
+        }
+        let renew_every = self.renew_every.unwrap_or(self.lease_ttl / 3);
+        if renew_every.is_zero() || renew_every >= self.lease_ttl {
+            return Err(ConfigError::BadRenewInterval);
+        }
+        if self.limit > Semaphore::MAX_PERMITS {
+            return Err(ConfigError::LimitTooLarge);
+        }
+        let timer = match self.timer {
+            Some(t) => t,
+            None => crate::timer::default_timer().ok_or(ConfigError::NoTimer)?,
+        };
+        let spawner = Spawner::current().ok_or(ConfigError::NoRuntime)?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.response_timeout))
+            .set_connection_timeout(Some(self.response_timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(1));
+        let conn = self
+            .client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(ConfigError::Connect)?;
+        let base = format!("{}:{{{}}}", self.key_prefix, self.name);
+        let label = self.label.unwrap_or_else(default_label);
+        let signals = Arc::new(keeper::Signals::default());
+        let inner = Arc::new(Inner {
+            name: self.name.into(),
+            keys: Keys {
+                leases: format!("{base}:leases"),
+                info: format!("{base}:info"),
+                fence: format!("{base}:fence"),
+                limit: format!("{base}:limit"),
+                channel: format!("{base}:wake"),
+            },
+            conn,
+            scripts: Scripts::new(),
+            ttl: self.lease_ttl,
+            renew_every,
+            max_poll: self.max_poll,
+            label,
+            default_limit: self.limit,
+            retries: self.retries,
+            outage_tolerance: self.outage_tolerance,
+            timer,
+            spawner,
+            signals,
+            leases: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+            limit_seen: AtomicUsize::new(self.limit),
+            ids: IdSource::new(),
+        });
+        keeper::start(&inner, self.client);
+        Ok(RedisSemaphore { inner })
+    }
+}
+
+/// The label of a lease when none is set: host name and process id.
+fn default_label() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into());
+    format!("{host}/{}", std::process::id())
+}
