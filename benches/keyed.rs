@@ -8,15 +8,23 @@
 //! - `keyed_call/bulkhead`: `Bulkhead::call` of a ready future on a plain
 //!   bulkhead (the baseline).
 //! - `keyed_call/existing_u64`, `keyed_call/existing_str`: `KeyedBulkhead::call`
-//!   of a ready future on a key that is tracked already, with 1,000 other
-//!   keys tracked, for `u64` and `String` keys (looked up by `&str`). The
-//!   difference from the baseline is the registry: the lookup, the user
-//!   count, and the key's move to the back of its shard's idle list when
-//!   the call ends.
+//!   of a ready future on a key that is tracked already, with 1,000 keys
+//!   tracked of the default `max_keys` (10,000), for `u64` and `String` keys
+//!   (looked up by `&str`). The difference from the baseline is the
+//!   registry: the hash, the shard's read lock, the user count and the
+//!   entry's reference count (below half full, a key going idle reads no
+//!   clock and, linked already since the last new key, takes no lock).
+//! - `keyed_call/existing_u64_half_full`: the same with `max_keys` 1,000:
+//!   at the cap, a key going idle reads the clock and moves to the back of
+//!   its shard's idle order (what an `idle_timeout` costs too).
+//! - `keyed_call/bulkhead_timed`, `keyed_call/existing_u64_timed`: the
+//!   configuration of the docs, `max_wait` and `call_timeout` set (and for
+//!   the keyed bulkhead a global limit): neither arms a timer for a call
+//!   that is admitted at once and finishes on its first poll.
 //!
 //! Every future is polled once by hand with `Waker::noop()`, so no executor
 //! is measured. Run with `cargo bench --bench keyed`; the ratios of the
-//! `keyed_call` lines to `keyed_call/bulkhead` are printed at the end.
+//! keyed lines to their plain bulkhead are printed at the end.
 
 use std::future::Future;
 use std::hint::black_box;
@@ -28,8 +36,10 @@ use bulkhead::Bulkhead;
 use bulkhead::keyed::KeyedBulkhead;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 
-/// Polls a future that must be ready at once.
-#[inline]
+/// Polls a future that must be ready at once. Always inlined: a future
+/// passed by value to a call is copied whole (hundreds of bytes), which
+/// would be timed too.
+#[inline(always)]
 fn ready<F: Future>(fut: F) -> F::Output {
     let fut = pin!(fut);
     match fut.poll(&mut Context::from_waker(Waker::noop())) {
@@ -78,85 +88,112 @@ async fn acquire_then_call(bh: &Bulkhead) -> Result<u32, ()> {
     out
 }
 
+/// The keyed bulkheads and plain bulkheads the `keyed_call` cases run on.
+struct Cases {
+    plain: Bulkhead,
+    plain_timed: Bulkhead,
+    by_id: KeyedBulkhead<u64>,
+    by_name: KeyedBulkhead<String>,
+    half_full: KeyedBulkhead<u64>,
+    timed: KeyedBulkhead<u64>,
+}
+
+impl Cases {
+    fn new() -> Self {
+        let budget = Duration::from_secs(1);
+        let plain = || Bulkhead::builder().name("bench").max_concurrent_calls(8);
+        let keyed = || {
+            KeyedBulkhead::<u64>::builder()
+                .name("bench")
+                .max_concurrent_calls(8)
+        };
+        let cases = Self {
+            plain: plain().build().unwrap(),
+            plain_timed: plain()
+                .max_wait(budget)
+                .call_timeout(budget)
+                .build()
+                .unwrap(),
+            by_id: keyed().build().unwrap(),
+            by_name: KeyedBulkhead::<String>::builder()
+                .name("bench")
+                .max_concurrent_calls(8)
+                .build()
+                .unwrap(),
+            half_full: keyed().max_keys(1_000).build().unwrap(),
+            timed: keyed()
+                .global_limit(64)
+                .max_wait(budget)
+                .call_timeout(budget)
+                .build()
+                .unwrap(),
+        };
+        for key in 0..1_000u64 {
+            for kb in [&cases.by_id, &cases.half_full, &cases.timed] {
+                drop(kb.try_acquire(&key).unwrap());
+            }
+            drop(cases.by_name.try_acquire(&format!("tenant-{key}")).unwrap());
+        }
+        cases
+    }
+}
+
+/// One call of a ready future through the bulkhead `$bh`. A macro, not a
+/// function: each use is a future type of its own, polled from one place,
+/// so that the compiler inlines every case alike (a future polled from
+/// several places may not be, and then costs a third more).
+macro_rules! plain_call {
+    ($bh:expr) => {{
+        black_box(ready($bh.call(async { Ok::<_, ()>(black_box(1u32)) })).unwrap());
+    }};
+}
+
+/// One call of a ready future through the keyed bulkhead `$kb`, on `$key`
+/// (tracked already); a macro for the same reason.
+macro_rules! keyed_call {
+    ($kb:expr, $key:expr) => {{
+        black_box(
+            ready($kb.call(black_box($key), async { Ok::<_, ()>(black_box(1u32)) })).unwrap(),
+        );
+    }};
+}
+
 fn call_on_existing_key(c: &mut Criterion) {
     let mut g = c.benchmark_group("keyed_call");
-    let bh = Bulkhead::builder()
-        .name("bench")
-        .max_concurrent_calls(8)
-        .build()
-        .unwrap();
-    g.bench_function("bulkhead", |b| {
-        b.iter(|| black_box(ready(bh.call(async { Ok::<_, ()>(black_box(1u32)) })).unwrap()))
-    });
-    // What a keyed call does besides the registry: the key's permit through
-    // `Bulkhead::acquire`, the call, the permit dropped.
+    let cases = Cases::new();
+    g.bench_function("bulkhead", |b| b.iter(|| plain_call!(&cases.plain)));
+    // What a keyed call did besides the registry before it used the key's
+    // bulkhead's own fast path: `Bulkhead::acquire`, the call, the permit
+    // dropped.
     g.bench_function("bulkhead_acquire", |b| {
-        b.iter(|| black_box(ready(acquire_then_call(&bh)).unwrap()))
+        b.iter(|| black_box(ready(acquire_then_call(&cases.plain)).unwrap()))
     });
-
-    let by_id = KeyedBulkhead::<u64>::builder()
-        .name("bench")
-        .max_concurrent_calls(8)
-        .build()
-        .unwrap();
-    for key in 0..1_000u64 {
-        drop(by_id.try_acquire(&key).unwrap());
-    }
-    let key = 417u64;
     g.bench_function("existing_u64", |b| {
-        b.iter(|| {
-            black_box(
-                ready(by_id.call(black_box(&key), async { Ok::<_, ()>(black_box(1u32)) })).unwrap(),
-            )
-        })
+        b.iter(|| keyed_call!(&cases.by_id, &417u64))
     });
-
-    let by_name = KeyedBulkhead::<String>::builder()
-        .name("bench")
-        .max_concurrent_calls(8)
-        .build()
-        .unwrap();
-    for key in 0..1_000u64 {
-        drop(by_name.try_acquire(&format!("tenant-{key}")).unwrap());
-    }
-    let name = "tenant-417";
     g.bench_function("existing_str", |b| {
-        b.iter(|| {
-            black_box(
-                ready(by_name.call(black_box(name), async { Ok::<_, ()>(black_box(1u32)) }))
-                    .unwrap(),
-            )
-        })
+        b.iter(|| keyed_call!(&cases.by_name, "tenant-417"))
+    });
+    g.bench_function("existing_u64_half_full", |b| {
+        b.iter(|| keyed_call!(&cases.half_full, &417u64))
+    });
+    g.bench_function("bulkhead_timed", |b| {
+        b.iter(|| plain_call!(&cases.plain_timed))
+    });
+    g.bench_function("existing_u64_timed", |b| {
+        b.iter(|| keyed_call!(&cases.timed, &417u64))
     });
     g.finish();
 }
 
-/// Times the three `keyed_call` cases interleaved, a round of each in
-/// turn, and prints the median of each and the ratios to the plain
-/// bulkhead: the same machine state for all three, so the ratio holds
-/// even while the machine's speed drifts.
+/// Times the `keyed_call` cases interleaved, a round of each in turn, and
+/// prints the median of each and its median ratio to its plain bulkhead:
+/// the same machine state for all, so the ratio holds even while the
+/// machine's speed drifts.
 fn paired_ratios(_: &mut Criterion) {
     const ROUNDS: usize = 101;
     const CALLS: u32 = 20_000;
-    let bh = Bulkhead::builder()
-        .name("bench")
-        .max_concurrent_calls(8)
-        .build()
-        .unwrap();
-    let by_id = KeyedBulkhead::<u64>::builder()
-        .name("bench")
-        .max_concurrent_calls(8)
-        .build()
-        .unwrap();
-    let by_name = KeyedBulkhead::<String>::builder()
-        .name("bench")
-        .max_concurrent_calls(8)
-        .build()
-        .unwrap();
-    for key in 0..1_000u64 {
-        drop(by_id.try_acquire(&key).unwrap());
-        drop(by_name.try_acquire(&format!("tenant-{key}")).unwrap());
-    }
+    let cases = Cases::new();
     let time = |f: &dyn Fn()| {
         let start = Instant::now();
         for _ in 0..CALLS {
@@ -164,54 +201,48 @@ fn paired_ratios(_: &mut Criterion) {
         }
         start.elapsed() / CALLS
     };
-    let plain = || {
-        black_box(ready(bh.call(async { Ok::<_, ()>(black_box(1u32)) })).unwrap());
-    };
-    let id = || {
-        black_box(
-            ready(by_id.call(black_box(&417u64), async { Ok::<_, ()>(black_box(1u32)) })).unwrap(),
-        );
-    };
-    let name = || {
-        black_box(
-            ready(by_name.call(black_box("tenant-417"), async {
-                Ok::<_, ()>(black_box(1u32))
-            }))
-            .unwrap(),
-        );
-    };
-    let mut samples: [Vec<Duration>; 3] = Default::default();
-    let mut ratios: [Vec<f64>; 2] = Default::default();
+    // (name, the call, the index of the case it is compared with)
+    let runs: [(&str, &dyn Fn(), usize); 6] = [
+        ("bulkhead", &|| plain_call!(&cases.plain), 0),
+        ("existing_u64", &|| keyed_call!(&cases.by_id, &417u64), 0),
+        (
+            "existing_str",
+            &|| keyed_call!(&cases.by_name, "tenant-417"),
+            0,
+        ),
+        (
+            "existing_u64_half_full",
+            &|| keyed_call!(&cases.half_full, &417u64),
+            0,
+        ),
+        ("bulkhead_timed", &|| plain_call!(&cases.plain_timed), 4),
+        (
+            "existing_u64_timed",
+            &|| keyed_call!(&cases.timed, &417u64),
+            4,
+        ),
+    ];
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); runs.len()];
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); runs.len()];
     for _ in 0..ROUNDS {
-        let p = time(&plain);
-        let i = time(&id);
-        let n = time(&name);
-        ratios[0].push(i.as_secs_f64() / p.as_secs_f64());
-        ratios[1].push(n.as_secs_f64() / p.as_secs_f64());
-        for (s, d) in samples.iter_mut().zip([p, i, n]) {
-            s.push(d);
+        let round: Vec<Duration> = runs.iter().map(|(_, f, _)| time(*f)).collect();
+        for (i, &(_, _, base)) in runs.iter().enumerate() {
+            samples[i].push(round[i]);
+            ratios[i].push(round[i].as_secs_f64() / round[base].as_secs_f64());
         }
     }
-    let median_d = |v: &mut Vec<Duration>| {
-        v.sort_unstable();
-        v[v.len() / 2]
-    };
-    let median_f = |v: &mut Vec<f64>| {
-        v.sort_unstable_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     println!("keyed_call, interleaved, {ROUNDS} rounds of {CALLS} calls each (medians):");
-    println!("  bulkhead       {:>8.1?}", median_d(&mut samples[0]));
-    println!(
-        "  existing_u64   {:>8.1?}   {:.2}x bulkhead",
-        median_d(&mut samples[1]),
-        median_f(&mut ratios[0])
-    );
-    println!(
-        "  existing_str   {:>8.1?}   {:.2}x bulkhead",
-        median_d(&mut samples[2]),
-        median_f(&mut ratios[1])
-    );
+    for (i, &(name, _, base)) in runs.iter().enumerate() {
+        samples[i].sort_unstable();
+        ratios[i].sort_unstable_by(f64::total_cmp);
+        let median = samples[i][samples[i].len() / 2];
+        if base == i {
+            println!("  {name:<24}{median:>8.1?}");
+        } else {
+            let ratio = ratios[i][ratios[i].len() / 2];
+            println!("  {name:<24}{median:>8.1?}   {ratio:.2}x {}", runs[base].0);
+        }
+    }
 }
 
 criterion_group!(benches, new_key_at_cap, call_on_existing_key, paired_ratios);

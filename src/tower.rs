@@ -98,22 +98,35 @@
 //! `std::mem::replace` idiom), so the service that said "ready" is the one
 //! that is called, even when readiness belongs to one instance (tower's
 //! `ConcurrencyLimit` and `Buffer` reserve a slot per instance). The inner
-//! `call` runs inside [`Bulkhead::call`], after admission: a rejected
-//! request never reaches the inner service, and the inner service's `call`
-//! (where a hyper client already starts sending) counts against the limit.
-//! The response future is boxed, because `Bulkhead::call` is an `async fn`;
-//! that is one allocation per request.
+//! `call` is made only once the request is admitted: a rejected request
+//! never reaches the inner service, and the inner service's `call` (where a
+//! hyper client already starts sending) counts against the limit.
+//!
+//! The response future, [`ResponseFuture`], is a named state machine that
+//! does what [`Bulkhead::call`] does, with nothing boxed: admission (a permit
+//! taken at once, else the wait in the bounded line, raced against an
+//! inline `max_wait` sleep), then the inner call under `call_timeout`, with
+//! the permit's guard reporting to the observers. `Bulkhead::call` borrows
+//! its bulkhead, which a `'static` future cannot do; this one owns a handle
+//! of it instead, waits with the semaphore's owned acquire, and hands the
+//! bulkhead's policy to the wait and the timed call at each poll rather
+//! than storing a borrow of it. With the bundled timers a request
+//! allocates nothing of its own on any path, apart from the boxed error of
+//! one that fails.
 
 use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
-use core::task::{Context, Poll};
+use core::task::{Context, Poll, ready};
 use std::error::Error;
 
+use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::{Bulkhead, BulkheadError};
+use crate::bulkhead::Admission;
+use crate::bulkhead::policy::{Running, Traced};
+use crate::{Bulkhead, BulkheadError, BulkheadPermit};
 
 /// A boxed error that can cross threads: the error type of
 /// [`BulkheadService`]. The same type as `tower::BoxError`.
@@ -203,9 +216,9 @@ impl<S> Layer<S> for BulkheadLayer {
 /// [`CallTimeout`], or the inner service's error.
 ///
 /// The inner service must be `Clone` (`call` moves the instance that was
-/// polled ready into the response future and keeps a clone), and, with its
-/// futures and the request, `Send + 'static`, as in any hyper, tonic or
-/// axum stack.
+/// polled ready into the response future and keeps a clone). The response
+/// future is `Send` and `'static` whenever the inner service, its future
+/// and the request are, as in any hyper, tonic or axum stack.
 ///
 /// # Examples
 ///
@@ -265,75 +278,171 @@ impl<S> BulkheadService<S> {
 
 impl<S, Req> Service<Req> for BulkheadService<S>
 where
-    S: Service<Req> + Clone + Send + 'static,
-    S::Future: Send + 'static,
+    S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
-    Req: Send + 'static,
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Response>;
+    type Future = ResponseFuture<S, Req>;
 
     /// Ready when the inner service is; takes no permit.
+    #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
         // Call the instance that was polled ready; keep a fresh clone for
         // the next request (which will be polled ready in turn).
         let clone = self.inner.clone();
-        let mut inner = core::mem::replace(&mut self.inner, clone);
-        let bulkhead = self.bulkhead.clone();
+        let inner = core::mem::replace(&mut self.inner, clone);
         ResponseFuture {
-            inner: Box::pin(async move {
-                let admitted = async move {
-                    // Runs only once admitted, so the inner service's `call`
-                    // (which may start the work) is inside the bulkhead.
-                    let response = inner.call(request);
-                    drop(inner);
-                    response.await
-                };
-                match bulkhead.call(admitted).await {
-                    Ok(response) => Ok(response),
-                    Err(BulkheadError::Inner(e)) => Err(e.into()),
-                    Err(BulkheadError::Rejected(rejected)) => Err(rejected.into()),
-                    Err(BulkheadError::CallTimeout) => Err(CallTimeout {
-                        name: bulkhead.name().into(),
-                    }
-                    .into()),
-                }
-            }),
+            state: State::Admit {
+                admission: self.bulkhead.admission(),
+                call: Some((inner, request)),
+            },
         }
     }
 }
 
-/// The response future of [`BulkheadService`]: waits for a permit under
-/// the bulkhead's policy, then runs the inner service's call while holding
-/// it.
-///
-/// # Cancel safety
-///
-/// Dropping it while it waits leaves the bulkhead's line; dropping it while
-/// the inner call runs drops that call and releases the permit (the
-/// observer sees [`CallOutcome::Cancelled`](crate::CallOutcome::Cancelled)).
-#[must_use = "futures do nothing unless polled"]
-pub struct ResponseFuture<T> {
-    inner: Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send + 'static>>,
-}
-
-impl<T> Future for ResponseFuture<T> {
-    type Output = Result<T, BoxError>;
-
-    #[inline]
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+pin_project! {
+    /// The response future of [`BulkheadService`]: waits for a permit under
+    /// the bulkhead's policy, then calls the inner service and runs its
+    /// response future while holding the permit.
+    ///
+    /// It is a named state machine with everything inline (no allocation
+    /// of its own), `Send` and `'static` whenever the inner service, its
+    /// future and the request are. It is not `Unpin`, since its place in
+    /// the bulkhead's line lives inside it: pin it (`Box::pin`,
+    /// `std::pin::pin!`) to poll it by hand.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use bulkhead::Bulkhead;
+    /// use bulkhead::tower::{BulkheadService, ResponseFuture};
+    /// use tower::{Service, service_fn};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    /// let inc = service_fn(|n: u32| async move { Ok::<_, Infallible>(n + 1) });
+    /// let mut service = BulkheadService::new(inc, bh);
+    ///
+    /// // A type that can be named: stored in a struct, returned from a
+    /// // trait method.
+    /// let response: ResponseFuture<_, u32> = service.call(1);
+    /// assert_eq!(response.await.unwrap(), 2);
+    /// # });
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Polling it again after it returned `Ready` panics.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it while it waits leaves the bulkhead's line, and the inner
+    /// service is never called; dropping it while the inner call runs drops
+    /// that call and releases the permit (the observer sees
+    /// [`CallOutcome::Cancelled`](crate::CallOutcome::Cancelled)).
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ResponseFuture<S, Req>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        state: State<S, Req, S::Future>,
     }
 }
 
-impl<T> fmt::Debug for ResponseFuture<T> {
+pin_project! {
+    #[project = StateProj]
+    enum State<S, Req, F> {
+        /// Not admitted yet: the fast path on the first poll, else the wait
+        /// under the policy. The ready instance and the request are kept
+        /// for when the request is admitted.
+        Admit {
+            #[pin]
+            admission: Admission,
+            call: Option<(S, Req)>,
+        },
+        /// Admitted: the inner call under `call_timeout`, then the permit
+        /// (dropped in that order, as in `Bulkhead::call`).
+        Run {
+            #[pin]
+            running: Running<Traced<F>>,
+            permit: BulkheadPermit,
+        },
+        Done,
+    }
+}
+
+impl<S, Req> Future for ResponseFuture<S, Req>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Admit { admission, call } => {
+                    let permit = match ready!(admission.poll(cx)) {
+                        Ok(permit) => permit,
+                        Err(rejected) => {
+                            state.set(State::Done);
+                            return Poll::Ready(Err(rejected.into()));
+                        }
+                    };
+                    let (mut inner, request) = call.take().expect("called once, when admitted");
+                    // Only now, so the inner service's `call` (which may
+                    // start the work) is inside the bulkhead; the permit's
+                    // guard owns the permit already, should it panic.
+                    let response = permit.policy().traced_with(|| inner.call(request));
+                    drop(inner);
+                    state.set(State::Run {
+                        running: Running::new(response),
+                        permit,
+                    });
+                }
+                StateProj::Run { running, permit } => {
+                    let (result, outcome) = ready!(running.poll_with(cx, permit.policy()));
+                    permit.set_outcome(outcome);
+                    let result = result.map_err(|e| match e {
+                        BulkheadError::Inner(e) => e.into(),
+                        BulkheadError::Rejected(rejected) => rejected.into(),
+                        BulkheadError::CallTimeout => CallTimeout {
+                            name: permit.bulkhead_name().into(),
+                        }
+                        .into(),
+                    });
+                    // Drops the call, then gives the permit back.
+                    state.set(State::Done);
+                    return Poll::Ready(result);
+                }
+                StateProj::Done => panic!("`ResponseFuture` polled after completion"),
+            }
+        }
+    }
+}
+
+impl<S, Req> fmt::Debug for ResponseFuture<S, Req>
+where
+    S: Service<Req>,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+        let state = match self.state {
+            State::Admit { .. } => "admitting",
+            State::Run { .. } => "running",
+            State::Done => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish_non_exhaustive()
     }
 }
 

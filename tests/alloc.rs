@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bulkhead::keyed::{KeyedBulkhead, KeyedBulkheadBuilder, KeyedError, KeyedRejectReason};
 use bulkhead::timer::{ThreadTimer, Timer};
 use bulkhead::{Bulkhead, BulkheadBuilder, BulkheadError, RejectReason};
 
@@ -79,7 +80,13 @@ fn allocations(f: impl FnOnce()) -> u64 {
 
 /// Runs `path` five times to warm up, then asserts that twenty more
 /// allocate nothing.
-fn assert_no_allocation(what: &str, mut path: impl FnMut()) {
+fn assert_no_allocation(what: &str, path: impl FnMut()) {
+    assert_allocations(what, 0, path);
+}
+
+/// Runs `path` five times to warm up, then asserts that twenty more
+/// allocate `each` times each.
+fn assert_allocations(what: &str, each: u64, mut path: impl FnMut()) {
     for _ in 0..5 {
         path();
     }
@@ -88,7 +95,7 @@ fn assert_no_allocation(what: &str, mut path: impl FnMut()) {
             path();
         }
     });
-    assert_eq!(n, 0, "{what}: {n} allocations in 20 calls");
+    assert_eq!(n, 20 * each, "{what}: {n} allocations in 20 calls");
 }
 
 fn poll_once<F: Future>(fut: Pin<&mut F>) -> Poll<F::Output> {
@@ -230,6 +237,320 @@ fn async_io_timer_paths_allocate_nothing() {
     let timer: Arc<dyn Timer> = Arc::new(bulkhead::timer::AsyncIoTimer::new());
     // Not `async_io::block_on`: it makes a parker (an allocation) per call.
     every_path(
+        "AsyncIoTimer",
+        &|b| b.timer(timer.clone()).build().unwrap(),
+        |fut| futures::executor::block_on(fut),
+    );
+}
+
+/// A request through the tower layer allocates nothing of its own: its
+/// response future is a state machine with the wait inline. Admitted at
+/// once or after waiting, nothing; rejected (failing fast, the line full,
+/// after `max_wait`) or timed out, only its error, since the service's
+/// error is a `BoxError`. The inner service is a `service_fn` of a closure (a clone allocates
+/// nothing) whose future is `std::future::ready`; each request is driven as
+/// a tower user does, `poll_ready` and then `call`.
+#[cfg(feature = "tower")]
+#[test]
+fn tower_layer_allocates_nothing_per_request() {
+    use std::convert::Infallible;
+    use std::future::ready;
+
+    use bulkhead::tower::{BoxError, BulkheadService};
+
+    let timer: Arc<dyn Timer> = Arc::new(ThreadTimer::new());
+    let double = tower::service_fn(|n: u32| ready(Ok::<_, Infallible>(n * 2)));
+
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_queue(1)
+        .max_wait(Duration::from_secs(10))
+        .call_timeout(Duration::from_secs(10))
+        .timer(timer.clone())
+        .build()
+        .unwrap();
+    let mut service = BulkheadService::new(double, bh.clone());
+
+    assert_no_allocation("tower: admitted at once", || {
+        let out = poll_once(pin!(request(&mut service, 21)));
+        assert!(matches!(out, Poll::Ready(Ok(42))));
+    });
+
+    assert_no_allocation("tower: admitted after waiting", || {
+        let held = bh.try_acquire().unwrap();
+        let mut waiting = pin!(request(&mut service, 1));
+        assert!(poll_once(waiting.as_mut()).is_pending());
+        drop(held);
+        assert!(matches!(poll_once(waiting), Poll::Ready(Ok(2))));
+    });
+
+    // What boxing the rejection costs, and nothing more.
+    let boxed = {
+        let held = bh.try_acquire().unwrap();
+        let rejected = bh.try_acquire().unwrap_err();
+        drop(held);
+        allocations(|| drop(BoxError::from(rejected)))
+    };
+    assert_eq!(boxed, 1);
+
+    assert_allocations("tower: rejected, the line is full", boxed, || {
+        let held = bh.try_acquire().unwrap();
+        let mut first = pin!(request(&mut service, 3));
+        assert!(poll_once(first.as_mut()).is_pending());
+        let out = poll_once(pin!(request(&mut service, 4)));
+        assert_tower_rejected(out, RejectReason::Full);
+        drop(held);
+        assert!(matches!(poll_once(first), Poll::Ready(Ok(6))));
+    });
+
+    let fail_fast = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_wait(Duration::ZERO)
+        .timer(timer.clone())
+        .build()
+        .unwrap();
+    let mut service = BulkheadService::new(double, fail_fast.clone());
+    let held = fail_fast.try_acquire().unwrap();
+    assert_allocations("tower: rejected, failing fast", boxed, || {
+        let out = poll_once(pin!(request(&mut service, 5)));
+        assert_tower_rejected(out, RejectReason::Full);
+    });
+    drop(held);
+
+    // Waits that end on the timer: the error's box, and for a call timeout
+    // the bulkhead's name in it.
+    let short = Bulkhead::builder()
+        .name("short")
+        .max_concurrent_calls(1)
+        .max_wait(Duration::from_millis(1))
+        .call_timeout(Duration::from_millis(1))
+        .timer(timer)
+        .build()
+        .unwrap();
+    let mut stuck = BulkheadService::new(
+        tower::service_fn(|()| std::future::pending::<Result<(), Infallible>>()),
+        short.clone(),
+    );
+    let held = short.try_acquire().unwrap();
+    assert_allocations("tower: rejected after max_wait", boxed, || {
+        let out = futures::executor::block_on(request(&mut stuck, ()));
+        assert_tower_rejected(Poll::Ready(out), RejectReason::Timeout);
+    });
+    drop(held);
+    assert_allocations("tower: call timed out", boxed + 1, || {
+        let out = futures::executor::block_on(request(&mut stuck, ()));
+        let err = out.unwrap_err();
+        assert!(err.is::<bulkhead::tower::CallTimeout>(), "{err}");
+    });
+    for b in [&bh, &fail_fast, &short] {
+        assert_eq!(b.metrics().in_flight(), 0);
+    }
+}
+
+/// `poll_ready` (which must be ready), then `call`, as a tower user does.
+#[cfg(feature = "tower")]
+fn request<S: tower::Service<R>, R>(service: &mut S, request: R) -> S::Future {
+    let cx = &mut Context::from_waker(std::task::Waker::noop());
+    assert!(matches!(service.poll_ready(cx), Poll::Ready(Ok(()))));
+    service.call(request)
+}
+
+#[cfg(feature = "tower")]
+fn assert_tower_rejected<T: std::fmt::Debug>(
+    out: Poll<Result<T, bulkhead::tower::BoxError>>,
+    reason: RejectReason,
+) {
+    match out {
+        Poll::Ready(Err(e)) => {
+            let rejected = e.downcast_ref::<bulkhead::Rejected>().expect("a rejection");
+            assert_eq!(rejected.reason(), reason);
+        }
+        other => panic!("expected {reason:?}, got {other:?}"),
+    }
+}
+
+// `KeyedBulkhead`: no path of a call on a tracked key allocates, with any
+// bundled timer. The first call of a key may allocate (tracking it builds
+// its bulkhead); the warm-up runs take care of that.
+
+/// The key every path calls; `OTHER` holds the global permit when a path
+/// needs it held; `THIRD` meets a full global line.
+const KEY: u64 = 7;
+const OTHER: u64 = 8;
+const THIRD: u64 = 9;
+
+/// Every path of `KeyedBulkhead::call` on tracked keys, each key with a
+/// limit of 1 under a global limit of 1, on keyed bulkheads made by `make`
+/// (which sets the timer) and waits driven by `drive`.
+fn keyed_every_path(
+    timer: &str,
+    make: &dyn Fn(KeyedBulkheadBuilder<u64>) -> KeyedBulkhead<u64>,
+    drive: Drive,
+) {
+    let limits = || {
+        KeyedBulkhead::<u64>::builder()
+            .max_concurrent_calls(1)
+            .global_limit(1)
+    };
+    let kb = make(
+        limits()
+            .max_queue(1)
+            .global_max_queue(1)
+            .max_wait(Duration::from_secs(10))
+            .call_timeout(Duration::from_secs(10)),
+    );
+    let call = |key: &'static u64, n: u32| kb.call(key, async move { Ok::<_, ()>(n) });
+
+    assert_no_allocation(&format!("{timer}: keyed, admitted at once"), || {
+        assert_eq!(poll_once(pin!(call(&KEY, 1))), Poll::Ready(Ok(1)));
+    });
+
+    assert_no_allocation(
+        &format!("{timer}: keyed, after waiting for the key"),
+        || {
+            let held = kb.try_acquire(&KEY).unwrap();
+            let mut waiting = pin!(call(&KEY, 2));
+            assert!(poll_once(waiting.as_mut()).is_pending());
+            drop(held);
+            assert_eq!(poll_once(waiting), Poll::Ready(Ok(2)));
+        },
+    );
+
+    assert_no_allocation(
+        &format!("{timer}: keyed, after waiting for the global"),
+        || {
+            let held = kb.try_acquire(&OTHER).unwrap();
+            let mut waiting = pin!(call(&KEY, 3));
+            assert!(poll_once(waiting.as_mut()).is_pending());
+            drop(held);
+            assert_eq!(poll_once(waiting), Poll::Ready(Ok(3)));
+        },
+    );
+
+    assert_no_allocation(&format!("{timer}: keyed, the key's line is full"), || {
+        let held = kb.try_acquire(&KEY).unwrap();
+        let mut first = pin!(call(&KEY, 4));
+        assert!(poll_once(first.as_mut()).is_pending());
+        assert_keyed_rejected(poll_once(pin!(call(&KEY, 5))), KeyedRejectReason::KeyFull);
+        drop(held);
+        assert_eq!(poll_once(first), Poll::Ready(Ok(4)));
+    });
+
+    assert_no_allocation(&format!("{timer}: keyed, the global line is full"), || {
+        let held = kb.try_acquire(&OTHER).unwrap();
+        let mut first = pin!(call(&KEY, 6));
+        assert!(poll_once(first.as_mut()).is_pending());
+        let out = poll_once(pin!(call(&THIRD, 7)));
+        assert_keyed_rejected(out, KeyedRejectReason::GlobalFull);
+        drop(held);
+        assert_eq!(poll_once(first), Poll::Ready(Ok(6)));
+    });
+
+    let fail_fast = make(limits().max_wait(Duration::ZERO));
+    assert_no_allocation(&format!("{timer}: keyed, failing fast"), || {
+        let held = fail_fast.try_acquire(&KEY).unwrap();
+        let out = poll_once(pin!(fail_fast.call(&KEY, async { Ok::<_, ()>(8) })));
+        assert_keyed_rejected(out, KeyedRejectReason::KeyFull);
+        let out = poll_once(pin!(fail_fast.call(&OTHER, async { Ok::<_, ()>(9) })));
+        assert_keyed_rejected(out, KeyedRejectReason::GlobalFull);
+        drop(held);
+    });
+
+    // Waits that end on the timer, on a real executor.
+    let short = make(
+        limits()
+            .max_wait(Duration::from_millis(1))
+            .call_timeout(Duration::from_millis(1)),
+    );
+    let stuck = || async {
+        pending::<()>().await;
+        Ok::<_, ()>(())
+    };
+    let timed_out = |held: u64, reason: KeyedRejectReason| {
+        let held = short.try_acquire(&held).unwrap();
+        let mut out = None;
+        drive(pin!(async { out = Some(short.call(&KEY, stuck()).await) }));
+        assert_keyed_rejected(Poll::Ready(out.unwrap()), reason);
+        drop(held);
+    };
+    assert_no_allocation(&format!("{timer}: keyed, max_wait for the key"), || {
+        timed_out(KEY, KeyedRejectReason::KeyTimeout);
+    });
+    assert_no_allocation(&format!("{timer}: keyed, max_wait for the global"), || {
+        timed_out(OTHER, KeyedRejectReason::GlobalTimeout);
+    });
+    assert_no_allocation(&format!("{timer}: keyed, call timed out"), || {
+        let mut out = None;
+        drive(pin!(async { out = Some(short.call(&KEY, stuck()).await) }));
+        assert!(matches!(out, Some(Err(KeyedError::CallTimeout))));
+    });
+
+    for kb in [&kb, &fail_fast, &short] {
+        assert_eq!(kb.global_metrics().unwrap().in_flight(), 0);
+        assert_eq!(kb.metrics_for(&KEY).unwrap().in_flight(), 0);
+    }
+}
+
+fn assert_keyed_rejected<T: std::fmt::Debug>(
+    out: Poll<Result<T, KeyedError<()>>>,
+    reason: KeyedRejectReason,
+) {
+    match out {
+        Poll::Ready(Err(KeyedError::Rejected(r))) => assert_eq!(r.reason(), reason),
+        other => panic!("expected {reason:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn keyed_thread_timer_paths_allocate_nothing() {
+    let timer: Arc<dyn Timer> = Arc::new(ThreadTimer::new());
+    keyed_every_path(
+        "ThreadTimer",
+        &|b| b.timer(timer.clone()).build().unwrap(),
+        |fut| futures::executor::block_on(fut),
+    );
+}
+
+// A current-thread runtime of the test's own thread: one shared with tests
+// running in parallel sometimes has one test's thread do another's driver
+// work (and its allocations) in `block_on`.
+#[cfg(feature = "tokio")]
+thread_local! {
+    static OWN_RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+}
+
+#[cfg(feature = "tokio")]
+#[test]
+fn keyed_tokio_timer_paths_allocate_nothing() {
+    let handle = OWN_RUNTIME.with(|rt| rt.handle().clone());
+    let timer: Arc<dyn Timer> = Arc::new(bulkhead::timer::TokioTimer::new(handle));
+    keyed_every_path(
+        "TokioTimer",
+        &|b| b.timer(timer.clone()).build().unwrap(),
+        |fut| OWN_RUNTIME.with(|rt| rt.block_on(fut)),
+    );
+}
+
+/// The default timer, inside a tokio runtime: the keyed bulkhead's sleeps
+/// and its keys' are tokio sleeps.
+#[cfg(feature = "tokio")]
+#[test]
+fn keyed_default_timer_in_tokio_allocates_nothing() {
+    let handle = OWN_RUNTIME.with(|rt| rt.handle().clone());
+    let _entered = handle.enter();
+    keyed_every_path("default in tokio", &|b| b.build().unwrap(), |fut| {
+        OWN_RUNTIME.with(|rt| rt.block_on(fut))
+    });
+}
+
+#[cfg(feature = "async-io")]
+#[test]
+fn keyed_async_io_timer_paths_allocate_nothing() {
+    let timer: Arc<dyn Timer> = Arc::new(bulkhead::timer::AsyncIoTimer::new());
+    keyed_every_path(
         "AsyncIoTimer",
         &|b| b.timer(timer.clone()).build().unwrap(),
         |fut| futures::executor::block_on(fut),

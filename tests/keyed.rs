@@ -1084,3 +1084,241 @@ fn permit_outcome_reaches_the_observers() {
         ]
     );
 }
+
+/// While fewer than half of `max_keys` are tracked (and without an
+/// `idle_timeout`), keys going idle do not read the clock: they are stamped
+/// with the time of the last new key. At the cap, those keys still go
+/// first, in the order the new keys between them give, and the keys that
+/// went idle since (stamped with the clock) after them.
+#[test]
+fn below_half_full_idle_keys_are_ordered_by_the_new_keys_between_them() {
+    let kb = KeyedBulkhead::<u32>::builder()
+        .max_concurrent_calls(1)
+        .max_keys(8)
+        .build()
+        .unwrap();
+    for key in 0..3 {
+        drop(kb.try_acquire(&key).unwrap());
+        tick();
+    }
+    // Used again after 2 arrived: 0 now goes after 1 (and with 2).
+    drop(kb.try_acquire(&0).unwrap());
+    tick();
+    // Half full from here on: keys going idle read the clock.
+    for key in 3..8 {
+        drop(kb.try_acquire(&key).unwrap());
+        tick();
+    }
+    let evicted_by = |key: u32| {
+        let before: HashSet<u32> = kb.keys().into_iter().collect();
+        drop(kb.try_acquire(&key).unwrap());
+        let after: HashSet<u32> = kb.keys().into_iter().collect();
+        let gone: Vec<u32> = before.difference(&after).copied().collect();
+        assert_eq!(gone.len(), 1, "{gone:?}");
+        gone[0]
+    };
+    assert_eq!(evicted_by(100), 1);
+    let next_two: HashSet<u32> = [evicted_by(101), evicted_by(102)].into();
+    assert_eq!(next_two, [0, 2].into());
+    assert_eq!(evicted_by(103), 3);
+    assert_eq!(evicted_by(104), 4);
+}
+
+/// Below half full, a key whose last user leaves while it is still linked
+/// in the idle order keeps its place without the order's lock; a cleaner
+/// (`evict_idle`) that unlinks it because it saw it busy races with that.
+/// Whatever the interleaving, once every call has ended every key is idle
+/// and linked: `evict_idle` takes all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn below_half_full_every_key_is_evictable_once_idle_under_churn() {
+    const KEYS: u64 = 16;
+    const TASKS: u64 = 16;
+    const ROUNDS: usize = 1_000;
+    let kb = KeyedBulkhead::<u64>::builder()
+        .max_concurrent_calls(2)
+        .max_keys(10_000)
+        .build()
+        .unwrap();
+    let sweeping = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sweeper = {
+        let (kb, sweeping) = (kb.clone(), sweeping.clone());
+        tokio::spawn(async move {
+            while sweeping.load(Ordering::Relaxed) {
+                kb.evict_idle();
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let kb = kb.clone();
+            tokio::spawn(async move {
+                let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ (task + 1);
+                for _ in 0..ROUNDS {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let yields = rng % 3;
+                    let done = kb
+                        .call(&((rng >> 8) % KEYS), async {
+                            for _ in 0..yields {
+                                tokio::task::yield_now().await;
+                            }
+                            Ok::<_, ()>(())
+                        })
+                        .await;
+                    assert!(matches!(done, Ok(()) | Err(KeyedError::Rejected(_))));
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    sweeping.store(false, Ordering::Relaxed);
+    sweeper.await.unwrap();
+    let s = kb.stats();
+    assert!(s.keys_evicted() > 0 && s.keys_created() > KEYS, "{s:?}");
+    kb.evict_idle();
+    assert_eq!(kb.keys(), [], "an idle key was left out of the order");
+}
+
+/// A timer of the user's, counting the sleeps it is asked for.
+#[derive(Debug, Default)]
+struct CountingTimer(AtomicUsize);
+
+impl bulkhead::timer::Timer for CountingTimer {
+    fn sleep(&self, duration: Duration) -> bulkhead::timer::Sleep {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        bulkhead::timer::ThreadTimer::new().sleep(duration)
+    }
+}
+
+fn poll_once<F: Future>(fut: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {
+    fut.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+}
+
+/// `call_timeout` and the `max_wait` budget arm a timer only once
+/// something waits: a call that is admitted at once and finishes on its
+/// first poll makes no sleep at all.
+#[test]
+fn timers_are_armed_only_when_something_waits() {
+    let timer = Arc::new(CountingTimer::default());
+    let kb = KeyedBulkhead::<u32>::builder()
+        .max_concurrent_calls(1)
+        .global_limit(1)
+        .max_wait(Duration::from_secs(10))
+        .call_timeout(Duration::from_secs(10))
+        .timer(timer.clone())
+        .build()
+        .unwrap();
+    let sleeps = || timer.0.load(Ordering::SeqCst);
+    let ready = |n| kb.call(&1, async move { Ok::<_, ()>(n) });
+    for n in 0..3 {
+        assert_eq!(poll_once(pin!(ready(n))), std::task::Poll::Ready(Ok(n)));
+    }
+    assert_eq!(sleeps(), 0, "nothing waited");
+
+    // Pending once: the call's deadline is armed.
+    let mut yielded = false;
+    let mut slow = pin!(kb.call(
+        &1,
+        std::future::poll_fn(|cx| {
+            if std::mem::replace(&mut yielded, true) {
+                return std::task::Poll::Ready(Ok::<_, ()>(()));
+            }
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        })
+    ));
+    assert!(poll_once(slow.as_mut()).is_pending());
+    assert_eq!(poll_once(slow), std::task::Poll::Ready(Ok(())));
+    assert_eq!(sleeps(), 1, "the call timeout, once the call waited");
+
+    // Waiting for the global permit: the budget's deadline.
+    let held = kb.try_acquire(&2).unwrap();
+    let mut waiting = pin!(ready(4));
+    assert!(poll_once(waiting.as_mut()).is_pending());
+    assert_eq!(sleeps(), 2);
+    drop(held);
+    assert_eq!(poll_once(waiting), std::task::Poll::Ready(Ok(4)));
+
+    // Waiting for the key: its bulkhead's own `max_wait`.
+    let held = kb.try_acquire(&1).unwrap();
+    let mut waiting = pin!(ready(5));
+    assert!(poll_once(waiting.as_mut()).is_pending());
+    assert_eq!(sleeps(), 3);
+    drop(held);
+    assert_eq!(poll_once(waiting), std::task::Poll::Ready(Ok(5)));
+    assert_eq!(sleeps(), 3, "the global permit was free");
+}
+
+/// A tokio runtime without a time driver: building a keyed bulkhead with
+/// a time limit inside it fails; one built elsewhere turns away, with
+/// `Unavailable`, a new key it cannot make a bulkhead for there, a wait it
+/// cannot bound, and a call whose `call_timeout` it cannot arm (dropping
+/// the call), rather than panic or wait unbounded.
+#[cfg(feature = "tokio")]
+#[test]
+fn a_runtime_without_a_time_driver_is_a_build_error_or_unavailable() {
+    let timeless = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let built_inside = timeless.block_on(async {
+        KeyedBulkhead::<String>::builder()
+            .max_concurrent_calls(1)
+            .max_wait(Duration::from_secs(1))
+            .build()
+    });
+    assert_eq!(
+        built_inside.unwrap_err().kind(),
+        BuildErrorKind::TimerUnavailable
+    );
+
+    let kb = KeyedBulkhead::<String>::builder()
+        .max_concurrent_calls(1)
+        .max_wait(Duration::from_secs(1))
+        .call_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let held = kb.try_acquire("a").unwrap();
+    drop(kb.try_acquire("c").unwrap());
+    let dropped = Arc::new(AtomicUsize::new(0));
+    timeless.block_on(async {
+        let new_key = kb.call("b", async { Ok::<_, ()>(()) }).await;
+        let waited = kb.call("a", async { Ok::<_, ()>(()) }).await;
+        struct Counted(Arc<AtomicUsize>);
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let counted = Counted(dropped.clone());
+        let unbounded = kb
+            .call("c", async move {
+                let _counted = counted;
+                std::future::pending::<()>().await;
+                Ok::<_, ()>(())
+            })
+            .await;
+        for out in [new_key, waited, unbounded] {
+            match out {
+                Err(KeyedError::Rejected(r)) => {
+                    assert_eq!(r.reason(), KeyedRejectReason::Unavailable);
+                    assert!(r.to_string().contains("timer is not running"), "{r}");
+                }
+                other => panic!("expected Unavailable, got {other:?}"),
+            }
+        }
+    });
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        1,
+        "the unbounded call was dropped"
+    );
+    drop(held);
+    for key in ["a", "c"] {
+        assert_eq!(kb.metrics_for(key).unwrap().in_flight(), 0);
+    }
+    assert!(kb.metrics_for("b").is_none());
+}

@@ -548,7 +548,8 @@ async fn requests_wait_in_a_bounded_line() {
     let mut service = BulkheadService::new(ok_service(), bh.clone());
 
     let held = bh.try_acquire().unwrap();
-    let mut waiting = service.call(());
+    // Boxed to poll it by hand: a waiting response future is pinned.
+    let mut waiting = Box::pin(service.call(()));
     assert!(poll_once(&mut waiting).is_none());
     assert_eq!(bh.metrics().queued(), 1);
 
@@ -729,13 +730,14 @@ async fn dropping_the_response_future_releases_the_permit() {
 
     // Running: holds the permit until dropped.
     ServiceExt::<()>::ready(&mut service).await.unwrap();
-    let mut running = service.call(());
+    // Boxed, so that `drop` drops the future itself.
+    let mut running = Box::pin(service.call(()));
     assert!(poll_once(&mut running).is_none());
     assert_eq!(bh.metrics().in_flight(), 1);
 
     // Waiting behind it: in line until dropped.
     ServiceExt::<()>::ready(&mut service).await.unwrap();
-    let mut waiting = service.call(());
+    let mut waiting = Box::pin(service.call(()));
     assert!(poll_once(&mut waiting).is_none());
     assert_eq!(bh.metrics().queued(), 1);
     drop(waiting);
@@ -753,6 +755,59 @@ async fn dropping_the_response_future_releases_the_permit() {
     drop(unpolled);
 }
 
+/// A waiting request that was handed the permit and then dropped before it
+/// ran gives the permit back, and `wait_idle` sees the bulkhead empty.
+#[tokio::test]
+async fn a_request_dropped_after_its_hand_off_leaves_the_bulkhead_idle() {
+    let bh = Bulkhead::builder()
+        .name("handed")
+        .max_concurrent_calls(1)
+        .build()
+        .unwrap();
+    let mut service = BulkheadService::new(ok_service(), bh.clone());
+
+    let held = bh.try_acquire().unwrap();
+    let mut waiting = Box::pin(service.call(()));
+    assert!(poll_once(&mut waiting).is_none());
+    let mut idle = Box::pin(bh.wait_idle());
+    assert!(poll_once(&mut idle).is_none());
+    // The permit goes to the waiting request, which is never polled again.
+    drop(held);
+    assert!(poll_once(&mut idle).is_none());
+    drop(waiting);
+
+    assert!(poll_once(&mut idle).is_some(), "wait_idle was woken");
+    let m = bh.metrics();
+    assert_eq!((m.in_flight(), m.queued(), m.permitted()), (0, 0, 1));
+    assert_eq!(service.call(()).await.unwrap(), "ok");
+}
+
+/// An inner service whose `call` panics (once admitted) gives the permit
+/// back, and the observer hears `Panicked`.
+#[tokio::test]
+async fn a_panicking_inner_call_releases_the_permit() {
+    let outcomes = Arc::new(Outcomes::default());
+    let bh = Bulkhead::builder()
+        .name("panics")
+        .max_concurrent_calls(1)
+        .observer(outcomes.clone())
+        .build()
+        .unwrap();
+    let mut service = BulkheadService::new(
+        tower::service_fn(|()| -> std::future::Ready<Result<(), Infallible>> {
+            panic!("the inner call panics")
+        }),
+        bh.clone(),
+    );
+
+    let fut = service.call(());
+    let caught = std::panic::AssertUnwindSafe(fut).catch_unwind().await;
+    assert!(caught.is_err());
+    let m = bh.metrics();
+    assert_eq!((m.in_flight(), m.permitted()), (0, 1));
+    assert_eq!(outcomes.take(), [CallOutcome::Panicked]);
+}
+
 /// What hyper, tonic and axum ask of a layer and its service: the layer and
 /// the service are `Send + Sync` (axum's `Router::layer`), the response
 /// future is `Send` (spawned on a multi-threaded runtime).
@@ -761,7 +816,8 @@ fn the_layer_fits_multi_threaded_stacks() {
     fn send_sync<T: Send + Sync + 'static>() {}
     fn send<T: Send + 'static>() {}
     send_sync::<BulkheadLayer>();
-    send_sync::<BulkheadService<tower::util::BoxCloneSyncService<(), (), BoxError>>>();
-    send::<bulkhead::tower::ResponseFuture<Response<Full<Bytes>>>>();
+    type Inner = tower::util::BoxCloneSyncService<(), (), BoxError>;
+    send_sync::<BulkheadService<Inner>>();
+    send::<bulkhead::tower::ResponseFuture<Inner, ()>>();
     send_sync::<CallTimeout>();
 }

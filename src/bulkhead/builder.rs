@@ -71,6 +71,10 @@ impl BulkheadBuilder {
 
     /// Names the bulkhead (the guarded dependency, usually).
     ///
+    /// Names are interned: each distinct name is kept once for the life of
+    /// the process, so that a rejection carries it without a reference
+    /// count. Name bulkheads after what they guard, not per request.
+    ///
     /// # Examples
     ///
     /// ```
@@ -357,7 +361,7 @@ impl BulkheadBuilder {
         Ok(Bulkhead {
             shared: Arc::new(Shared {
                 policy,
-                sem,
+                sem: Arc::new(sem),
                 limit: Mutex::new(limit),
                 limit_now: AtomicUsize::new(limit),
                 idle: Event::new(),

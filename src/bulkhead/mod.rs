@@ -9,10 +9,13 @@
 //! counted, so admitting and finishing a call costs the semaphore's two CASes
 //! (take, give back) plus one relaxed counter increment (`permitted`).
 //!
-//! * **Fast path.** `try_take(1)` on the semaphore. Only when it fails does
-//!   the policy apply: fail fast (`max_wait == 0`), reserve a place in the
-//!   bounded line (`waiting`, a counter with `fetch_add` and undo), then wait
-//!   on the semaphore's FIFO queue, raced against the timer for `max_wait`.
+//! * **Fast path.** `try_take(1)` on the semaphore (`admit_now`). Only when
+//!   it fails does the policy apply: fail fast (`max_wait == 0`), else the
+//!   `Wait` future of [`Policy`](policy) reserves a place in the bounded
+//!   line (`waiting`, a counter with `fetch_add` and undo) and waits on the
+//!   semaphore's FIFO queue, raced against an inline sleep for `max_wait`
+//!   that is armed only once the acquire is pending. Nothing is allocated
+//!   on any path.
 //! * **Limit changes** run under a small mutex that only
 //!   `set_max_concurrent_calls` and readers of `in_flight` take: growing is
 //!   `add_permits` (waiters are served at once), shrinking is
@@ -22,14 +25,18 @@
 //!   notifies an `event_listener::Event`; `wait_idle` re-checks under the
 //!   limit's mutex, so a racing limit change cannot make it miss the moment.
 //! * **Observers** run after the state change they report, with no lock
-//!   held; time is only measured when an observer is installed.
+//!   held, each contained (`catch_unwind`) so that one that panics cannot
+//!   keep the others from an event; time is only measured when an observer
+//!   is installed or a hold time is sampled.
+//! * **A permit handed to a cancelled waiter** goes back through the
+//!   semaphore, not a guard: `Queued` checks for idle after dropping it.
 
 mod builder;
 pub(crate) mod error;
 mod export;
 pub(crate) mod guard;
 mod metrics;
-mod name;
+pub(crate) mod name;
 pub(crate) mod observer;
 mod permit;
 pub(crate) mod policy;
@@ -43,7 +50,7 @@ pub use permit::BulkheadPermit;
 use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
-use core::task::{Context, Poll};
+use core::task::{Context, Poll, ready};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -53,10 +60,10 @@ use event_listener::Event;
 use pin_project_lite::pin_project;
 
 use crate::error::TryAcquireError;
-use crate::futures::Acquire;
+use crate::futures::{Acquire, AcquireOwned};
 use crate::semaphore::Semaphore;
 use permit::Admitted;
-use policy::Policy;
+use policy::{Policy, Waiting};
 
 /// Limits how many calls reach a downstream dependency at once, and decides
 /// what happens to the rest: wait in a fair line (for at most `max_wait`,
@@ -97,7 +104,10 @@ pub struct Bulkhead {
 /// The state every clone of a bulkhead shares.
 pub(crate) struct Shared {
     pub(crate) policy: Policy,
-    pub(crate) sem: Semaphore,
+    /// In an `Arc` of its own, so that a future that owns the bulkhead can
+    /// also own its waiting acquire (`Semaphore::acquire_owned`, see
+    /// [`Admission`]).
+    pub(crate) sem: Arc<Semaphore>,
     /// The configured limit. Held while changing the limit and while reading
     /// `limit - balance`, so the two are read as one.
     limit: Mutex<usize>,
@@ -383,6 +393,17 @@ impl Bulkhead {
     pub(crate) fn from_shared(shared: Arc<Shared>) -> Self {
         Self { shared }
     }
+
+    /// One call's admission as a named `'static` future that owns a handle
+    /// of the bulkhead (for the tower layer's response future); see
+    /// [`Admission`].
+    #[inline]
+    pub(crate) fn admission(&self) -> Admission {
+        Admission {
+            shared: Some(self.shared.clone()),
+            waiting: None,
+        }
+    }
 }
 
 impl Shared {
@@ -482,7 +503,7 @@ impl Future for Queued<'_> {
         };
         let out = match acquire.poll(cx) {
             Poll::Pending => return Poll::Pending,
-            // The permit now belongs to the call; `Held` gives it back.
+            // The permit now belongs to the call; its guard gives it back.
             Poll::Ready(Ok(permit)) => {
                 permit.forget();
                 Ok(())
@@ -492,6 +513,163 @@ impl Future for Queued<'_> {
         // Done: nothing to hand back on drop.
         this.acquire.set(None);
         Poll::Ready(out)
+    }
+}
+
+pin_project! {
+    /// What `call` does before the call runs, as a future that owns a
+    /// handle of the bulkhead instead of borrowing it, so that it is
+    /// `'static` and can be named: the fast path (`admit_now`), else the
+    /// wait under the policy, with the semaphore's owned acquire and the
+    /// policy passed in at each poll. Resolves to the call's permit, owned
+    /// by its guard and already reported as permitted, whose outcome is
+    /// [`CallOutcome::Cancelled`] until set. Nothing is allocated.
+    ///
+    /// Dropping it while it waits leaves the line, as `call` does.
+    pub(crate) struct Admission {
+        // The bulkhead, until it moves into the permit; `None` once done.
+        shared: Option<Arc<Shared>>,
+        // The wait in line, once no permit was free at once; `None` again
+        // when it ends. Its place in line is given back with `shared`'s
+        // policy, by the drop if the wait did not end.
+        #[pin]
+        waiting: Option<Waiting<QueuedOwned>>,
+    }
+
+    impl PinnedDrop for Admission {
+        fn drop(this: Pin<&mut Self>) {
+            let mut this = this.project();
+            if let (Some(shared), Some(waiting)) =
+                (this.shared.as_deref(), this.waiting.as_mut().as_pin_mut())
+            {
+                waiting.leave(&shared.policy);
+                // As `Queued` does: a permit handed to the acquire but never
+                // delivered goes back through the semaphore.
+                this.waiting.set(None);
+                shared.became_idle_maybe();
+            }
+        }
+    }
+}
+
+impl Future for Admission {
+    type Output = Result<BulkheadPermit, Rejected>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let shared = this
+            .shared
+            .as_deref()
+            .expect("admission polled after completion");
+        let out = if this.waiting.is_some() {
+            ready!(poll_waiting(this.waiting.as_mut(), shared, cx))
+        } else {
+            match shared.admit_now(true) {
+                Some(now) => now,
+                None => {
+                    let queued = QueuedOwned {
+                        acquire: shared.sem.acquire_owned(),
+                    };
+                    this.waiting.set(Some(Waiting::new(queued)));
+                    ready!(poll_waiting(this.waiting.as_mut(), shared, cx))
+                }
+            }
+        };
+        // Done either way: the handle moves into the permit, or goes.
+        let shared = this.shared.take().expect("checked above");
+        Poll::Ready(out.map(|admitted| BulkheadPermit::admitted(shared, admitted)))
+    }
+}
+
+/// Polls an [`Admission`]'s wait; once it ends, drops it (a rejected wait
+/// gives its acquire back first, and `wait_idle` looks again, as on
+/// `Queued`'s drop).
+fn poll_waiting(
+    mut waiting: Pin<&mut Option<Waiting<QueuedOwned>>>,
+    shared: &Shared,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Admitted, Rejected>> {
+    let Some(wait) = waiting.as_mut().as_pin_mut() else {
+        unreachable!("an admission polls its wait only while it waits");
+    };
+    let out = match wait.poll_with(cx, &shared.policy) {
+        Poll::Pending => return Poll::Pending,
+        Poll::Ready(out) => out,
+    };
+    waiting.set(None);
+    Poll::Ready(match out {
+        Ok(((), waited)) => Ok(Admitted::Waited(waited)),
+        Err(rejected) => {
+            shared.became_idle_maybe();
+            Err(rejected)
+        }
+    })
+}
+
+pin_project! {
+    /// [`Queued`] for an [`Admission`]: the semaphore's owned acquire. What
+    /// `Queued` does on drop, the admission does.
+    struct QueuedOwned {
+        #[pin]
+        acquire: AcquireOwned,
+    }
+}
+
+impl Future for QueuedOwned {
+    type Output = Result<(), RejectReason>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().acquire.poll(cx) {
+            Poll::Pending => Poll::Pending,
+            // The permit now belongs to the call; its guard gives it back.
+            Poll::Ready(Ok(permit)) => {
+                permit.forget();
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(_closed)) => Poll::Ready(Err(RejectReason::Closed)),
+        }
+    }
+}
+
+/// Admission for a caller that borrows the bulkhead and runs the call
+/// itself, as [`Bulkhead::call`] does: the keyed bulkhead's two stages.
+/// The permit comes owned by its guard and already reported as permitted;
+/// it goes back when the guard is dropped, as [`CallOutcome::Cancelled`]
+/// unless the outcome is set. Nothing is allocated, and only the wait
+/// borrows more than a pointer.
+impl Bulkhead {
+    /// The decision that needs no waiting (`admit_now`): `Some` with a
+    /// permit or a rejection, `None` if the caller is to wait
+    /// ([`hold_waiting`](Self::hold_waiting)). With `may_wait` false, a
+    /// full bulkhead rejects, as [`try_acquire`](Self::try_acquire) does.
+    // Always: returned through memory, its result costs a store-forwarding
+    // stall on the keyed bulkhead's fast path (about 10 ns).
+    #[inline(always)]
+    pub(crate) fn hold_now(
+        &self,
+        may_wait: bool,
+    ) -> Option<Result<permit::Held<&Shared>, Rejected>> {
+        let shared = &*self.shared;
+        match shared.admit_now(may_wait)? {
+            Ok(admitted) => {
+                let held = permit::held(shared, admitted, CallOutcome::Cancelled);
+                shared.policy.permitted(Duration::ZERO);
+                Some(Ok(held))
+            }
+            Err(rejected) => Some(Err(rejected)),
+        }
+    }
+
+    /// The wait in line under the policy, after [`hold_now`](Self::hold_now)
+    /// said `None`.
+    pub(crate) async fn hold_waiting(&self) -> Result<permit::Held<&Shared>, Rejected> {
+        let shared = &*self.shared;
+        let admitted = shared.admit_waiting().await?;
+        let held = permit::held(shared, admitted, CallOutcome::Cancelled);
+        shared.policy.permitted(admitted.waited());
+        Ok(held)
     }
 }
 

@@ -98,6 +98,24 @@ impl BulkheadPermit {
         }
     }
 
+    /// The permit of a call that [`Admission`](super::Admission) admitted:
+    /// as `call`'s guard, its outcome is `Cancelled` until set, and it is
+    /// reported as permitted here, once the guard owns it.
+    #[inline]
+    pub(crate) fn admitted(shared: Arc<Shared>, admitted: Admitted) -> Self {
+        let permit = Self {
+            held: held(shared, admitted, CallOutcome::Cancelled),
+        };
+        permit.policy().permitted(admitted.waited());
+        permit
+    }
+
+    /// The policy of the bulkhead the permit came from.
+    #[inline]
+    pub(crate) fn policy(&self) -> &Policy {
+        &self.held.source().0.policy
+    }
+
     /// The name of the bulkhead the permit came from.
     ///
     /// # Examples

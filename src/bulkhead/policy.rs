@@ -19,7 +19,7 @@ use super::error::{BulkheadError, Hint, RejectReason, Rejected};
 use super::metrics::{Counters, Metrics};
 use super::name::Name;
 use super::observer::{CallOutcome, Finished, LeakSuspected, Observer, Permitted, Rejection};
-use crate::timer::{Clock, ClockSleep};
+use crate::timer::{Clock, ClockSleep, Deadline};
 
 /// The one owner of admission for every bulkhead (in-process, keyed,
 /// Redis): where permits come from is the caller's business, everything
@@ -141,6 +141,23 @@ impl Policy {
         self.waiting.load(Ordering::Relaxed)
     }
 
+    /// Takes a place in the waiting line and marks `placed`; returns how
+    /// many were waiting before this caller.
+    #[inline]
+    fn join_line(&self, placed: &mut bool) -> usize {
+        debug_assert!(!*placed, "a wait takes one place in line");
+        *placed = true;
+        self.waiting.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Gives back the place in line that `placed` says is held, if any.
+    #[inline]
+    fn leave_line(&self, placed: &mut bool) {
+        if core::mem::take(placed) {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     /// The timer's kind, for `Debug`.
     pub(crate) fn clock(&self) -> Option<&Clock> {
         self.clock.as_ref()
@@ -184,10 +201,8 @@ impl Policy {
         Wait {
             policy: self,
             acquire,
-            sleep: None,
-            place: None,
-            started: false,
-            start: None,
+            deadline: Deadline::new(),
+            line: Line::default(),
         }
     }
 
@@ -200,7 +215,7 @@ impl Policy {
         Run {
             policy: self,
             call,
-            sleep: None,
+            deadline: Deadline::new(),
         }
     }
 
@@ -212,15 +227,37 @@ impl Policy {
         #[cfg(feature = "tracing")]
         {
             use tracing::Instrument;
-            let span = if self.spans {
-                tracing::debug_span!(target: "bulkhead", "bulkhead_call", bulkhead = self.name)
-            } else {
-                tracing::Span::none()
-            };
-            call.instrument(span)
+            call.instrument(self.call_span())
         }
         #[cfg(not(feature = "tracing"))]
         call
+    }
+
+    /// [`traced`](Self::traced) for a call that is made here: `make` runs
+    /// inside the span too (the tower layer's inner `call`, where a client
+    /// may already start sending).
+    #[inline]
+    pub(crate) fn traced_with<F: Future>(&self, make: impl FnOnce() -> F) -> Traced<F> {
+        #[cfg(feature = "tracing")]
+        {
+            use tracing::Instrument;
+            let span = self.call_span();
+            let call = span.in_scope(make);
+            call.instrument(span)
+        }
+        #[cfg(not(feature = "tracing"))]
+        make()
+    }
+
+    /// The `bulkhead_call` span of [`traced`](Self::traced).
+    #[cfg(feature = "tracing")]
+    #[inline]
+    fn call_span(&self) -> tracing::Span {
+        if self.spans {
+            tracing::debug_span!(target: "bulkhead", "bulkhead_call", bulkhead = self.name)
+        } else {
+            tracing::Span::none()
+        }
     }
 
     /// Runs `f` on every observer. Each runs even if an earlier one
@@ -379,20 +416,73 @@ impl Policy {
 }
 
 pin_project! {
-    /// The future of [`Policy::wait`].
+    /// The future of [`Policy::wait`]: [`Waiting`] with its policy, as its
+    /// own fields (see [`Run`]).
     pub(crate) struct Wait<'a, A> {
         policy: &'a Policy,
         #[pin]
         acquire: A,
         #[pin]
-        sleep: Option<ClockSleep>,
-        // Taken on the first poll; given back on drop.
-        place: Option<Place<'a>>,
-        started: bool,
-        // When the wait began, read only if an observer will see it (a
-        // clock reading costs about a tenth of a contended cycle).
-        start: Option<Instant>,
+        deadline: Deadline,
+        line: Line,
     }
+
+    impl<A> PinnedDrop for Wait<'_, A> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            this.policy.leave_line(&mut this.line.placed);
+        }
+    }
+}
+
+impl<A, P> Future for Wait<'_, A>
+where
+    A: Future<Output = Result<P, RejectReason>>,
+{
+    type Output = Result<(P, Waited), Rejected>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        poll_wait(this.acquire, this.deadline, this.line, this.policy, cx)
+    }
+}
+
+pin_project! {
+    /// The state of a [`Wait`] without the policy it waits under, which
+    /// every poll passes in: for a future that owns its bulkhead and so
+    /// cannot also hold a borrow of its policy (the tower layer's). If it
+    /// is dropped before the wait ended, its owner *must* call
+    /// [`leave`](Self::leave) first.
+    pub(crate) struct Waiting<A> {
+        #[pin]
+        acquire: A,
+        #[pin]
+        deadline: Deadline,
+        line: Line,
+    }
+
+    impl<A> PinnedDrop for Waiting<A> {
+        fn drop(this: Pin<&mut Self>) {
+            debug_assert!(
+                !this.line.placed || std::thread::panicking(),
+                "a wait dropped before it ended must leave the line first"
+            );
+        }
+    }
+}
+
+/// Where a wait stands in the policy's line.
+#[derive(Default)]
+struct Line {
+    started: bool,
+    /// Whether this holds a place in the line (`Policy::waiting`): taken
+    /// on the first poll, given back when the wait ends, or by the owner
+    /// of a wait dropped before that (`Wait`'s drop, `Waiting::leave`).
+    placed: bool,
+    /// When the wait began, read only if an observer will see it (a clock
+    /// reading costs about a tenth of a contended cycle).
+    start: Option<Instant>,
 }
 
 /// A permit granted after waiting: how long the caller waited (measured
@@ -404,101 +494,115 @@ pub(crate) struct Waited {
     pub(crate) since: Option<Instant>,
 }
 
-impl<A, P> Future for Wait<'_, A>
+impl<A> Waiting<A> {
+    /// A wait for `acquire` (see [`Policy::wait`]); nothing happens until
+    /// it is first polled.
+    #[inline]
+    pub(crate) fn new(acquire: A) -> Self {
+        Self {
+            acquire,
+            deadline: Deadline::new(),
+            line: Line::default(),
+        }
+    }
+
+    /// Gives the place in `policy`'s line back, if this still holds one.
+    /// Call it before dropping a wait that may not have ended.
+    #[inline]
+    pub(crate) fn leave(self: Pin<&mut Self>, policy: &Policy) {
+        policy.leave_line(&mut self.project().line.placed);
+    }
+
+    /// Polls the wait under `policy`, which must be the same at every poll
+    /// (and at [`leave`](Self::leave)).
+    #[inline]
+    pub(crate) fn poll_with<P>(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        policy: &Policy,
+    ) -> Poll<Result<(P, Waited), Rejected>>
+    where
+        A: Future<Output = Result<P, RejectReason>>,
+    {
+        let this = self.project();
+        poll_wait(this.acquire, this.deadline, this.line, policy, cx)
+    }
+}
+
+/// Polls a wait in line: the body of [`Wait`] and [`Waiting`].
+fn poll_wait<A, P>(
+    acquire: Pin<&mut A>,
+    deadline: Pin<&mut Deadline>,
+    line: &mut Line,
+    policy: &Policy,
+    cx: &mut Context<'_>,
+) -> Poll<Result<(P, Waited), Rejected>>
 where
     A: Future<Output = Result<P, RejectReason>>,
 {
-    type Output = Result<(P, Waited), Rejected>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        let policy = *this.policy;
-        if !*this.started {
-            if policy.fails_fast() {
-                return Poll::Ready(Err(policy.reject(RejectReason::Full, Duration::ZERO)));
-            }
-            let place = Place::take(&policy.waiting);
-            if policy.max_queue.is_some_and(|max| place.ahead >= max) {
-                drop(place);
-                return Poll::Ready(Err(policy.reject(RejectReason::Full, Duration::ZERO)));
-            }
-            *this.place = Some(place);
-            *this.started = true;
-            *this.start = policy.observed().then(Instant::now);
+    if !line.started {
+        if policy.fails_fast() {
+            return Poll::Ready(Err(policy.reject(RejectReason::Full, Duration::ZERO)));
         }
-        let start = *this.start;
-        let reason = match this.acquire.poll(cx) {
-            Poll::Ready(Ok(permit)) => {
-                this.place.take();
-                // One clock reading for both, and only if someone needs it:
-                // a granted waiter found no permit free.
-                let since = policy.clock_in(true);
-                let waited = match (start, since) {
-                    (Some(start), Some(now)) => now - start,
-                    _ => Duration::ZERO,
-                };
-                return Poll::Ready(Ok((permit, Waited { waited, since })));
-            }
-            Poll::Ready(Err(reason)) => reason,
-            Poll::Pending => {
-                let Some(limit) = policy.max_wait else {
-                    return Poll::Pending;
-                };
-                match poll_deadline(this.sleep.as_mut(), policy, limit, cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(())) => {
-                        this.place.take();
-                        // The timer's own measure, unless it was read.
-                        let waited = start.map_or(limit, |start| start.elapsed());
-                        return Poll::Ready(Err(policy.reject(RejectReason::Timeout, waited)));
-                    }
-                    Poll::Ready(Err(_gone)) => {
-                        this.place.take();
-                        let waited = start.map_or(Duration::ZERO, |start| start.elapsed());
-                        return Poll::Ready(Err(policy.reject_timer_gone(waited)));
-                    }
+        let ahead = policy.join_line(&mut line.placed);
+        line.started = true;
+        if policy.max_queue.is_some_and(|max| ahead >= max) {
+            policy.leave_line(&mut line.placed);
+            return Poll::Ready(Err(policy.reject(RejectReason::Full, Duration::ZERO)));
+        }
+        line.start = policy.observed().then(Instant::now);
+    }
+    let start = line.start;
+    let reason = match acquire.poll(cx) {
+        Poll::Ready(Ok(permit)) => {
+            policy.leave_line(&mut line.placed);
+            // One clock reading for both, and only if someone needs it: a
+            // granted waiter found no permit free.
+            let since = policy.clock_in(true);
+            let waited = match (start, since) {
+                (Some(start), Some(now)) => now - start,
+                _ => Duration::ZERO,
+            };
+            return Poll::Ready(Ok((permit, Waited { waited, since })));
+        }
+        Poll::Ready(Err(reason)) => reason,
+        Poll::Pending => {
+            let Some(limit) = policy.max_wait else {
+                return Poll::Pending;
+            };
+            match deadline.poll_at(policy.clock.as_ref(), limit, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(())) => {
+                    policy.leave_line(&mut line.placed);
+                    // The timer's own measure, unless it was read.
+                    let waited = start.map_or(limit, |start| start.elapsed());
+                    return Poll::Ready(Err(policy.reject(RejectReason::Timeout, waited)));
+                }
+                Poll::Ready(Err(_gone)) => {
+                    policy.leave_line(&mut line.placed);
+                    let waited = start.map_or(Duration::ZERO, |start| start.elapsed());
+                    return Poll::Ready(Err(policy.reject_timer_gone(waited)));
                 }
             }
-        };
-        this.place.take();
-        let waited = start.map_or(Duration::ZERO, |start| start.elapsed());
-        Poll::Ready(Err(policy.reject(reason, waited)))
-    }
-}
-
-/// Arms `sleep` for `limit` if it is not yet, then polls it. `Err` if the
-/// timer cannot run (no timer, or its runtime is gone).
-#[inline]
-fn poll_deadline(
-    mut sleep: Pin<&mut Option<ClockSleep>>,
-    policy: &Policy,
-    limit: Duration,
-    cx: &mut Context<'_>,
-) -> Poll<Result<(), crate::timer::TimerGone>> {
-    if sleep.is_none() {
-        let armed = match &policy.clock {
-            Some(clock) => clock.sleep(limit),
-            None => Err(crate::timer::TimerGone),
-        };
-        match armed {
-            Ok(armed) => sleep.set(Some(armed)),
-            Err(gone) => return Poll::Ready(Err(gone)),
         }
-    }
-    match sleep.as_pin_mut() {
-        Some(sleep) => sleep.poll_sleep(cx),
-        None => Poll::Ready(Err(crate::timer::TimerGone)),
-    }
+    };
+    policy.leave_line(&mut line.placed);
+    let waited = start.map_or(Duration::ZERO, |start| start.elapsed());
+    Poll::Ready(Err(policy.reject(reason, waited)))
 }
 
 pin_project! {
-    /// The future of [`Policy::run`].
+    /// The future of [`Policy::run`]: [`Running`] with its policy. Its own
+    /// fields rather than a `Running` in it, so that `run` builds it in
+    /// place: a nested `Running` is built aside and copied, deadline and
+    /// all, which costs `Bulkhead::call` about 8 ns (a store-forwarding
+    /// stall).
     pub(crate) struct Run<'a, F> {
         policy: &'a Policy,
         #[pin]
         call: F,
         #[pin]
-        sleep: Option<ClockSleep>,
+        deadline: Deadline,
     }
 }
 
@@ -508,33 +612,83 @@ where
 {
     type Output = (Result<T, BulkheadError<E>>, CallOutcome);
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let policy = *this.policy;
-        if let Poll::Ready(out) = this.call.poll(cx) {
-            return Poll::Ready(match out {
-                Ok(value) => (Ok(value), CallOutcome::Success),
-                Err(e) => (Err(BulkheadError::Inner(e)), CallOutcome::Failure),
-            });
+        poll_run(this.call, this.deadline, this.policy, cx)
+    }
+}
+
+pin_project! {
+    /// The state of a [`Run`] without its policy, which every poll passes
+    /// in (see [`Waiting`]).
+    pub(crate) struct Running<F> {
+        #[pin]
+        call: F,
+        #[pin]
+        deadline: Deadline,
+    }
+}
+
+impl<F> Running<F> {
+    /// Runs `call` (see [`Policy::run`]).
+    #[inline]
+    pub(crate) fn new(call: F) -> Self {
+        Self {
+            call,
+            deadline: Deadline::new(),
         }
-        let Some(limit) = policy.call_timeout else {
-            return Poll::Pending;
-        };
-        match poll_deadline(this.sleep, policy, limit, cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Ok(())) => {
-                Counters::bump(&policy.counters.call_timeouts);
-                Poll::Ready((Err(BulkheadError::CallTimeout), CallOutcome::TimedOut))
-            }
-            // The time limit cannot be kept (the timer's runtime is gone):
-            // the call is dropped rather than left running unbounded.
-            Poll::Ready(Err(_gone)) => Poll::Ready((
-                Err(BulkheadError::Rejected(
-                    policy.reject_timer_gone(Duration::ZERO),
-                )),
-                CallOutcome::Cancelled,
+    }
+
+    /// Polls the call under `policy`, which must be the same at every poll.
+    #[inline]
+    pub(crate) fn poll_with<T, E>(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        policy: &Policy,
+    ) -> Poll<(Result<T, BulkheadError<E>>, CallOutcome)>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        let this = self.project();
+        poll_run(this.call, this.deadline, policy, cx)
+    }
+}
+
+/// Polls an admitted call, then (once it is pending) its deadline: the
+/// body of [`Run`] and [`Running`].
+fn poll_run<F, T, E>(
+    call: Pin<&mut F>,
+    deadline: Pin<&mut Deadline>,
+    policy: &Policy,
+    cx: &mut Context<'_>,
+) -> Poll<(Result<T, BulkheadError<E>>, CallOutcome)>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    if let Poll::Ready(out) = call.poll(cx) {
+        return Poll::Ready(match out {
+            Ok(value) => (Ok(value), CallOutcome::Success),
+            Err(e) => (Err(BulkheadError::Inner(e)), CallOutcome::Failure),
+        });
+    }
+    let Some(limit) = policy.call_timeout else {
+        return Poll::Pending;
+    };
+    match deadline.poll_at(policy.clock.as_ref(), limit, cx) {
+        Poll::Pending => Poll::Pending,
+        Poll::Ready(Ok(())) => {
+            Counters::bump(&policy.counters.call_timeouts);
+            Poll::Ready((Err(BulkheadError::CallTimeout), CallOutcome::TimedOut))
+        }
+        // The time limit cannot be kept (the timer's runtime is gone):
+        // the call is dropped rather than left running unbounded.
+        Poll::Ready(Err(_gone)) => Poll::Ready((
+            Err(BulkheadError::Rejected(
+                policy.reject_timer_gone(Duration::ZERO),
             )),
-        }
+            CallOutcome::Cancelled,
+        )),
     }
 }
 
@@ -733,26 +887,5 @@ impl Wake for LeakCheck {
         if self.state.load(Ordering::Acquire) == ARMED {
             self.poll_sleep();
         }
-    }
-}
-
-/// A place in the waiting line, given up on drop (also when the waiting
-/// future is cancelled).
-struct Place<'a> {
-    waiting: &'a AtomicUsize,
-    /// How many were waiting before this caller.
-    ahead: usize,
-}
-
-impl<'a> Place<'a> {
-    fn take(waiting: &'a AtomicUsize) -> Self {
-        let ahead = waiting.fetch_add(1, Ordering::Relaxed);
-        Self { waiting, ahead }
-    }
-}
-
-impl Drop for Place<'_> {
-    fn drop(&mut self) {
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
     }
 }

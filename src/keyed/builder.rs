@@ -10,7 +10,7 @@ use super::{Inner, KeyedBulkhead, LabelFn, LimitFn};
 use crate::bulkhead::BulkheadBuilder;
 use crate::bulkhead::{BuildError, BuildErrorKind, Bulkhead, Observer};
 use crate::semaphore::Semaphore;
-use crate::timer::Timer;
+use crate::timer::{Clock, Timer};
 
 /// The default of [`KeyedBulkheadBuilder::max_keys`].
 const DEFAULT_MAX_KEYS: usize = 10_000;
@@ -47,7 +47,7 @@ const DEFAULT_MAX_LABELS: usize = 100;
 /// | `idle_timeout` | none | keys idle this long are evicted as new keys arrive |
 /// | `key_label` | none | a metric label per key, for the keys' bulkhead names |
 /// | `max_labels` | 100 | distinct labels before the rest are `"other"` |
-/// | `timer` | picked by [`default_timer`](crate::timer::default_timer) | where delays come from |
+/// | `timer` | the current runtime's, else [`default_timer`](crate::timer::default_timer)'s fallback | where delays come from |
 /// | `observer` | none | hooks that see every call of every key (and of the built-in global bulkhead) |
 /// | `exporters` | `true` | publish to `metrics` / `tracing` when those features are on |
 ///
@@ -213,6 +213,11 @@ where
     /// call is dropped, its permits released, and
     /// [`KeyedError::CallTimeout`](super::KeyedError::CallTimeout)
     /// returned. Must be greater than zero.
+    ///
+    /// As with [`BulkheadBuilder::call_timeout`], the timer is armed only
+    /// when the call first waits (its first poll returns `Pending`), so a
+    /// call that completes at once costs no timer; the bound counts from
+    /// there.
     pub fn call_timeout(mut self, call_timeout: Duration) -> Self {
         self.call_timeout = Some(call_timeout);
         self
@@ -234,9 +239,20 @@ where
         self
     }
 
-    /// The timer for `max_wait`, `call_timeout` and `leak_threshold`,
-    /// instead of the one [`default_timer`](crate::timer::default_timer)
-    /// picks.
+    /// The timer for `max_wait`, `call_timeout` and `leak_threshold`, for
+    /// the keyed bulkhead and every key's bulkhead, instead of the default
+    /// (as for [`BulkheadBuilder::timer`]: each sleep on the timer of the
+    /// tokio runtime it is made in, else on the fallback that
+    /// [`default_timer`](crate::timer::default_timer) picks outside tokio).
+    /// The bundled timers' sleeps live inline in the waiting futures, so no
+    /// call allocates for them; a timer of your own is asked for a boxed
+    /// [`Sleep`](crate::timer::Sleep) per wait.
+    ///
+    /// [`build`](Self::build) fails with
+    /// [`BuildErrorKind::TimerUnavailable`] inside a tokio runtime without
+    /// a time driver (for the default, or a `TokioTimer` of such a runtime).
+    /// A wait or a call whose timer stops working later is rejected with
+    /// [`Unavailable`](super::KeyedRejectReason::Unavailable).
     pub fn timer(mut self, timer: Arc<dyn Timer>) -> Self {
         self.timer = Some(timer);
         self
@@ -429,14 +445,25 @@ where
         let needs_timer = self.max_wait.is_some_and(|d| !d.is_zero())
             || self.call_timeout.is_some()
             || self.leak_threshold.is_some();
-        let timer = match self.timer {
-            Some(timer) => Some(timer),
-            None if needs_timer => match crate::timer::default_timer() {
-                Some(timer) => Some(timer),
-                None => return fail(BuildErrorKind::NoTimer),
-            },
+        // Resolved once, as `BulkheadBuilder` does: the bundled timers'
+        // sleeps then live inline in the waiting futures. Without a timer
+        // of the user's, every sleep (ours, and each key's bulkhead's) runs
+        // on the timer of the runtime it is made in.
+        let clock = match &self.timer {
+            Some(timer) => Some(Clock::of(timer.clone())),
+            None if needs_timer => Some(Clock::Auto),
             None => None,
         };
+        if let Some(clock) = &clock {
+            // Where it can be known now: a runtime without a time driver,
+            // or no timer at all.
+            if clock.check().is_err() {
+                return fail(match clock {
+                    Clock::Auto if !in_tokio_runtime() => BuildErrorKind::NoTimer,
+                    _ => BuildErrorKind::TimerUnavailable,
+                });
+            }
+        }
 
         // Every key's bulkhead is built from this, with its name and limit.
         let mut template = Bulkhead::builder()
@@ -451,8 +478,8 @@ where
         if let Some(threshold) = self.leak_threshold {
             template = template.leak_threshold(threshold);
         }
-        if let Some(timer) = &timer {
-            template = template.timer(timer.clone());
+        if let Some(timer) = self.timer {
+            template = template.timer(timer);
         }
         for observer in &self.observers {
             template = template.observer(observer.clone());
@@ -496,7 +523,7 @@ where
                 max_labels: self.max_labels,
                 max_wait: self.max_wait,
                 call_timeout: self.call_timeout,
-                timer,
+                clock,
                 global,
                 global_owned,
                 max_keys: self.max_keys,
@@ -532,4 +559,12 @@ impl<K> fmt::Debug for KeyedBulkheadBuilder<K> {
             .field("max_labels", &self.max_labels)
             .finish()
     }
+}
+
+/// Whether this runs inside a tokio runtime.
+fn in_tokio_runtime() -> bool {
+    #[cfg(feature = "tokio")]
+    return ::tokio::runtime::Handle::try_current().is_ok();
+    #[cfg(not(feature = "tokio"))]
+    false
 }

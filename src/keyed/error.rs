@@ -2,9 +2,9 @@
 //! admitted call.
 
 use core::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
+use crate::bulkhead::name::Name;
 use crate::bulkhead::{RejectReason, Rejected};
 
 /// Why a [`KeyedBulkhead`](super::KeyedBulkhead) turned a call away: which
@@ -41,12 +41,17 @@ pub enum KeyedRejectReason {
     TooManyKeys,
     /// The keyed bulkhead (or the global bulkhead it shares) was closed.
     Closed,
+    /// A time limit could not be kept: the timer that bounds the wait (or,
+    /// from [`call`](super::KeyedBulkhead::call), the running call, which
+    /// is then dropped) cannot run, because its tokio runtime has shut down
+    /// or has no time driver.
+    Unavailable,
 }
 
 impl KeyedRejectReason {
     /// A short lowercase label, for metrics and logs: `"key_full"`,
     /// `"key_timeout"`, `"global_full"`, `"global_timeout"`,
-    /// `"too_many_keys"` or `"closed"`.
+    /// `"too_many_keys"`, `"closed"` or `"unavailable"`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::KeyFull => "key_full",
@@ -55,6 +60,7 @@ impl KeyedRejectReason {
             Self::GlobalTimeout => "global_timeout",
             Self::TooManyKeys => "too_many_keys",
             Self::Closed => "closed",
+            Self::Unavailable => "unavailable",
         }
     }
 
@@ -100,8 +106,11 @@ impl fmt::Display for KeyedRejectReason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyedRejected {
     reason: KeyedRejectReason,
-    waited: Duration,
-    name: Arc<str>,
+    /// Nanoseconds, saturating (8 bytes where a `Duration` takes 16).
+    waited_ns: u64,
+    /// Interned (a thin pointer, no reference count to touch), as
+    /// [`Rejected`]'s: every layer a rejection goes through moves it.
+    name: Name,
     max_keys: usize,
     source: Option<Rejected>,
 }
@@ -110,13 +119,13 @@ impl KeyedRejected {
     pub(crate) fn new(
         reason: KeyedRejectReason,
         waited: Duration,
-        name: Arc<str>,
+        name: Name,
         max_keys: usize,
         source: Option<Rejected>,
     ) -> Self {
         Self {
             reason,
-            waited,
+            waited_ns: u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX),
             name,
             max_keys,
             source,
@@ -129,11 +138,12 @@ impl KeyedRejected {
         rejected: Rejected,
         global: bool,
         waited: Duration,
-        name: Arc<str>,
+        name: Name,
         max_keys: usize,
     ) -> Self {
         let reason = match (rejected.reason(), global) {
             (RejectReason::Closed, _) => KeyedRejectReason::Closed,
+            (RejectReason::Unavailable, _) => KeyedRejectReason::Unavailable,
             (RejectReason::Timeout, false) => KeyedRejectReason::KeyTimeout,
             (RejectReason::Timeout, true) => KeyedRejectReason::GlobalTimeout,
             (_, false) => KeyedRejectReason::KeyFull,
@@ -160,12 +170,12 @@ impl KeyedRejected {
     /// global one, before it was turned away (zero when it was rejected at
     /// once).
     pub fn waited(&self) -> Duration {
-        self.waited
+        Duration::from_nanos(self.waited_ns)
     }
 
     /// The name of the keyed bulkhead.
     pub fn name(&self) -> &str {
-        &self.name
+        self.name
     }
 
     /// The rejection of the underlying bulkhead (the key's, or the global
@@ -188,9 +198,9 @@ impl KeyedRejected {
 
 impl fmt::Display for KeyedRejected {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = &self.name;
+        let name = self.name;
         // Whole milliseconds: the timer's jitter below that is noise.
-        let waited = Duration::from_millis(self.waited.as_millis() as u64);
+        let waited = Duration::from_millis(self.waited_ns / 1_000_000);
         match self.reason {
             KeyedRejectReason::KeyFull => {
                 write!(f, "keyed bulkhead {name}: the key is at its limit")
@@ -212,6 +222,10 @@ impl fmt::Display for KeyedRejected {
                 self.max_keys
             ),
             KeyedRejectReason::Closed => write!(f, "keyed bulkhead {name} is closed"),
+            KeyedRejectReason::Unavailable => write!(
+                f,
+                "keyed bulkhead {name} cannot keep its time limits: its timer is not running"
+            ),
         }
     }
 }

@@ -17,6 +17,12 @@
 //!   stamped with the time, under the list's mutex. The stamps never
 //!   decrease from front to back (a stamp read before the lock is raised to
 //!   the back's if a racing caller linked a later one first).
+//! - **Going idle again early**: while the registry is less than half full
+//!   and has no `idle_timeout` (see [`IdleClock`]), a key that goes idle
+//!   while it is still linked with a stamp no earlier than the coarse
+//!   clock's keeps its place, without the mutex (see `Entry::leave`): its
+//!   stamp would not change, and within one tick of the coarse clock the
+//!   order is not kept any finer than that.
 //! - **Going busy** (a first user arrives) does nothing here: unlinking
 //!   would cost every caller of an idle key this mutex. So a linked key may
 //!   be busy. Whoever reads the list (eviction, sweeps) does it holding the
@@ -27,10 +33,27 @@
 //!   linked it: O(1) amortised.
 //!
 //! So every idle key whose last user has finished leaving is linked, at the
-//! place of the moment it went idle, and the front of the list is the
-//! shard's key idle longest once busy keys are cleaned off it. The front's
-//! stamp is published in [`IdleOrder::oldest`] (`u64::MAX` when the list
-//! is empty) for the evictor to compare shards without locking them.
+//! place of the moment it went idle (or, early, of the coarse clock's
+//! tick), and the front of the list is the shard's key idle longest once
+//! busy keys are cleaned off it. The front's stamp is published in
+//! [`IdleOrder::oldest`] (`u64::MAX` when the list is empty) for the
+//! evictor to compare shards without locking them.
+//!
+//! # Stamps
+//!
+//! A stamp is nanoseconds since the registry's epoch, and never later than
+//! the moment the key went idle. Reading the clock costs tens of
+//! nanoseconds on some virtual machines (38 ns on this project's benchmark
+//! machine: more than the rest of an uncontended call), so a key going
+//! idle reads it only when the stamp can matter soon ([`IdleClock`]):
+//! with an `idle_timeout`, which compares stamps with the time, or once
+//! the registry is at least half full, where evicting at the cap compares
+//! them across shards. Below that, a key is stamped with the *coarse*
+//! clock: the time the registry last read (when a new key arrived, at a
+//! sweep), which orders keys across shards by the new keys between them.
+//! Those keys all went idle before any key stamped since the registry
+//! passed half full, so the key idle longest is still evicted first; among
+//! them, the order is kept to the granularity of new keys.
 //!
 //! # Invariants
 //!
@@ -40,12 +63,85 @@
 //!   consistent, `len` of them, with non-decreasing stamps.
 //! - Free slots form one chain through `next` from `free`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 /// No slot: the end of a chain.
 const NIL: u32 = u32::MAX;
+
+/// How stale the coarse clock may get while keys going idle read the
+/// clock anyway: they publish a reading at most this often.
+const COARSE_TICK_NS: u64 = 1_000_000;
+
+/// The time the stamps are taken from, shared by a registry's shards. See
+/// the [module notes](self) on stamps.
+#[derive(Debug)]
+pub(super) struct IdleClock {
+    /// The origin of the stamps.
+    epoch: Instant,
+    /// Whether a key going idle reads the clock: the registry has an
+    /// `idle_timeout`, or is at least half full. Written by the registry
+    /// when that changes (rarely); read by every key going idle.
+    precise: AtomicBool,
+    /// The latest reading the registry published (nanoseconds since the
+    /// epoch): at new keys, sweeps, and at most once per
+    /// [`COARSE_TICK_NS`] by keys going idle. Never later than now.
+    coarse: AtomicU64,
+}
+
+impl IdleClock {
+    pub(super) fn new(precise: bool) -> Self {
+        Self {
+            epoch: Instant::now(),
+            precise: AtomicBool::new(precise),
+            coarse: AtomicU64::new(0),
+        }
+    }
+
+    /// Reads the clock, and publishes the reading as the coarse clock's.
+    pub(super) fn now_ns(&self) -> u64 {
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.coarse.fetch_max(now, Ordering::Relaxed);
+        now
+    }
+
+    /// The stamp of a key going idle now: the clock's reading when it can
+    /// matter soon, else the coarse clock's.
+    #[inline]
+    pub(super) fn stamp(&self) -> u64 {
+        if !self.is_precise() {
+            return self.coarse();
+        }
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        // Published now and then, not each time: a write to a line that
+        // every shard reads.
+        if now.saturating_sub(self.coarse()) >= COARSE_TICK_NS {
+            self.coarse.fetch_max(now, Ordering::Relaxed);
+        }
+        now
+    }
+
+    /// The coarse clock: the latest reading published.
+    #[inline]
+    pub(super) fn coarse(&self) -> u64 {
+        self.coarse.load(Ordering::Relaxed)
+    }
+
+    /// Whether keys going idle read the clock.
+    #[inline]
+    pub(super) fn is_precise(&self) -> bool {
+        self.precise.load(Ordering::Relaxed)
+    }
+
+    /// Sets whether keys going idle read the clock (the registry's fill
+    /// crossed half, or it has an `idle_timeout`); writes only a change.
+    pub(super) fn set_precise(&self, precise: bool) {
+        if self.is_precise() != precise {
+            self.precise.store(precise, Ordering::Relaxed);
+        }
+    }
+}
 
 /// One shard's idle order, shared by the shard and its entries.
 pub(super) struct IdleOrder {
@@ -58,22 +154,24 @@ pub(super) struct IdleOrder {
     /// without it by the evictor choosing a shard, which then checks under
     /// the lock.
     oldest: AtomicU64,
-    /// The origin of the stamps; the same for every shard of one registry.
-    epoch: Instant,
+    /// Where the stamps come from; the same for every shard of one
+    /// registry.
+    clock: Arc<IdleClock>,
 }
 
 impl IdleOrder {
-    pub(super) fn new(epoch: Instant) -> Self {
+    pub(super) fn new(clock: Arc<IdleClock>) -> Self {
         Self {
             list: Mutex::new(IdleList::new()),
             oldest: AtomicU64::new(u64::MAX),
-            epoch,
+            clock,
         }
     }
 
-    /// Nanoseconds since the registry's epoch.
-    pub(super) fn now_ns(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    /// The registry's stamp clock.
+    #[inline]
+    pub(super) fn clock(&self) -> &IdleClock {
+        &self.clock
     }
 
     /// The stamp of the front as last published: when the shard's key idle
@@ -206,8 +304,8 @@ impl IdleList {
     }
 
     /// Puts `slot` at the back, stamped `now` (or the back's stamp, if that
-    /// is later: stamps never decrease along the list).
-    pub(super) fn push_back(&mut self, slot: u32, now: u64) {
+    /// is later: stamps never decrease along the list). Returns the stamp.
+    pub(super) fn push_back(&mut self, slot: u32, now: u64) -> u64 {
         self.unlink(slot);
         let stamp = match self.tail {
             NIL => now,
@@ -226,6 +324,7 @@ impl IdleList {
         }
         self.tail = slot;
         self.len += 1;
+        stamp
     }
 
     /// Takes `slot` out of the order, if it is in it.
@@ -369,7 +468,7 @@ mod tests {
 
     #[test]
     fn the_front_stamp_is_published_when_the_lock_is_released() {
-        let order = IdleOrder::new(Instant::now());
+        let order = IdleOrder::new(Arc::new(IdleClock::new(false)));
         assert_eq!(order.oldest(), u64::MAX);
         let (a, b) = {
             let mut list = order.lock();

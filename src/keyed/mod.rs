@@ -67,11 +67,15 @@
 //!
 //! A call for a tracked key takes no lock that all keys share: the keys are
 //! spread over shards by hash, and finding one takes its shard's read lock
-//! and an atomic increment. When a key's last call ends, the key moves to
-//! the back of its shard's idle order (that shard's mutex and a clock
-//! read), so that a new key at the `max_keys` cap evicts the key idle
-//! longest in constant time, however many keys are tracked. The first call
-//! for a key builds its bulkhead, with no lock held.
+//! and an atomic increment; its permits are taken through the bulkheads'
+//! own fast path, and its timers (`max_wait`, `call_timeout`) are armed
+//! only once something waits, inline: no call on a tracked key allocates.
+//! When a key's last call ends, the key moves to the back of its shard's
+//! idle order (that shard's mutex; and a clock read with an `idle_timeout`
+//! or from half of `max_keys` on), so that a new key at the `max_keys` cap
+//! evicts the key idle longest in constant time, however many keys are
+//! tracked. The first call for a key builds its bulkhead, with no lock
+//! held. See `docs/keyed.md` for the numbers.
 
 mod builder;
 mod entry;
@@ -91,18 +95,16 @@ use core::borrow::Borrow;
 use core::fmt;
 use core::future::{Future, poll_fn};
 use core::hash::Hash;
-use core::pin::{Pin, pin};
+use core::pin::pin;
 use core::task::Poll;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use event_listener::{Event, EventListener};
-
-use crate::bulkhead::{Bulkhead, BulkheadBuilder, BulkheadPermit, CallOutcome, Rejected};
+use crate::bulkhead::name::Name;
+use crate::bulkhead::{Bulkhead, BulkheadBuilder, CallOutcome, Rejected};
 use crate::semaphore::Semaphore;
-use crate::timer::timeout::Timeout;
-use crate::timer::{Sleep, Timer};
+use crate::timer::{Clock, Deadline};
 use entry::Entry;
 use labels::Labels;
 use permit::User;
@@ -167,7 +169,7 @@ struct Config<K> {
     max_labels: usize,
     max_wait: Option<Duration>,
     call_timeout: Option<Duration>,
-    timer: Option<Arc<dyn Timer>>,
+    clock: Option<Clock>,
     global: Option<Bulkhead>,
     global_owned: bool,
     max_keys: usize,
@@ -177,6 +179,8 @@ struct Config<K> {
 /// The state every clone shares.
 struct Inner<K> {
     name: Arc<str>,
+    /// `name`, interned, for rejections (see [`KeyedRejected`]).
+    interned: Name,
     /// Every key's bulkhead is built from this, with its name and limit.
     template: BulkheadBuilder,
     default_limit: usize,
@@ -186,8 +190,11 @@ struct Inner<K> {
     /// The budget for both waits.
     max_wait: Option<Duration>,
     call_timeout: Option<Duration>,
-    /// Present whenever `max_wait` is non-zero or `call_timeout` is set.
-    timer: Option<Arc<dyn Timer>>,
+    /// The timer of the budget's global stage and of `call_timeout`,
+    /// resolved once by the builder: present whenever `max_wait` is
+    /// non-zero, `call_timeout` or `leak_threshold` is set. (Each key's
+    /// bulkhead resolves the same timer for its own wait.)
+    clock: Option<Clock>,
     global: Option<Bulkhead>,
     /// Whether `global` was made by the builder (and is closed with us).
     global_owned: bool,
@@ -202,11 +209,13 @@ struct Inner<K> {
     limits: Mutex<()>,
     /// Set by `close` before it collects the entries to close (an insert
     /// checks it with its shard locked: see the registry's notes), then
-    /// `closing` is notified.
+    /// `closing` is closed.
     closed: AtomicBool,
-    /// Wakes callers waiting for a global permit when we close: a shared
-    /// global bulkhead is not closed with us.
-    closing: Event,
+    /// Wakes callers waiting for a global permit when we close (a shared
+    /// global bulkhead is not closed with us): a semaphore with no permits,
+    /// which such a caller waits on (an intrusive waiter, no allocation)
+    /// until `close` closes it.
+    closing: Semaphore,
     counters: Counters,
 }
 
@@ -293,24 +302,43 @@ where
         F: Future<Output = Result<T, E>>,
     {
         let inner = &*self.inner;
-        let mut permit = inner.acquire(key).await?;
-        permit.set_outcome(CallOutcome::Cancelled);
-        let result = match (inner.call_timeout, &inner.timer) {
-            (Some(limit), Some(timer)) => match Timeout::new(call, timer.sleep(limit)).await {
-                Ok(out) => out.map_err(KeyedError::Inner),
-                Err(_elapsed) => {
-                    bump(&permit.user.entry.call_timeouts);
-                    Err(KeyedError::CallTimeout)
-                }
-            },
-            _ => call.await.map_err(KeyedError::Inner),
+        // Dropped in place, at the end, in the reverse order: the global
+        // permit, the key's, then the user count (see `KeyedPermit`). The
+        // permits are borrowed from the entry the user keeps alive, so that
+        // nothing is cloned for them; until their outcome is set they go
+        // back as `Cancelled`.
+        let user = inner.enter(key)?;
+        let entry = &*user.entry;
+        // `if let`, not `match`: the decision is not kept across the wait.
+        let mut start = None;
+        let mut key_held = if let Some(held) = entry.bulkhead.hold_now(true) {
+            held.map_err(|r| inner.key_rejected(r))?
+        } else {
+            // Only a call that waits for its key starts the budget's clock
+            // before the global stage.
+            start = inner.budget_clock();
+            let held = entry.bulkhead.hold_waiting().await;
+            held.map_err(|r| inner.key_rejected(r))?
         };
-        permit.set_outcome(match &result {
-            Ok(_) => CallOutcome::Success,
-            Err(KeyedError::CallTimeout) => CallOutcome::TimedOut,
-            Err(_) => CallOutcome::Failure,
-        });
-        drop(permit);
+        let mut global_held = match &inner.global {
+            None => None,
+            Some(global) => {
+                let now = |may_wait| global.hold_now(may_wait);
+                let held = if let Some(held) = inner.global_now(entry, start, now) {
+                    held?
+                } else {
+                    let wait = || global.hold_waiting();
+                    inner.wait_global(entry, start, wait).await?
+                };
+                bump(&entry.admitted);
+                Some(held)
+            }
+        };
+        let (result, outcome) = inner.run(entry, call).await;
+        if let Some(global_held) = &mut global_held {
+            global_held.set_outcome(outcome);
+        }
+        key_held.set_outcome(outcome);
         result
     }
 
@@ -388,14 +416,16 @@ where
         let global = match &inner.global {
             None => None,
             Some(global) => match global.try_acquire() {
-                Ok(permit) => Some(permit),
+                Ok(permit) => {
+                    bump(&user.entry.admitted);
+                    Some(permit)
+                }
                 Err(rejected) => {
                     key_permit.set_outcome(CallOutcome::Cancelled);
                     return Err(inner.global_rejected(&user.entry, rejected, Duration::ZERO));
                 }
             },
         };
-        bump(&user.entry.admitted);
         Ok(KeyedPermit {
             global,
             key: key_permit,
@@ -509,7 +539,7 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let (key, entry) = self.inner.registry.get(key)?;
-        Some(entry.metrics(key))
+        Some(entry.metrics(key, self.inner.global.is_some()))
     }
 
     /// A snapshot of every tracked key, in no particular order. Sort it to
@@ -528,7 +558,11 @@ where
     /// ```
     pub fn snapshot(&self) -> Vec<KeyMetrics<K>> {
         let entries = self.inner.registry.snapshot();
-        entries.into_iter().map(|(k, e)| e.metrics(k)).collect()
+        let global = self.inner.global.is_some();
+        entries
+            .into_iter()
+            .map(|(k, e)| e.metrics(k, global))
+            .collect()
     }
 
     /// The global bulkhead, if there is a global limit: to read its
@@ -610,7 +644,7 @@ where
         inner.closed.store(true, Ordering::SeqCst);
         // After the flag: an insert either saw it or is collected here.
         let entries = inner.registry.entries();
-        inner.closing.notify(usize::MAX);
+        inner.closing.close();
         for entry in &entries {
             entry.bulkhead.close();
         }
@@ -666,13 +700,14 @@ where
             max_labels,
             max_wait,
             call_timeout,
-            timer,
+            clock,
             global,
             global_owned,
             max_keys,
             idle_timeout,
         } = config;
         Self {
+            interned: crate::bulkhead::name::intern(&name),
             name,
             template,
             default_limit,
@@ -681,13 +716,13 @@ where
             labels: Labels::new(max_labels),
             max_wait,
             call_timeout,
-            timer,
+            clock,
             global,
             global_owned,
             registry: Registry::new(max_keys, idle_timeout.map(nanos)),
             limits: Mutex::new(()),
             closed: AtomicBool::new(false),
-            closing: Event::new(),
+            closing: Semaphore::new(0),
             counters: Counters::default(),
         }
     }
@@ -701,22 +736,48 @@ where
         }
     }
 
+    /// When a call's `max_wait` budget starts, read only by a caller that
+    /// has to wait for its key (the budget then covers both waits), and
+    /// only if there is a global stage to spend the rest on.
+    #[inline]
+    fn budget_clock(&self) -> Option<Instant> {
+        self.global.as_ref().map(|_| Instant::now())
+    }
+
     async fn acquire<Q>(&self, key: &Q) -> Result<KeyedPermit, KeyedRejected>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        // The budget's clock: only the global stage reads it.
-        let start = self.global.as_ref().map(|_| Instant::now());
         let user = self.enter(key)?;
-        let mut key_permit = match user.entry.bulkhead.acquire().await {
-            Ok(permit) => permit,
-            Err(rejected) => return Err(self.key_rejected(rejected)),
+        let mut start = None;
+        let acquired = {
+            let mut acquiring = pin!(user.entry.bulkhead.acquire());
+            poll_fn(|cx| {
+                let polled = acquiring.as_mut().poll(cx);
+                if polled.is_pending() && start.is_none() {
+                    start = self.budget_clock();
+                }
+                polled
+            })
+            .await
         };
-        let global = match (&self.global, start) {
-            (Some(global), Some(start)) => {
-                match self.acquire_global(global, &user.entry, start).await {
-                    Ok(permit) => Some(permit),
+        let mut key_permit = acquired.map_err(|r| self.key_rejected(r))?;
+        let global = match &self.global {
+            None => None,
+            Some(global) => {
+                let now = |may_wait: bool| (!may_wait).then(|| global.try_acquire());
+                let admitted = if let Some(admitted) = self.global_now(&user.entry, start, now) {
+                    admitted
+                } else {
+                    let wait = || global.acquire();
+                    self.wait_global(&user.entry, start, wait).await
+                };
+                match admitted {
+                    Ok(permit) => {
+                        bump(&user.entry.admitted);
+                        Some(permit)
+                    }
                     Err(rejected) => {
                         // The call never ran: the key's observers see it as
                         // cancelled.
@@ -725,10 +786,7 @@ where
                     }
                 }
             }
-            // No global limit (`start` is `Some` exactly when there is one).
-            _ => None,
         };
-        bump(&user.entry.admitted);
         Ok(KeyedPermit {
             global,
             key: key_permit,
@@ -736,64 +794,143 @@ where
         })
     }
 
-    /// The second stage: a global permit, within what is left of the
-    /// `max_wait` budget that started at `start`. The caller holds its
-    /// key's permit meanwhile.
-    async fn acquire_global(
+    /// The second stage without waiting: `Some` if it is decided at once (a
+    /// global permit, or a rejection), `None` if the caller is to wait
+    /// ([`wait_global`](Self::wait_global)). The budget started at `start`
+    /// if the caller waited for its key (else it is whole); the caller
+    /// holds its key's permit meanwhile. `now(may_wait)` is the global
+    /// bulkhead's decision without waiting (`None`: the caller is to wait,
+    /// never so without `may_wait`).
+    #[inline]
+    fn global_now<P>(
         &self,
-        global: &Bulkhead,
         entry: &Entry,
-        start: Instant,
-    ) -> Result<BulkheadPermit, KeyedRejected> {
-        if let Some(max_wait) = self.max_wait.filter(|w| *w <= start.elapsed()) {
-            // Fail fast, or the key's wait used the whole budget: a free
-            // global permit is still taken.
-            return global.try_acquire().map_err(|r| {
-                let rejected = self.global_rejected(entry, r, start.elapsed());
-                if max_wait.is_zero() {
-                    rejected
-                } else {
-                    rejected.budget_spent()
-                }
+        start: Option<Instant>,
+        now: impl FnOnce(bool) -> Option<Result<P, Rejected>>,
+    ) -> Option<Result<P, KeyedRejected>> {
+        let waited = || start.map_or(Duration::ZERO, |start| start.elapsed());
+        let spent = match (self.max_wait, start) {
+            (Some(max_wait), _) if max_wait.is_zero() => Some(false),
+            (Some(max_wait), Some(start)) if start.elapsed() >= max_wait => Some(true),
+            _ => None,
+        };
+        let Some(spent) = spent else {
+            return Some(match now(true)? {
+                Ok(permit) => Ok(permit),
+                Err(r) => Err(self.global_rejected(entry, r, waited())),
             });
-        }
-        let mut acquire = pin!(global.acquire());
-        // Made the first time the acquire is pending, so an uncontended
-        // call makes no sleep and no listener.
+        };
+        // Fail fast, or the key's wait used the whole budget: a free
+        // global permit is still taken.
+        let decided = now(false).expect("without waiting, admission is decided at once");
+        Some(decided.map_err(|r| {
+            let rejected = self.global_rejected(entry, r, waited());
+            if spent {
+                rejected.budget_spent()
+            } else {
+                rejected
+            }
+        }))
+    }
+
+    /// Waits for a global permit, after [`global_now`](Self::global_now)
+    /// said `None`: `wait()` is the global bulkhead's admission, waited for
+    /// with what is left of the budget, until we close. What the wait needs
+    /// lives inline (no allocation): the gauge, the listener for `close` (a
+    /// waiter on `closing`) and the deadline, all made the first time the
+    /// admission is pending.
+    async fn wait_global<P, W>(
+        &self,
+        entry: &Entry,
+        start: Option<Instant>,
+        wait: impl FnOnce() -> W,
+    ) -> Result<P, KeyedRejected>
+    where
+        W: Future<Output = Result<P, Rejected>>,
+    {
+        // Made here, not passed in: a future moved into an `async fn` is
+        // stored twice in its state.
+        let mut wait = pin!(wait());
+        let mut closing = pin!(self.closing.acquire());
+        let mut deadline = pin!(Deadline::new());
         let mut waiting: Option<Counted<'_>> = None;
-        let mut closing: Option<EventListener> = None;
-        let mut deadline: Option<Sleep> = None;
+        let mut begun = start;
         let outcome = poll_fn(|cx| {
-            if let Poll::Ready(acquired) = acquire.as_mut().poll(cx) {
+            if let Poll::Ready(acquired) = wait.as_mut().poll(cx) {
                 return Poll::Ready(acquired.map_err(GlobalFailure::Rejected));
             }
             waiting.get_or_insert_with(|| Counted::new(&entry.waiting_global));
-            // `close` sets the flag, then notifies: listen, then look.
-            let listener = closing.get_or_insert_with(|| self.closing.listen());
-            if self.closed.load(Ordering::SeqCst) || Pin::new(listener).poll(cx).is_ready() {
+            let begun = *begun.get_or_insert_with(Instant::now);
+            // `close` sets the flag, then closes `closing`, which wakes
+            // every waiter on it and fails every later poll.
+            if closing.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Err(GlobalFailure::Closed));
             }
-            if let (Some(max_wait), Some(timer)) = (self.max_wait, &self.timer) {
-                let sleep = deadline
-                    .get_or_insert_with(|| timer.sleep(max_wait.saturating_sub(start.elapsed())));
-                if sleep.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Err(GlobalFailure::Timeout));
-                }
-            }
-            Poll::Pending
+            let Some(max_wait) = self.max_wait else {
+                return Poll::Pending;
+            };
+            // What is left of the budget, read only to arm the deadline.
+            let left = match deadline.is_armed() {
+                true => Duration::ZERO,
+                false => max_wait.saturating_sub(begun.elapsed()),
+            };
+            deadline
+                .as_mut()
+                .poll_at(self.clock.as_ref(), left, cx)
+                .map(|expired| match expired {
+                    Ok(()) => Err(GlobalFailure::Timeout),
+                    Err(_gone) => Err(GlobalFailure::Unavailable),
+                })
         })
         .await;
-        let waited = start.elapsed();
-        match outcome {
-            Ok(permit) => Ok(permit),
-            Err(GlobalFailure::Rejected(r)) => Err(self.global_rejected(entry, r, waited)),
-            Err(GlobalFailure::Closed) => {
-                Err(self.global_gave_up(entry, KeyedRejectReason::Closed, waited))
+        let waited = || begun.map_or(Duration::ZERO, |begun| begun.elapsed());
+        let reason = match outcome {
+            Ok(permit) => return Ok(permit),
+            Err(GlobalFailure::Rejected(r)) => {
+                return Err(self.global_rejected(entry, r, waited()));
             }
-            Err(GlobalFailure::Timeout) => {
-                Err(self.global_gave_up(entry, KeyedRejectReason::GlobalTimeout, waited))
-            }
-        }
+            Err(GlobalFailure::Closed) => KeyedRejectReason::Closed,
+            Err(GlobalFailure::Timeout) => KeyedRejectReason::GlobalTimeout,
+            Err(GlobalFailure::Unavailable) => KeyedRejectReason::Unavailable,
+        };
+        Err(self.global_gave_up(entry, reason, waited()))
+    }
+
+    /// Runs an admitted call under `call_timeout`, whose deadline is armed
+    /// only once the call is pending (a call that finishes on its first
+    /// poll makes no timer entry). Resolves to the result and how the call
+    /// ended, for the observers; the call is dropped before this returns.
+    async fn run<F, T, E>(&self, entry: &Entry, call: F) -> (Result<T, KeyedError<E>>, CallOutcome)
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        let mut call = pin!(call);
+        let mut deadline = pin!(Deadline::new());
+        poll_fn(|cx| {
+            Poll::Ready(match call.as_mut().poll(cx) {
+                Poll::Ready(Ok(value)) => (Ok(value), CallOutcome::Success),
+                Poll::Ready(Err(e)) => (Err(KeyedError::Inner(e)), CallOutcome::Failure),
+                Poll::Pending => {
+                    let Some(limit) = self.call_timeout else {
+                        return Poll::Pending;
+                    };
+                    match deadline.as_mut().poll_at(self.clock.as_ref(), limit, cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Ok(())) => {
+                            bump(&entry.call_timeouts);
+                            (Err(KeyedError::CallTimeout), CallOutcome::TimedOut)
+                        }
+                        // The limit cannot be kept: the call is dropped
+                        // rather than left running unbounded.
+                        Poll::Ready(Err(_gone)) => (
+                            Err(KeyedError::Rejected(self.unavailable())),
+                            CallOutcome::Cancelled,
+                        ),
+                    }
+                }
+            })
+        })
+        .await
     }
 
     /// Looks `key` up, tracking it if it is new, and counts the caller as
@@ -824,7 +961,9 @@ where
             .key_label
             .as_ref()
             .map(|key_label| self.labels.assign(key_label(&key)));
-        let bulkhead = self.make_bulkhead(limit, label.as_deref());
+        let Some(bulkhead) = self.make_bulkhead(limit, label.as_deref()) else {
+            return Err(self.unavailable());
+        };
         match self
             .registry
             .insert(hash, key, bulkhead, label, limit, &self.closed)
@@ -836,7 +975,7 @@ where
                 Err(KeyedRejected::new(
                     KeyedRejectReason::TooManyKeys,
                     Duration::ZERO,
-                    self.name.clone(),
+                    self.interned,
                     self.registry.max_keys(),
                     None,
                 ))
@@ -844,7 +983,12 @@ where
         }
     }
 
-    fn make_bulkhead(&self, limit: usize, label: Option<&str>) -> Bulkhead {
+    /// A key's bulkhead, or `None` if its timer cannot run here: the
+    /// template was checked by `KeyedBulkheadBuilder::build`, so that is
+    /// the only way building it can fail (the default timer, asked for by
+    /// a key first seen inside a tokio runtime without a time driver; a
+    /// `TokioTimer` whose runtime is gone).
+    fn make_bulkhead(&self, limit: usize, label: Option<&str>) -> Option<Bulkhead> {
         let name = match label {
             Some(label) => format!("{}[{label}]", self.name),
             None => self.name.to_string(),
@@ -855,12 +999,24 @@ where
             .name(name)
             .max_concurrent_calls(limit.max(1))
             .build()
-            .expect("the template was checked by KeyedBulkheadBuilder::build");
+            .ok()?;
         if limit == 0 {
             // Not shared yet: nobody waits on it.
             bulkhead.set_max_concurrent_calls(0);
         }
-        bulkhead
+        Some(bulkhead)
+    }
+
+    /// A time limit cannot be kept: the timer cannot run here.
+    #[cold]
+    fn unavailable(&self) -> KeyedRejected {
+        KeyedRejected::new(
+            KeyedRejectReason::Unavailable,
+            Duration::ZERO,
+            self.interned,
+            self.registry.max_keys(),
+            None,
+        )
     }
 
     fn rejected_closed(&self) -> KeyedRejected {
@@ -868,7 +1024,7 @@ where
         KeyedRejected::new(
             KeyedRejectReason::Closed,
             Duration::ZERO,
-            self.name.clone(),
+            self.interned,
             self.registry.max_keys(),
             None,
         )
@@ -880,7 +1036,7 @@ where
             rejected,
             false,
             waited,
-            self.name.clone(),
+            self.interned,
             self.registry.max_keys(),
         )
     }
@@ -897,13 +1053,14 @@ where
             rejected,
             true,
             waited,
-            self.name.clone(),
+            self.interned,
             self.registry.max_keys(),
         )
     }
 
     /// The wait for a global permit ended without the global bulkhead
-    /// saying no: our budget ran out, or we were closed.
+    /// saying no: our budget ran out (or its timer cannot run), or we were
+    /// closed.
     fn global_gave_up(
         &self,
         entry: &Entry,
@@ -915,7 +1072,7 @@ where
         KeyedRejected::new(
             reason,
             waited,
-            self.name.clone(),
+            self.interned,
             self.registry.max_keys(),
             None,
         )
@@ -927,6 +1084,8 @@ enum GlobalFailure {
     Rejected(Rejected),
     Closed,
     Timeout,
+    /// The budget's timer cannot run.
+    Unavailable,
 }
 
 /// Counts a caller in a gauge until dropped.
@@ -953,6 +1112,7 @@ impl<K> fmt::Debug for KeyedBulkhead<K> {
             .field("keys_tracked", &inner.registry.len())
             .field("max_keys", &inner.registry.max_keys())
             .field("global", &inner.global)
+            .field("timer", &inner.clock)
             .field("closed", &inner.closed.load(Ordering::SeqCst))
             .finish_non_exhaustive()
     }

@@ -12,7 +12,7 @@
 //! | path | locks |
 //! |---|---|
 //! | a call for a tracked key: find it, count a user | its shard's map, read |
-//! | a user leaves | none; the last one: its shard's idle order |
+//! | a user leaves | none; the last one: its shard's idle order, unless the key keeps its place (see [`idle`](super::idle)) |
 //! | a new key | a victim's shard (map, write; then its order), then its own shard (map, write; then its order, for a slot) |
 //! | `evict_idle`, the `idle_timeout` sweep | each shard's map (write) and order in turn |
 //! | `set_limit_for`, `clear_limit_for` | the key's shard's map, write |
@@ -59,12 +59,11 @@ use core::hash::{BuildHasher, Hash};
 use std::collections::hash_map::RandomState;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Instant;
 
 use hashbrown::HashTable;
 
 use super::entry::Entry;
-use super::idle::{Idle, IdleList, IdleOrder};
+use super::idle::{Idle, IdleClock, IdleList, IdleOrder};
 use super::permit::User;
 use crate::bulkhead::Bulkhead;
 
@@ -94,6 +93,8 @@ pub(super) struct Registry<K> {
     /// `max_keys`.
     len: AtomicUsize,
     idle_timeout_ns: Option<u64>,
+    /// The stamps' clock, shared with every shard's idle order.
+    clock: Arc<IdleClock>,
     /// When idle keys were last swept out (nanoseconds since the epoch).
     last_sweep_ns: AtomicU64,
     keys_created: AtomicU64,
@@ -170,7 +171,7 @@ where
     K: Hash + Eq + Clone,
 {
     pub(super) fn new(max_keys: usize, idle_timeout_ns: Option<u64>) -> Self {
-        let epoch = Instant::now();
+        let clock = Arc::new(IdleClock::new(precise(idle_timeout_ns, 0, max_keys)));
         Self {
             hasher: RandomState::new(),
             shards: (0..SHARDS)
@@ -179,12 +180,13 @@ where
                         keys: HashTable::new(),
                         overrides: HashTable::new(),
                     }),
-                    idle: Arc::new(IdleOrder::new(epoch)),
+                    idle: Arc::new(IdleOrder::new(clock.clone())),
                 })
                 .collect(),
             max_keys,
             len: AtomicUsize::new(0),
             idle_timeout_ns,
+            clock,
             last_sweep_ns: AtomicU64::new(0),
             keys_created: AtomicU64::new(0),
             keys_evicted: AtomicU64::new(0),
@@ -203,7 +205,15 @@ where
     }
 
     fn now_ns(&self) -> u64 {
-        self.shards[0].idle.now_ns()
+        self.clock.now_ns()
+    }
+
+    /// `len` changed: keys going idle read the clock from half full on
+    /// (see the [idle order's notes](super::idle) on stamps).
+    fn note_len(&self) {
+        let len = self.len.load(Ordering::Relaxed);
+        self.clock
+            .set_precise(precise(self.idle_timeout_ns, len, self.max_keys));
     }
 
     /// Counts the caller as a user of `key`, if it is tracked.
@@ -258,11 +268,17 @@ where
         if !self.take_place(evicted) {
             return Err(Refused::TooManyKeys);
         }
+        self.note_len();
+        if !self.clock.is_precise() {
+            // The coarse clock ticks with new keys.
+            self.now_ns();
+        }
         let shard = self.shard(hash);
         let mut map = write(shard);
         if closed.load(Ordering::SeqCst) {
             drop(map);
             self.len.fetch_sub(1, Ordering::Relaxed);
+            self.note_len();
             return Err(Refused::Closed);
         }
         if let Some((_, entry)) = map.keys.find(hash, |(k, _)| *k == key) {
@@ -270,6 +286,7 @@ where
             let user = User::enter(entry);
             drop(map);
             self.len.fetch_sub(1, Ordering::Relaxed);
+            self.note_len();
             return Ok(user);
         }
         // An override recorded before this point is applied here; one
@@ -333,10 +350,11 @@ where
                 let Some(front) = order.front() else {
                     break None;
                 };
-                if map.entry_of(front).is_idle() {
+                let entry = map.entry_of(front);
+                if entry.is_idle() {
                     break Some(front);
                 }
-                order.unlink(front.slot);
+                entry.unlink_busy(&mut order);
             };
             let Some(front) = front else {
                 continue;
@@ -409,15 +427,17 @@ where
             let mut at = order.front();
             while let Some(idle) = at.filter(|idle| idle.stamp <= cutoff) {
                 at = order.next(idle.slot);
-                if map.entry_of(idle).is_idle() {
+                let entry = map.entry_of(idle);
+                if entry.is_idle() {
                     evicted.push(map.evict(&mut order, idle));
                 } else {
-                    order.unlink(idle.slot);
+                    entry.unlink_busy(&mut order);
                 }
             }
         }
         let count = evicted.len() - before;
         self.len.fetch_sub(count, Ordering::Relaxed);
+        self.note_len();
         self.keys_evicted.fetch_add(count as u64, Ordering::Relaxed);
     }
 
@@ -500,6 +520,12 @@ where
     }
 }
 
+/// Whether keys going idle read the clock, with `len` of `max_keys`
+/// tracked: with an `idle_timeout`, or from half full on.
+fn precise(idle_timeout_ns: Option<u64>, len: usize, max_keys: usize) -> bool {
+    idle_timeout_ns.is_some() || len >= max_keys / 2
+}
+
 fn read<K>(shard: &Shard<K>) -> RwLockReadGuard<'_, Map<K>> {
     shard.map.read().unwrap_or_else(PoisonError::into_inner)
 }
@@ -575,6 +601,33 @@ mod tests {
         assert_eq!(r.len(), 0);
         assert!(r.keys().is_empty());
         r.assert_valid();
+    }
+
+    /// The race `Entry::leave` and `Entry::unlink_busy` settle: a cleaner
+    /// sees a key busy, its last user leaves (keeping its place, without
+    /// the order's lock, since stamps are coarse below half full), and then
+    /// the cleaner unlinks it. The cleaner must link it again: an idle key
+    /// left out of the order could never be evicted.
+    #[test]
+    fn a_key_whose_last_user_leaves_while_it_is_cleaned_is_linked_again() {
+        let r = registry(64);
+        drop(track(&r, 1).ok().unwrap());
+        let user = track(&r, 1).ok().unwrap();
+        let shard = r.shard(r.hash(&1));
+        {
+            let map = write(shard);
+            let mut order = shard.idle.lock();
+            let front = order.front().expect("linked when it first went idle");
+            let entry = map.entry_of(front).clone();
+            assert!(!entry.is_idle());
+            // Takes no lock: the cleaner holds both.
+            std::thread::spawn(move || drop(user)).join().unwrap();
+            assert!(entry.is_idle());
+            entry.unlink_busy(&mut order);
+            assert_eq!(order.front().map(|f| f.slot), Some(entry.slot));
+        }
+        r.assert_valid();
+        assert_eq!(r.evict_idle(), 1);
     }
 
     #[test]

@@ -67,7 +67,10 @@
 //! again by the same task, and no waker is woken or dropped under the lock.
 
 mod clock;
+mod deadline;
 mod thread;
+// A race against a boxed `Sleep`, for the Redis backend's own waits.
+#[cfg(feature = "redis")]
 pub(crate) mod timeout;
 
 #[cfg(feature = "async-io")]
@@ -76,6 +79,7 @@ mod async_io;
 mod tokio;
 
 pub(crate) use clock::{Clock, ClockSleep, TimerGone};
+pub(crate) use deadline::Deadline;
 pub use thread::{ThreadSleep, ThreadTimer};
 
 #[cfg(feature = "async-io")]
