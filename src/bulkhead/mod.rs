@@ -585,6 +585,9 @@ impl Future for Admission {
 /// Polls an [`Admission`]'s wait; once it ends, drops it (a rejected wait
 /// gives its acquire back first, and `wait_idle` looks again, as on
 /// `Queued`'s drop).
+// Inline: its result, returned through memory, costs a store-forwarding
+// stall on the tower layer's waiting path.
+#[inline]
 fn poll_waiting(
     mut waiting: Pin<&mut Option<Waiting<QueuedOwned>>>,
     shared: &Shared,
