@@ -198,15 +198,19 @@ fn thread_timer_paths_allocate_nothing() {
 }
 
 #[cfg(feature = "tokio")]
+/// This test thread's own current-thread runtime (made once per thread and
+/// kept): a runtime shared by tests on parallel threads lets one thread run
+/// the other's timer work, and count its allocations.
 fn tokio_runtime() -> &'static tokio::runtime::Runtime {
-    use std::sync::OnceLock;
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    })
+    thread_local! {
+        static RT: &'static tokio::runtime::Runtime = Box::leak(Box::new(
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+        ));
+    }
+    RT.with(|rt| *rt)
 }
 
 #[cfg(feature = "tokio")]
