@@ -149,5 +149,7 @@ pub mod observer {
 /// The named future types, so they can be stored in structs and polled by
 /// hand.
 pub mod futures {
+    #[cfg(not(loom))]
+    pub use crate::bulkhead::Call;
     pub use crate::semaphore::{Acquire, AcquireOwned};
 }

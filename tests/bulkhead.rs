@@ -625,3 +625,151 @@ fn leak_detection_reports_permits_held_too_long() {
         bulkhead::BuildErrorKind::ZeroLeakThreshold
     );
 }
+
+/// A timer whose sleeps complete once `fire` is set (and are polled again),
+/// and that counts the sleeps it made.
+#[derive(Debug, Default)]
+struct GateTimer {
+    fire: Arc<std::sync::atomic::AtomicBool>,
+    made: AtomicUsize,
+}
+
+impl bulkhead::timer::Timer for GateTimer {
+    fn sleep(&self, _: Duration) -> bulkhead::timer::Sleep {
+        self.made.fetch_add(1, Ordering::SeqCst);
+        let fire = self.fire.clone();
+        Box::pin(std::future::poll_fn(move |_| {
+            if fire.load(Ordering::SeqCst) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        }))
+    }
+}
+
+/// `call`'s future is a named type that can be stored, and is `Send` when
+/// the call is.
+#[test]
+fn the_call_future_is_named_and_send() {
+    fn send<T: Send>(_: &T) {}
+    struct Stored<'a> {
+        fut: bulkhead::futures::Call<'a, std::future::Ready<Result<u8, ()>>>,
+    }
+    let bh = bulkhead(1);
+    let stored = Stored {
+        fut: bh.call(std::future::ready(Ok(7))),
+    };
+    send(&stored.fut);
+    assert!(format!("{:?}", stored.fut).contains("Start"));
+    assert_eq!(block_on(stored.fut), Ok(7));
+}
+
+/// A call whose `max_wait` runs out leaves the semaphore's line when it
+/// returns, not when it is dropped: the caller behind it is served by the
+/// next release while the timed-out future is still alive.
+#[test]
+fn a_call_out_of_time_leaves_the_line_before_it_is_dropped() {
+    let timer = Arc::new(GateTimer::default());
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_wait(Duration::from_secs(60))
+        .timer(timer.clone())
+        .build()
+        .unwrap();
+    let held = bh.try_acquire().unwrap();
+    let mut first = pin!(bh.call(async { Ok::<_, ()>("first") }));
+    assert!(poll_noop(first.as_mut()).is_pending());
+    let mut second = pin!(bh.acquire());
+    assert!(poll_noop(second.as_mut()).is_pending());
+    assert_eq!(bh.metrics().queued(), 2);
+    // The first caller's wait runs out (the second's sleep, armed on the
+    // same gate, is not polled until it is woken).
+    timer.fire.store(true, Ordering::SeqCst);
+    let Poll::Ready(Err(BulkheadError::Rejected(r))) = poll_noop(first.as_mut()) else {
+        panic!("the first call is out of time")
+    };
+    assert_eq!(r.reason(), RejectReason::Timeout);
+    timer.fire.store(false, Ordering::SeqCst);
+    assert_eq!(bh.metrics().queued(), 1, "the timed-out call left the line");
+    drop(held);
+    let Poll::Ready(Ok(served)) = poll_noop(second.as_mut()) else {
+        panic!("the permit went to the caller behind the timed-out one")
+    };
+    assert_eq!(bh.metrics().in_flight(), 1);
+    drop(served);
+    assert_eq!(bh.metrics().in_flight(), 0);
+    let m = bh.metrics();
+    assert_eq!((m.rejected_timeout(), m.permitted()), (1, 2));
+}
+
+/// A call admitted after waiting gets its own `call_timeout`: the sleep
+/// that bounded the wait is not reused half-spent.
+#[test]
+fn a_call_admitted_after_waiting_gets_a_fresh_call_timeout() {
+    let timer = Arc::new(GateTimer::default());
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_wait(Duration::from_secs(60))
+        .call_timeout(Duration::from_secs(60))
+        .timer(timer.clone())
+        .build()
+        .unwrap();
+    let held = bh.try_acquire().unwrap();
+    let mut call = pin!(bh.call(pending::<Result<(), ()>>()));
+    assert!(poll_noop(call.as_mut()).is_pending(), "waits for a permit");
+    assert_eq!(timer.made.load(Ordering::SeqCst), 1, "max_wait armed");
+    drop(held);
+    assert!(poll_noop(call.as_mut()).is_pending(), "admitted, runs");
+    assert_eq!(bh.metrics().in_flight(), 1);
+    assert_eq!(
+        timer.made.load(Ordering::SeqCst),
+        2,
+        "call_timeout armed anew once the call runs"
+    );
+    timer.fire.store(true, Ordering::SeqCst);
+    assert_eq!(
+        poll_noop(call.as_mut()),
+        Poll::Ready(Err(BulkheadError::CallTimeout))
+    );
+    assert_eq!(bh.metrics().in_flight(), 0, "the permit went back");
+    assert_eq!(bh.metrics().call_timeouts(), 1);
+}
+
+/// Polling `call`'s future after it returned is a programmer error, said
+/// so.
+#[test]
+#[should_panic(expected = "polled after it completed")]
+fn polling_a_finished_call_panics() {
+    let bh = bulkhead(1);
+    let mut call = pin!(bh.call(async { Ok::<_, ()>(()) }));
+    assert!(poll_noop(call.as_mut()).is_ready());
+    let _ = poll_noop(call.as_mut());
+}
+
+/// With `max_queue`, the line is counted by the policy (the place is
+/// reserved before queueing); without it, a fair bulkhead's line is its
+/// semaphore's queue. Both report the same.
+#[test]
+fn the_line_reads_the_same_with_and_without_max_queue() {
+    for max_queue in [None, Some(10)] {
+        for fair in [true, false] {
+            let mut b = Bulkhead::builder().max_concurrent_calls(1).fair(fair);
+            if let Some(q) = max_queue {
+                b = b.max_queue(q);
+            }
+            let bh = b.build().unwrap();
+            let held = bh.try_acquire().unwrap();
+            let mut a = Box::pin(bh.call(async { Ok::<_, ()>(()) }));
+            let mut b = Box::pin(bh.acquire());
+            assert!(poll_noop(a.as_mut()).is_pending());
+            assert!(poll_noop(b.as_mut()).is_pending());
+            assert_eq!(bh.metrics().queued(), 2, "{max_queue:?} fair {fair}");
+            drop(a);
+            assert_eq!(bh.metrics().queued(), 1, "{max_queue:?} fair {fair}");
+            drop(held);
+            assert!(poll_noop(b.as_mut()).is_ready());
+            assert_eq!(bh.metrics().queued(), 0, "{max_queue:?} fair {fair}");
+        }
+    }
+}

@@ -352,16 +352,17 @@ impl BulkheadBuilder {
             Some(n) => n,
         };
         let fair = self.fair;
-        let policy = self.into_policy(None, limit)?;
-        let sem = if fair {
+        let mut policy = self.into_policy(None, limit)?;
+        let sem = Arc::new(if fair {
             Semaphore::new(limit)
         } else {
             Semaphore::new_unfair(limit)
-        };
+        });
+        policy.line_of(&sem);
         Ok(Bulkhead {
             shared: Arc::new(Shared {
                 policy,
-                sem: Arc::new(sem),
+                sem,
                 limit: Mutex::new(limit),
                 limit_now: AtomicUsize::new(limit),
                 idle: Event::new(),

@@ -118,23 +118,31 @@ impl Hint {
     };
 }
 
+/// A time waited in nanoseconds, saturating (as [`Rejected`] keeps it).
+#[inline]
+pub(crate) fn nanos(waited: Duration) -> u64 {
+    u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl Rejected {
-    pub(crate) fn new(reason: RejectReason, waited: Duration, name: Name, hint: Hint) -> Self {
+    /// A rejection after `waited_ns` nanoseconds of waiting (see
+    /// [`nanos`]). `timer_gone`: `Unavailable` because the timer that
+    /// bounds waiting or the call cannot run (its tokio runtime is gone),
+    /// said so in `Display`.
+    #[inline]
+    pub(crate) fn new(
+        reason: RejectReason,
+        timer_gone: bool,
+        waited_ns: u64,
+        name: Name,
+        hint: Hint,
+    ) -> Self {
         Self {
             reason,
-            timer_gone: false,
-            waited_ns: u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX),
+            timer_gone,
+            waited_ns,
             name,
             hint,
-        }
-    }
-
-    /// A rejection because the timer that bounds waiting or the call cannot
-    /// run (its tokio runtime is gone): `Unavailable`, said so in `Display`.
-    pub(crate) fn timer_gone(name: Name, waited: Duration) -> Self {
-        Self {
-            timer_gone: true,
-            ..Self::new(RejectReason::Unavailable, waited, name, Hint::NONE)
         }
     }
 

@@ -60,6 +60,7 @@ impl<S: Source> Guard<S> {
         &self.source
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     #[inline]
     pub(crate) fn source_mut(&mut self) -> &mut S {
         &mut self.source

@@ -11,11 +11,13 @@
 //!
 //! * **Fast path.** `try_take(1)` on the semaphore (`admit_now`). Only when
 //!   it fails does the policy apply: fail fast (`max_wait == 0`), else the
-//!   `Wait` future of [`Policy`](policy) reserves a place in the bounded
-//!   line (`waiting`, a counter with `fetch_add` and undo) and waits on the
-//!   semaphore's FIFO queue, raced against an inline sleep for `max_wait`
-//!   that is armed only once the acquire is pending. Nothing is allocated
-//!   on any path.
+//!   caller waits on the semaphore's FIFO queue (with `max_queue`, after
+//!   reserving a place in the bounded line: `waiting`, a counter with
+//!   `fetch_add` and undo; without it, the semaphore's queue is the line),
+//!   raced against an inline sleep for `max_wait` that is armed only once
+//!   the acquire is pending. `call` does all of it in one hand-written
+//!   future ([`Call`], `call.rs`); `acquire` in `Policy::wait`. Nothing is
+//!   allocated on any path.
 //! * **Limit changes** run under a small mutex that only
 //!   `set_max_concurrent_calls` and readers of `in_flight` take: growing is
 //!   `add_permits` (waiters are served at once), shrinking is
@@ -29,9 +31,11 @@
 //!   keep the others from an event; time is only measured when an observer
 //!   is installed or a hold time is sampled.
 //! * **A permit handed to a cancelled waiter** goes back through the
-//!   semaphore, not a guard: `Queued` checks for idle after dropping it.
+//!   semaphore, not a guard: `Call` and `Queued` check for idle after
+//!   cancelling the acquire.
 
 mod builder;
+mod call;
 pub(crate) mod error;
 mod export;
 pub(crate) mod guard;
@@ -42,6 +46,7 @@ mod permit;
 pub(crate) mod policy;
 
 pub use builder::BulkheadBuilder;
+pub use call::Call;
 pub use error::{BuildError, BuildErrorKind, BulkheadError, RejectReason, Rejected};
 pub use metrics::Metrics;
 pub use observer::{CallOutcome, Observer};
@@ -173,23 +178,12 @@ impl Bulkhead {
     /// assert_eq!(failed.unwrap_err(), BulkheadError::Inner("provider said no"));
     /// # });
     /// ```
-    pub async fn call<F, T, E>(&self, call: F) -> Result<T, BulkheadError<E>>
+    #[inline]
+    pub fn call<F, T, E>(&self, call: F) -> Call<'_, F>
     where
         F: Future<Output = Result<T, E>>,
     {
-        let shared = &*self.shared;
-        let admitted = match shared.admit_now(true) {
-            Some(now) => now?,
-            None => shared.admit_waiting().await?,
-        };
-        // The guard owns the permit before any user code (the observer) runs,
-        // so a panicking hook cannot leak it.
-        let mut held = permit::held(shared, admitted, CallOutcome::Cancelled);
-        shared.policy.permitted(admitted.waited());
-        let (result, outcome) = shared.policy.run(shared.policy.traced(call)).await;
-        held.set_outcome(outcome);
-        drop(held);
-        result
+        Call::new(&self.shared, call)
     }
 
     /// Waits for a permit under the bulkhead's policy, for callers that
@@ -397,6 +391,7 @@ impl Bulkhead {
     /// One call's admission as a named `'static` future that owns a handle
     /// of the bulkhead (for the tower layer's response future); see
     /// [`Admission`].
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     #[inline]
     pub(crate) fn admission(&self) -> Admission {
         Admission {
@@ -454,7 +449,7 @@ impl Shared {
             }
             Err(TryAcquireError::NoPermits) => RejectReason::Full,
         };
-        Some(Err(self.policy.reject(reason, Duration::ZERO)))
+        Some(Err(self.policy.reject_now(reason)))
     }
 
     /// Waits in line under the policy (the bounded line, `max_wait`); the

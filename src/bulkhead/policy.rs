@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use pin_project_lite::pin_project;
 
-use super::error::{BulkheadError, Hint, RejectReason, Rejected};
+use super::error::{BulkheadError, Hint, RejectReason, Rejected, nanos};
 use super::metrics::{Counters, Metrics};
 use super::name::Name;
 use super::observer::{CallOutcome, Finished, LeakSuspected, Observer, Permitted, Rejection};
@@ -37,8 +37,13 @@ pub(crate) struct Policy {
     /// panicking hook cannot keep an exporter from seeing an event.
     observers: Arc<[Arc<dyn Observer>]>,
     counters: Counters,
-    /// Callers waiting for a permit now (the bounded line).
+    /// Callers waiting for a permit now (the bounded line), counted here
+    /// unless `line_of` counts them.
     waiting: AtomicUsize,
+    /// A fair semaphore whose waiters are exactly this policy's, with no
+    /// `max_queue` to enforce: its own queue length is the line, and a
+    /// waiting caller is spared two atomic read-modify-writes.
+    line_of: Option<Arc<crate::Semaphore>>,
     /// Report permits held longer than this (needs `clock`).
     leak_threshold: Option<Duration>,
     /// The permits under watch for leaks, by id (only with a threshold).
@@ -113,6 +118,7 @@ impl Policy {
             observers: observers.into(),
             counters: Counters::default(),
             waiting: AtomicUsize::new(0),
+            line_of: None,
             leak_threshold,
             #[cfg(feature = "tracing")]
             spans,
@@ -136,16 +142,33 @@ impl Policy {
         self.max_wait == Some(Duration::ZERO)
     }
 
-    /// Callers in the waiting line now.
-    pub(crate) fn queued(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
+    /// Lets `sem`'s queue length stand for the waiting line, if that is
+    /// exact: `sem` is fair, only this policy's callers wait on it, and no
+    /// `max_queue` needs a place reserved before the caller queues.
+    pub(crate) fn line_of(&mut self, sem: &Arc<crate::Semaphore>) {
+        if self.max_queue.is_none() && sem.is_fair() {
+            self.line_of = Some(sem.clone());
+        }
     }
 
-    /// Takes a place in the waiting line and marks `placed`; returns how
-    /// many were waiting before this caller.
+    /// Callers in the waiting line now.
+    #[inline]
+    pub(crate) fn queued(&self) -> usize {
+        match &self.line_of {
+            Some(sem) => sem.queue_len(),
+            None => self.waiting.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Takes a place in the waiting line (unless the semaphore's queue is
+    /// the line) and marks `placed`; returns how many were waiting before
+    /// this caller, if counted here.
     #[inline]
     fn join_line(&self, placed: &mut bool) -> usize {
         debug_assert!(!*placed, "a wait takes one place in line");
+        if self.line_of.is_some() {
+            return 0;
+        }
         *placed = true;
         self.waiting.fetch_add(1, Ordering::Relaxed)
     }
@@ -210,6 +233,7 @@ impl Policy {
     /// and how it ended, for the observer. The timer is armed only if the
     /// call is still pending after its first poll, so `call_timeout`
     /// counts from there.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     #[inline]
     pub(crate) fn run<F>(&self, call: F) -> Run<'_, F> {
         Run {
@@ -236,6 +260,7 @@ impl Policy {
     /// [`traced`](Self::traced) for a call that is made here: `make` runs
     /// inside the span too (the tower layer's inner `call`, where a client
     /// may already start sending).
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     #[inline]
     pub(crate) fn traced_with<F: Future>(&self, make: impl FnOnce() -> F) -> Traced<F> {
         #[cfg(feature = "tracing")]
@@ -300,41 +325,61 @@ impl Policy {
         });
     }
 
-    /// Counts a rejection, tells the observers and makes the error.
+    /// Counts a rejection of a caller that did not wait (full and failing
+    /// fast, closed, a full line), tells the observers and makes the
+    /// error: the hot path under overload, so the event for the observers
+    /// is made only if there are any.
+    #[inline]
+    pub(crate) fn reject_now(&self, reason: RejectReason) -> Rejected {
+        self.rejected(reason, false, 0)
+    }
+
+    /// [`reject_now`](Self::reject_now) for a caller that waited.
     #[cold]
     #[inline(never)]
     pub(crate) fn reject(&self, reason: RejectReason, waited: Duration) -> Rejected {
-        self.rejected(Rejected::new(reason, waited, self.name, self.retry_hint()))
+        self.rejected(reason, false, nanos(waited))
     }
 
     /// A rejection because the timer cannot run (its runtime is gone).
     #[cold]
     fn reject_timer_gone(&self, waited: Duration) -> Rejected {
-        self.rejected(Rejected::timer_gone(self.name, waited))
+        self.rejected(RejectReason::Unavailable, true, nanos(waited))
     }
 
-    /// Counts `rejected` by its reason and tells the observers. The
-    /// error is made first: a panicking observer then unwinds past a
-    /// counted rejection, which is what happened.
+    /// Counts a rejection by its reason, tells the observers and makes the
+    /// error. A panicking observer unwinds past a counted rejection, which
+    /// is what happened.
     #[inline]
-    fn rejected(&self, rejected: Rejected) -> Rejected {
+    fn rejected(&self, reason: RejectReason, timer_gone: bool, waited_ns: u64) -> Rejected {
         let c = &self.counters;
-        let reason = rejected.reason();
         Counters::bump(match reason {
             RejectReason::Full => &c.rejected_full,
             RejectReason::Timeout => &c.rejected_timeout,
             RejectReason::Closed => &c.rejected_closed,
             RejectReason::Unavailable => &c.rejected_unavailable,
         });
-        let waited = rejected.waited();
-        self.notify(|o| {
+        if self.observed() {
+            self.tell_rejected(reason, waited_ns);
+        }
+        let hint = if timer_gone {
+            Hint::NONE
+        } else {
+            self.retry_hint()
+        };
+        Rejected::new(reason, timer_gone, waited_ns, self.name, hint)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn tell_rejected(&self, reason: RejectReason, waited_ns: u64) {
+        self.notify_each(&|o| {
             o.on_rejected(&Rejection {
                 name: self.name,
                 reason,
-                waited,
+                waited: Duration::from_nanos(waited_ns),
             })
         });
-        rejected
     }
 
     /// What a rejected caller's retry hint is computed from (see
@@ -474,7 +519,7 @@ pin_project! {
 
 /// Where a wait stands in the policy's line.
 #[derive(Default)]
-struct Line {
+pub(crate) struct Line {
     started: bool,
     /// Whether this holds a place in the line (`Policy::waiting`): taken
     /// on the first poll, given back when the wait ends, or by the owner
@@ -483,6 +528,15 @@ struct Line {
     /// When the wait began, read only if an observer will see it (a clock
     /// reading costs about a tenth of a contended cycle).
     start: Option<Instant>,
+}
+
+impl Line {
+    /// Gives the place in `policy`'s line back, if this still holds one
+    /// (a wait dropped before it ended).
+    #[inline]
+    pub(crate) fn leave(&mut self, policy: &Policy) {
+        policy.leave_line(&mut self.placed);
+    }
 }
 
 /// A permit granted after waiting: how long the caller waited (measured
@@ -529,8 +583,11 @@ impl<A> Waiting<A> {
     }
 }
 
-/// Polls a wait in line: the body of [`Wait`] and [`Waiting`].
-fn poll_wait<A, P>(
+/// Polls a wait in line: the body of [`Wait`], [`Waiting`] and
+/// `Bulkhead::call`'s future. `acquire` is polled first; `deadline` is
+/// armed for `max_wait` only once it is pending.
+#[inline]
+pub(crate) fn poll_wait<A, P>(
     acquire: Pin<&mut A>,
     deadline: Pin<&mut Deadline>,
     line: &mut Line,
@@ -542,13 +599,13 @@ where
 {
     if !line.started {
         if policy.fails_fast() {
-            return Poll::Ready(Err(policy.reject(RejectReason::Full, Duration::ZERO)));
+            return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
         }
         let ahead = policy.join_line(&mut line.placed);
         line.started = true;
         if policy.max_queue.is_some_and(|max| ahead >= max) {
             policy.leave_line(&mut line.placed);
-            return Poll::Ready(Err(policy.reject(RejectReason::Full, Duration::ZERO)));
+            return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
         }
         line.start = policy.observed().then(Instant::now);
     }
@@ -630,6 +687,7 @@ pin_project! {
     }
 }
 
+#[cfg_attr(not(feature = "tower"), allow(dead_code))]
 impl<F> Running<F> {
     /// Runs `call` (see [`Policy::run`]).
     #[inline]
@@ -655,9 +713,11 @@ impl<F> Running<F> {
     }
 }
 
-/// Polls an admitted call, then (once it is pending) its deadline: the
-/// body of [`Run`] and [`Running`].
-fn poll_run<F, T, E>(
+/// Polls an admitted call, then (once it is pending) its deadline for
+/// `call_timeout`: the body of [`Run`], [`Running`] and `Bulkhead::call`'s
+/// future.
+#[inline]
+pub(crate) fn poll_run<F, T, E>(
     call: Pin<&mut F>,
     deadline: Pin<&mut Deadline>,
     policy: &Policy,

@@ -180,7 +180,7 @@ impl RedisBulkhead {
         self.note_limit();
         match first {
             Ok(lease) => Ok(self.admitted(lease, self.at_once(), CallOutcome::Released)),
-            Err(e) => Err(s.policy.reject(reason_of(&e), Duration::ZERO)),
+            Err(e) => Err(s.policy.reject_now(reason_of(&e))),
         }
     }
 
@@ -192,7 +192,7 @@ impl RedisBulkhead {
             self.note_limit();
             return match first {
                 Ok(lease) => Ok(self.admitted(lease, self.at_once(), outcome)),
-                Err(e) => Err(s.policy.reject(reason_of(&e), Duration::ZERO)),
+                Err(e) => Err(s.policy.reject_now(reason_of(&e))),
             };
         }
         let first = s.sem.first_attempt().await;
@@ -208,7 +208,7 @@ impl RedisBulkhead {
                 let acquire = async { s.sem.wait_from(busy).await.map_err(|e| reason_of(&e)) };
                 s.policy.wait(acquire).await?
             }
-            Err(e) => return Err(s.policy.reject(reason_of(&e), Duration::ZERO)),
+            Err(e) => return Err(s.policy.reject_now(reason_of(&e))),
         };
         Ok(self.admitted(lease, waited, outcome))
     }

@@ -606,6 +606,18 @@ impl<'a> Acquire<'a> {
             phase: Phase::Idle,
         }
     }
+
+    /// Leaves the line now, as dropping the future would: permits it was
+    /// handed but did not deliver move on. The future is done afterwards
+    /// (for a caller that owns it inline and cannot drop it yet).
+    #[cfg(not(loom))]
+    #[inline]
+    pub(crate) fn cancel(self: Pin<&mut Self>) {
+        let this = self.project();
+        this.sem
+            .cancel(this.waiter.into_ref(), *this.permits, this.phase);
+        *this.phase = Phase::Done;
+    }
 }
 
 impl<'a> Future for Acquire<'a> {

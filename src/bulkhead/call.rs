@@ -1,0 +1,230 @@
+//! The future of [`Bulkhead::call`](crate::Bulkhead::call): admission and
+//! the guarded call as one state machine, built in place and polled there.
+//!
+//! Written out rather than an `async fn` because the contended path is
+//! where a bulkhead is measured against a hand-rolled one: an `async fn`
+//! keeps a sleep slot for `max_wait` and another for `call_timeout`, moves
+//! the call into the running stage and runs drop glue for each stage. Here
+//! the call is pinned once, the semaphore's acquire lives inline (idle, and
+//! free to build, until a wait needs it), and one [`Deadline`] serves
+//! `max_wait` and then `call_timeout`.
+
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+
+use pin_project_lite::pin_project;
+
+use super::Shared;
+use super::error::{BulkheadError, RejectReason};
+use super::observer::CallOutcome;
+use super::permit::{self, Admitted, Held};
+use super::policy::{Line, Traced, poll_run, poll_wait};
+use crate::futures::Acquire;
+use crate::timer::Deadline;
+
+/// Where a [`Call`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Not polled yet.
+    Start,
+    /// In line for a permit (`acquire` and `line` are live, `deadline` is
+    /// for `max_wait`).
+    Waiting,
+    /// Admitted: `held` owns the permit, `deadline` is for `call_timeout`.
+    Running,
+    /// The output was returned.
+    Done,
+}
+
+pin_project! {
+    /// The future returned by [`Bulkhead::call`](crate::Bulkhead::call).
+    ///
+    /// Nothing is allocated, on any path; see the method for what it
+    /// resolves to.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it while it waits gives up its place in line (a permit it
+    /// was handed meanwhile moves on to the next waiter); while the call
+    /// runs, it drops the call first, then gives the permit back.
+    ///
+    /// # Panics
+    ///
+    /// Polling it again after it returned `Ready` panics. A call that
+    /// panics gives its permit back as the panic unwinds, and observers
+    /// see [`CallOutcome::Panicked`].
+    #[must_use = "futures do nothing unless polled; a call that is never polled is never admitted"]
+    pub struct Call<'a, F> {
+        shared: &'a Shared,
+        // Declared before `held`: a call cancelled while it runs is dropped
+        // before its permit goes back.
+        #[pin]
+        call: Traced<F>,
+        #[pin]
+        acquire: Acquire<'a>,
+        #[pin]
+        deadline: Deadline,
+        held: Option<Held<&'a Shared>>,
+        line: Line,
+        stage: Stage,
+    }
+
+    impl<F> PinnedDrop for Call<'_, F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if *this.stage == Stage::Waiting {
+                let shared = *this.shared;
+                this.line.leave(&shared.policy);
+                // A permit handed to the acquire but never delivered goes
+                // back through the semaphore: the bulkhead may be idle now.
+                this.acquire.cancel();
+                shared.became_idle_maybe();
+            }
+        }
+    }
+}
+
+impl<'a, F> Call<'a, F> {
+    #[inline]
+    pub(crate) fn new(shared: &'a Shared, call: F) -> Self
+    where
+        F: Future,
+    {
+        Self {
+            shared,
+            call: shared.policy.traced(call),
+            acquire: shared.sem.acquire(),
+            deadline: Deadline::new(),
+            held: None,
+            line: Line::default(),
+            stage: Stage::Start,
+        }
+    }
+}
+
+impl<F, T, E> Future for Call<'_, F>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    type Output = Result<T, BulkheadError<E>>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let shared = *this.shared;
+        if *this.stage == Stage::Start {
+            match shared.admit_now(true) {
+                Some(Ok(admitted)) => admit(shared, this.held, this.stage, admitted),
+                Some(Err(rejected)) => {
+                    *this.stage = Stage::Done;
+                    return Poll::Ready(Err(BulkheadError::Rejected(rejected)));
+                }
+                None => *this.stage = Stage::Waiting,
+            }
+        }
+        if *this.stage == Stage::Waiting {
+            let mut queued = Queued {
+                acquire: this.acquire.as_mut(),
+            };
+            match poll_wait(
+                Pin::new(&mut queued),
+                this.deadline.as_mut(),
+                this.line,
+                &shared.policy,
+                cx,
+            ) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(((), waited))) => {
+                    if this.deadline.is_armed() {
+                        // From `max_wait` to `call_timeout`: the same slot.
+                        this.deadline.set(Deadline::new());
+                    }
+                    admit(shared, this.held, this.stage, Admitted::Waited(waited));
+                }
+                Poll::Ready(Err(rejected)) => {
+                    *this.stage = Stage::Done;
+                    // Out of time (or closed): leave the semaphore's line
+                    // too; a permit handed meanwhile moves on.
+                    this.acquire.cancel();
+                    shared.became_idle_maybe();
+                    return Poll::Ready(Err(BulkheadError::Rejected(rejected)));
+                }
+            }
+        }
+        assert!(
+            *this.stage == Stage::Running,
+            "`Bulkhead::call` polled after it completed"
+        );
+        // A call that panics ends here as the panic unwinds: the guard gives
+        // the permit back and reports `Panicked` (it sees the unwinding).
+        let unwinding = FinishOnUnwind(&mut *this.held);
+        let polled = poll_run(this.call, this.deadline, &shared.policy, cx);
+        core::mem::forget(unwinding);
+        let (result, outcome) = match polled {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(out) => out,
+        };
+        *this.stage = Stage::Done;
+        if let Some(mut held) = this.held.take() {
+            held.set_outcome(outcome);
+        }
+        Poll::Ready(result)
+    }
+}
+
+/// Takes over a permit just granted: the guard owns it before any user code
+/// (the observers) runs, so a panicking hook cannot leak it.
+#[inline]
+fn admit<'a>(
+    shared: &'a Shared,
+    held: &mut Option<Held<&'a Shared>>,
+    stage: &mut Stage,
+    admitted: Admitted,
+) {
+    *held = Some(permit::held(shared, admitted, CallOutcome::Cancelled));
+    *stage = Stage::Running;
+    shared.policy.permitted(admitted.waited());
+}
+
+/// Drops the guard if the call's poll unwinds; forgotten on every other
+/// way out, so it costs nothing there.
+struct FinishOnUnwind<'g, G>(&'g mut Option<G>);
+
+impl<G> Drop for FinishOnUnwind<'_, G> {
+    fn drop(&mut self) {
+        drop(self.0.take());
+    }
+}
+
+/// The semaphore's acquire as `poll_wait` wants it: the permit becomes the
+/// call's (its guard gives it back), a closed semaphore a rejection.
+struct Queued<'p, 'a> {
+    acquire: Pin<&'p mut Acquire<'a>>,
+}
+
+impl Future for Queued<'_, '_> {
+    type Output = Result<(), RejectReason>;
+
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.acquire.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(permit)) => {
+                permit.forget();
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(_closed)) => Poll::Ready(Err(RejectReason::Closed)),
+        }
+    }
+}
+
+impl<F> fmt::Debug for Call<'_, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Call")
+            .field("bulkhead", &self.shared.policy.name())
+            .field("stage", &self.stage)
+            .finish_non_exhaustive()
+    }
+}
