@@ -809,6 +809,54 @@ fn build_errors() {
         ),
         BuildErrorKind::ZeroCallTimeout
     );
+    assert_eq!(
+        kind(
+            KeyedBulkhead::builder()
+                .max_concurrent_calls(1)
+                .leak_threshold(Duration::ZERO)
+        ),
+        BuildErrorKind::ZeroLeakThreshold
+    );
+    assert_eq!(
+        kind(KeyedBulkhead::builder().max_concurrent_calls(usize::MAX)),
+        BuildErrorKind::LimitTooLarge
+    );
+}
+
+/// The keyed builder validates with the bulkhead builder's own checks:
+/// every setting they share fails the same way on both.
+#[test]
+fn keyed_and_plain_builders_reject_the_same_settings() {
+    type Tweak = fn(bulkhead::BulkheadBuilder) -> bulkhead::BulkheadBuilder;
+    type KeyedTweak =
+        fn(bulkhead::keyed::KeyedBulkheadBuilder<u8>) -> bulkhead::keyed::KeyedBulkheadBuilder<u8>;
+    let cases: [(Tweak, KeyedTweak); 5] = [
+        (|b| b.max_concurrent_calls(0), |b| b.max_concurrent_calls(0)),
+        (|b| b.name(""), |b| b.name("")),
+        (
+            |b| b.call_timeout(Duration::ZERO),
+            |b| b.call_timeout(Duration::ZERO),
+        ),
+        (
+            |b| b.leak_threshold(Duration::ZERO),
+            |b| b.leak_threshold(Duration::ZERO),
+        ),
+        (
+            |b| b.max_concurrent_calls(bulkhead::Semaphore::MAX_PERMITS + 1),
+            |b| b.max_concurrent_calls(bulkhead::Semaphore::MAX_PERMITS + 1),
+        ),
+    ];
+    for (plain, keyed) in cases {
+        let plain = plain(bulkhead::Bulkhead::builder().max_concurrent_calls(1))
+            .build()
+            .unwrap_err()
+            .kind();
+        let keyed = keyed(KeyedBulkhead::builder().max_concurrent_calls(1))
+            .build()
+            .unwrap_err()
+            .kind();
+        assert_eq!(plain, keyed);
+    }
 }
 
 #[test]

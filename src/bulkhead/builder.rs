@@ -41,16 +41,33 @@ use crate::timer::{Clock, Timer};
 #[derive(Clone)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct BulkheadBuilder {
-    name: Option<String>,
-    max_concurrent_calls: Option<usize>,
-    max_wait: Option<Duration>,
-    max_queue: Option<usize>,
-    call_timeout: Option<Duration>,
-    fair: bool,
-    timer: Option<Arc<dyn Timer>>,
-    observers: Vec<Arc<dyn Observer>>,
-    exporters: bool,
-    leak_threshold: Option<Duration>,
+    // The core that the keyed and Redis builders wrap: they read these.
+    pub(crate) name: Option<String>,
+    pub(crate) max_concurrent_calls: Option<usize>,
+    pub(crate) max_wait: Option<Duration>,
+    pub(crate) max_queue: Option<usize>,
+    pub(crate) call_timeout: Option<Duration>,
+    pub(crate) fair: bool,
+    pub(crate) timer: Option<Arc<dyn Timer>>,
+    pub(crate) observers: Vec<Arc<dyn Observer>>,
+    pub(crate) exporters: bool,
+    pub(crate) leak_threshold: Option<Duration>,
+}
+
+/// What [`BulkheadBuilder::check`] resolved: the name and the timer.
+pub(crate) struct Checked {
+    pub(crate) name: String,
+    pub(crate) clock: Option<Clock>,
+}
+
+/// A limit on permits in flight, checked: at least 1, at most
+/// [`Semaphore::MAX_PERMITS`].
+pub(crate) fn check_limit(limit: usize) -> Result<usize, BuildError> {
+    match limit {
+        0 => Err(BuildError::new(BuildErrorKind::ZeroLimit)),
+        n if n > Semaphore::MAX_PERMITS => Err(BuildError::new(BuildErrorKind::LimitTooLarge)),
+        n => Ok(n),
+    }
 }
 
 impl BulkheadBuilder {
@@ -344,12 +361,9 @@ impl BulkheadBuilder {
     /// assert_eq!(err.to_string(), "max_concurrent_calls must be at least 1");
     /// ```
     pub fn build(self) -> Result<Bulkhead, BuildError> {
-        let fail = |kind| Err(BuildError::new(kind));
         let limit = match self.max_concurrent_calls {
-            None => return fail(BuildErrorKind::MissingLimit),
-            Some(0) => return fail(BuildErrorKind::ZeroLimit),
-            Some(n) if n > Semaphore::MAX_PERMITS => return fail(BuildErrorKind::LimitTooLarge),
-            Some(n) => n,
+            None => return Err(BuildError::new(BuildErrorKind::MissingLimit)),
+            Some(n) => check_limit(n)?,
         };
         let fair = self.fair;
         let mut policy = self.into_policy(None, limit)?;
@@ -373,6 +387,52 @@ impl BulkheadBuilder {
 }
 
 impl BulkheadBuilder {
+    /// The checks every builder shares (this one, the keyed and the Redis
+    /// builders): the name (`name` overrides the builder's, else
+    /// `default_name`), `call_timeout`, `leak_threshold`, and the timer,
+    /// resolved once (a timed setting needs one that works here).
+    pub(crate) fn check(
+        &self,
+        name: Option<String>,
+        default_name: &str,
+    ) -> Result<Checked, BuildError> {
+        let fail = |kind| Err(BuildError::new(kind));
+        let name = name
+            .or_else(|| self.name.clone())
+            .unwrap_or_else(|| default_name.to_owned());
+        if name.is_empty() {
+            return fail(BuildErrorKind::EmptyName);
+        }
+        if self.call_timeout == Some(Duration::ZERO) {
+            return fail(BuildErrorKind::ZeroCallTimeout);
+        }
+        if self.leak_threshold == Some(Duration::ZERO) {
+            return fail(BuildErrorKind::ZeroLeakThreshold);
+        }
+        let needs_timer = self.max_wait.is_some_and(|d| !d.is_zero())
+            || self.call_timeout.is_some()
+            || self.leak_threshold.is_some();
+        // Resolved once: the bundled timers' sleeps then live inline in the
+        // waiting futures. Without a timer of the user's, every sleep runs
+        // on the timer of the runtime it is made in.
+        let clock = match &self.timer {
+            Some(timer) => Some(Clock::of(timer.clone())),
+            None if needs_timer => Some(Clock::Auto),
+            None => None,
+        };
+        if let Some(clock) = &clock {
+            // Where it can be known now: a runtime without a time driver,
+            // or no timer at all.
+            if clock.check().is_err() {
+                return fail(match clock {
+                    Clock::Auto if !in_tokio_runtime() => BuildErrorKind::NoTimer,
+                    _ => BuildErrorKind::TimerUnavailable,
+                });
+            }
+        }
+        Ok(Checked { name, clock })
+    }
+
     /// Everything but the permits: checks the name, `call_timeout` and the
     /// timer, and gathers the observers. `name` overrides the builder's
     /// (the Redis bulkhead takes its semaphore's).
@@ -381,35 +441,7 @@ impl BulkheadBuilder {
         name: Option<String>,
         limit: usize,
     ) -> Result<Policy, BuildError> {
-        let name = name.or(self.name).unwrap_or_else(|| "bulkhead".to_owned());
-        if name.is_empty() {
-            return Err(BuildError::new(BuildErrorKind::EmptyName));
-        }
-        if self.call_timeout == Some(Duration::ZERO) {
-            return Err(BuildError::new(BuildErrorKind::ZeroCallTimeout));
-        }
-        if self.leak_threshold == Some(Duration::ZERO) {
-            return Err(BuildError::new(BuildErrorKind::ZeroLeakThreshold));
-        }
-        let needs_timer = self.max_wait.is_some_and(|d| !d.is_zero())
-            || self.call_timeout.is_some()
-            || self.leak_threshold.is_some();
-        let clock = match self.timer {
-            Some(timer) => Some(Clock::of(timer)),
-            None if needs_timer => Some(Clock::Auto),
-            None => None,
-        };
-        if let Some(clock) = &clock {
-            // Where it can be known now: a runtime without a time driver,
-            // or no timer at all.
-            if clock.check().is_err() {
-                let kind = match clock {
-                    Clock::Auto if !in_tokio_runtime() => BuildErrorKind::NoTimer,
-                    _ => BuildErrorKind::TimerUnavailable,
-                };
-                return Err(BuildError::new(kind));
-            }
-        }
+        let Checked { name, clock } = self.check(name, "bulkhead")?;
         // The exporters first, so a user's panicking observer cannot keep
         // them from an event (and leave a gauge wrong).
         let mut observers = Vec::new();

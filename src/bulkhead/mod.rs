@@ -34,7 +34,7 @@
 //!   semaphore, not a guard: `Call` and `Queued` check for idle after
 //!   cancelling the acquire.
 
-mod builder;
+pub(crate) mod builder;
 mod call;
 pub(crate) mod error;
 mod export;

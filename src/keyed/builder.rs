@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Inner, KeyedBulkhead, LabelFn, LimitFn};
+use crate::bulkhead::builder::{Checked, check_limit};
+use crate::bulkhead::{BuildError, BuildErrorKind, Bulkhead, BulkheadBuilder, Observer};
 #[cfg(doc)]
-use crate::bulkhead::BulkheadBuilder;
-use crate::bulkhead::{BuildError, BuildErrorKind, Bulkhead, Observer};
 use crate::semaphore::Semaphore;
-use crate::timer::{Clock, Timer};
+use crate::timer::Timer;
 
 /// The default of [`KeyedBulkheadBuilder::max_keys`].
 const DEFAULT_MAX_KEYS: usize = 10_000;
@@ -72,17 +72,11 @@ const DEFAULT_MAX_LABELS: usize = 100;
 /// ```
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct KeyedBulkheadBuilder<K> {
-    name: Option<String>,
-    max_concurrent_calls: Option<usize>,
+    /// What every key's bulkhead is built from, and the settings it shares
+    /// with the keyed bulkhead (name, the default limit, `max_wait`,
+    /// `call_timeout`, the timer, observers...): one core, one validation.
+    base: BulkheadBuilder,
     limit_for: Option<LimitFn<K>>,
-    max_wait: Option<Duration>,
-    max_queue: Option<usize>,
-    call_timeout: Option<Duration>,
-    fair: bool,
-    leak_threshold: Option<Duration>,
-    timer: Option<Arc<dyn Timer>>,
-    observers: Vec<Arc<dyn Observer>>,
-    exporters: bool,
     global: Global,
     global_max_queue: Option<usize>,
     max_keys: usize,
@@ -102,17 +96,8 @@ enum Global {
 impl<K> Clone for KeyedBulkheadBuilder<K> {
     fn clone(&self) -> Self {
         Self {
-            name: self.name.clone(),
-            max_concurrent_calls: self.max_concurrent_calls,
+            base: self.base.clone(),
             limit_for: self.limit_for.clone(),
-            max_wait: self.max_wait,
-            max_queue: self.max_queue,
-            call_timeout: self.call_timeout,
-            fair: self.fair,
-            leak_threshold: self.leak_threshold,
-            timer: self.timer.clone(),
-            observers: self.observers.clone(),
-            exporters: self.exporters,
             global: self.global.clone(),
             global_max_queue: self.global_max_queue,
             max_keys: self.max_keys,
@@ -129,17 +114,8 @@ where
 {
     pub(crate) fn new() -> Self {
         Self {
-            name: None,
-            max_concurrent_calls: None,
+            base: Bulkhead::builder(),
             limit_for: None,
-            max_wait: None,
-            max_queue: None,
-            call_timeout: None,
-            fair: true,
-            leak_threshold: None,
-            timer: None,
-            observers: Vec::new(),
-            exporters: true,
             global: Global::None,
             global_max_queue: None,
             max_keys: DEFAULT_MAX_KEYS,
@@ -152,7 +128,7 @@ where
     /// Names the keyed bulkhead (the guarded dependency, or the kind of
     /// key: `"tenants"`, `"hosts"`).
     pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
+        self.base.name = Some(name.into());
         self
     }
 
@@ -160,7 +136,7 @@ where
     /// unless [`limit_for`](Self::limit_for) is set. A key's limit can be
     /// changed later with [`KeyedBulkhead::set_limit_for`].
     pub fn max_concurrent_calls(mut self, limit: usize) -> Self {
-        self.max_concurrent_calls = Some(limit);
+        self.base.max_concurrent_calls = Some(limit);
         self
     }
 
@@ -196,7 +172,7 @@ where
     /// `Duration::ZERO` fails fast at both stages. Not set: wait as long as
     /// it takes.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
-        self.max_wait = Some(max_wait);
+        self.base.max_wait = Some(max_wait);
         self
     }
 
@@ -205,7 +181,7 @@ where
     /// [`KeyFull`](super::KeyedRejectReason::KeyFull). `0` means nobody
     /// waits for a key.
     pub fn max_queue(mut self, max_queue: usize) -> Self {
-        self.max_queue = Some(max_queue);
+        self.base.max_queue = Some(max_queue);
         self
     }
 
@@ -219,7 +195,7 @@ where
     /// call that completes at once costs no timer; the bound counts from
     /// there.
     pub fn call_timeout(mut self, call_timeout: Duration) -> Self {
-        self.call_timeout = Some(call_timeout);
+        self.base.call_timeout = Some(call_timeout);
         self
     }
 
@@ -228,14 +204,14 @@ where
     /// `false`: a caller that finds a free permit takes it even if others
     /// wait.
     pub fn fair(mut self, fair: bool) -> Self {
-        self.fair = fair;
+        self.base.fair = fair;
         self
     }
 
     /// Reports every key's permit held longer than `threshold` (see
     /// [`BulkheadBuilder::leak_threshold`]). Must be greater than zero.
     pub fn leak_threshold(mut self, threshold: Duration) -> Self {
-        self.leak_threshold = Some(threshold);
+        self.base.leak_threshold = Some(threshold);
         self
     }
 
@@ -254,7 +230,7 @@ where
     /// A wait or a call whose timer stops working later is rejected with
     /// [`Unavailable`](super::KeyedRejectReason::Unavailable).
     pub fn timer(mut self, timer: Arc<dyn Timer>) -> Self {
-        self.timer = Some(timer);
+        self.base.timer = Some(timer);
         self
     }
 
@@ -264,7 +240,7 @@ where
     /// made by [`global_limit`](Self::global_limit), as `"<name>.global"`.
     /// May be called more than once.
     pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
-        self.observers.push(observer);
+        self.base.observers.push(observer);
         self
     }
 
@@ -273,7 +249,7 @@ where
     /// are on (default `true`). Their labels are bounded: see
     /// [`key_label`](Self::key_label).
     pub fn exporters(mut self, enabled: bool) -> Self {
-        self.exporters = enabled;
+        self.base.exporters = enabled;
         self
     }
 
@@ -418,72 +394,22 @@ where
     /// assert_eq!(err.kind(), BuildErrorKind::MissingLimit);
     /// ```
     pub fn build(self) -> Result<KeyedBulkhead<K>, BuildError> {
-        let fail = |kind| Err(BuildError::new(kind));
-        let check_limit = |limit: usize| match limit {
-            0 => Err(BuildError::new(BuildErrorKind::ZeroLimit)),
-            n if n > Semaphore::MAX_PERMITS => Err(BuildError::new(BuildErrorKind::LimitTooLarge)),
-            n => Ok(n),
-        };
-        let default_limit = match (self.max_concurrent_calls, &self.limit_for) {
-            (None, None) => return fail(BuildErrorKind::MissingLimit),
+        let base = self.base;
+        let default_limit = match (base.max_concurrent_calls, &self.limit_for) {
+            (None, None) => return Err(BuildError::new(BuildErrorKind::MissingLimit)),
             (None, Some(_)) => 1,
             (Some(n), _) => check_limit(n)?,
         };
         if self.max_keys == 0 {
-            return fail(BuildErrorKind::ZeroMaxKeys);
+            return Err(BuildError::new(BuildErrorKind::ZeroMaxKeys));
         }
-        let name = self.name.unwrap_or_else(|| "keyed".to_owned());
-        if name.is_empty() {
-            return fail(BuildErrorKind::EmptyName);
-        }
-        if self.call_timeout == Some(Duration::ZERO) {
-            return fail(BuildErrorKind::ZeroCallTimeout);
-        }
-        if self.leak_threshold == Some(Duration::ZERO) {
-            return fail(BuildErrorKind::ZeroLeakThreshold);
-        }
-        let needs_timer = self.max_wait.is_some_and(|d| !d.is_zero())
-            || self.call_timeout.is_some()
-            || self.leak_threshold.is_some();
-        // Resolved once, as `BulkheadBuilder` does: the bundled timers'
-        // sleeps then live inline in the waiting futures. Without a timer
-        // of the user's, every sleep (ours, and each key's bulkhead's) runs
-        // on the timer of the runtime it is made in.
-        let clock = match &self.timer {
-            Some(timer) => Some(Clock::of(timer.clone())),
-            None if needs_timer => Some(Clock::Auto),
-            None => None,
-        };
-        if let Some(clock) = &clock {
-            // Where it can be known now: a runtime without a time driver,
-            // or no timer at all.
-            if clock.check().is_err() {
-                return fail(match clock {
-                    Clock::Auto if !in_tokio_runtime() => BuildErrorKind::NoTimer,
-                    _ => BuildErrorKind::TimerUnavailable,
-                });
-            }
-        }
+        let Checked { name, clock } = base.check(None, "keyed")?;
 
-        // Every key's bulkhead is built from this, with its name and limit.
-        let mut template = Bulkhead::builder()
-            .fair(self.fair)
-            .exporters(self.exporters);
-        if let Some(max_wait) = self.max_wait {
-            template = template.max_wait(max_wait);
-        }
-        if let Some(max_queue) = self.max_queue {
-            template = template.max_queue(max_queue);
-        }
-        if let Some(threshold) = self.leak_threshold {
-            template = template.leak_threshold(threshold);
-        }
-        if let Some(timer) = self.timer {
-            template = template.timer(timer);
-        }
-        for observer in &self.observers {
-            template = template.observer(observer.clone());
-        }
+        // Every key's bulkhead is built from this, with its name and limit;
+        // the keyed bulkhead bounds the call itself (one `call_timeout`
+        // over both permits).
+        let mut template = base.clone();
+        template.call_timeout = None;
         // Check it once now, so making a key's bulkhead later cannot fail.
         template
             .clone()
@@ -501,12 +427,12 @@ where
                 let mut builder = Bulkhead::builder()
                     .name(format!("{name}.global"))
                     .max_concurrent_calls(check_limit(limit)?)
-                    .fair(self.fair)
-                    .exporters(self.exporters);
+                    .fair(base.fair)
+                    .exporters(base.exporters);
                 if let Some(max_queue) = self.global_max_queue {
                     builder = builder.max_queue(max_queue);
                 }
-                for observer in &self.observers {
+                for observer in &base.observers {
                     builder = builder.observer(observer.clone());
                 }
                 (Some(builder.build()?), true)
@@ -521,8 +447,8 @@ where
                 limit_for: self.limit_for,
                 key_label: self.key_label,
                 max_labels: self.max_labels,
-                max_wait: self.max_wait,
-                call_timeout: self.call_timeout,
+                max_wait: base.max_wait,
+                call_timeout: base.call_timeout,
                 clock,
                 global,
                 global_owned,
@@ -540,17 +466,18 @@ impl<K> fmt::Debug for KeyedBulkheadBuilder<K> {
             Global::Limit(n) => Some(format!("limit {n}")),
             Global::Shared(b) => Some(format!("shared {}", b.name())),
         };
+        let b = &self.base;
         f.debug_struct("KeyedBulkheadBuilder")
-            .field("name", &self.name)
-            .field("max_concurrent_calls", &self.max_concurrent_calls)
+            .field("name", &b.name)
+            .field("max_concurrent_calls", &b.max_concurrent_calls)
             .field("limit_for", &self.limit_for.is_some())
-            .field("max_wait", &self.max_wait)
-            .field("max_queue", &self.max_queue)
-            .field("call_timeout", &self.call_timeout)
-            .field("fair", &self.fair)
-            .field("timer", &self.timer)
-            .field("observers", &self.observers.len())
-            .field("exporters", &self.exporters)
+            .field("max_wait", &b.max_wait)
+            .field("max_queue", &b.max_queue)
+            .field("call_timeout", &b.call_timeout)
+            .field("fair", &b.fair)
+            .field("timer", &b.timer)
+            .field("observers", &b.observers.len())
+            .field("exporters", &b.exporters)
             .field("global", &global)
             .field("global_max_queue", &self.global_max_queue)
             .field("max_keys", &self.max_keys)
@@ -559,12 +486,4 @@ impl<K> fmt::Debug for KeyedBulkheadBuilder<K> {
             .field("max_labels", &self.max_labels)
             .finish()
     }
-}
-
-/// Whether this runs inside a tokio runtime.
-fn in_tokio_runtime() -> bool {
-    #[cfg(feature = "tokio")]
-    return ::tokio::runtime::Handle::try_current().is_ok();
-    #[cfg(not(feature = "tokio"))]
-    false
 }
