@@ -84,7 +84,10 @@
 //!   Redis (renewed while held, with fencing tokens) and a bulkhead over it.
 //!   Needs `tokio` or `smol` as well, for the `redis` crate's connections
 //!   and the background renewals; `smol` also brings the `async-io` timer.
-//!   The `redis` crate needs Rust 1.88.
+//!   Like the rest of the crate it builds on Rust 1.86: recent `redis`
+//!   releases need 1.88, but Cargo's MSRV-aware resolver (the default in
+//!   edition 2024 workspaces) picks one that fits an older toolchain (the
+//!   lockfile's `redis` 1.2 needs 1.85).
 //!
 //! With `default-features = false` and neither runtime feature there is no
 //! default timer, and building a bulkhead that needs one fails with a
