@@ -2,13 +2,15 @@
 //! per test on a free loopback port with persistence off.
 #![cfg(all(not(loom), feature = "redis", feature = "tokio"))]
 
+mod common;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
+use std::error::Error;
 use std::time::Duration;
 
 use bulkhead::RejectReason;
-use bulkhead::redis::{LeaseError, RedisBulkhead, RedisSemaphore, ReleaseError};
+use bulkhead::redis::{ConfigError, LeaseError, RedisBulkhead, RedisSemaphore, ReleaseError};
 use redis_server::RedisServer;
 
 async fn semaphore(server: &RedisServer, name: &str, limit: usize, ttl_ms: u64) -> RedisSemaphore {
@@ -212,4 +214,53 @@ async fn a_waiting_bulkhead_caller_asks_redis_twice() {
         server.cmd(&["INFO", "commandstats"])
     );
     drop(granted);
+}
+
+/// A first connection that fails is `ConfigError::Connect`: its message is
+/// its own, and the redis crate's error is its source. Needs no server.
+#[tokio::test]
+async fn a_connect_error_returns_the_redis_error_from_source() {
+    // Nothing listens on a port that was free a moment ago.
+    let url = format!("redis://127.0.0.1:{}/", redis_server::free_port());
+    let client = redis::Client::open(url).unwrap();
+    let err = RedisSemaphore::builder(client, "nowhere")
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::Connect(_)), "{err:?}");
+    let chain = common::error_chain(&err, 1);
+    assert_eq!(chain[0], "could not connect to redis", "{chain:?}");
+    assert!(err.source().unwrap().is::<redis::RedisError>());
+}
+
+/// With the server gone, an acquire is `LeaseError::Unavailable` and a
+/// release `ReleaseError::Unavailable`: messages of their own, the redis
+/// crate's error as the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unavailable_errors_return_the_redis_error_from_source() {
+    let server = RedisServer::start();
+    let sem = semaphore(&server, "gone", 2, 30_000).await;
+    let held = sem.acquire().await.unwrap();
+    server.stop();
+
+    let lease = sem.try_acquire().await.unwrap_err();
+    assert!(matches!(lease, LeaseError::Unavailable(_)), "{lease:?}");
+    let chain = common::error_chain(&lease, 1);
+    assert_eq!(
+        chain[0], "redis is unavailable, no permit granted",
+        "{chain:?}"
+    );
+    assert!(lease.source().unwrap().is::<redis::RedisError>());
+
+    let release = held.release().await.unwrap_err();
+    assert!(
+        matches!(release, ReleaseError::Unavailable(_)),
+        "{release:?}"
+    );
+    let chain = common::error_chain(&release, 1);
+    assert_eq!(
+        chain[0], "redis is unavailable, lease not released",
+        "{chain:?}"
+    );
+    assert!(release.source().unwrap().is::<redis::RedisError>());
 }
