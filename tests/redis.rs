@@ -28,7 +28,9 @@ async fn semaphore(server: &RedisServer, name: &str, limit: usize, ttl_ms: u64) 
 /// wakes a waiter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_up_to_the_limit_with_increasing_fences() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let sem = semaphore(&server, "api", 2, 5_000).await;
     let a = sem.acquire().await.unwrap();
     let b = sem.try_acquire().await.unwrap();
@@ -71,7 +73,9 @@ async fn grants_up_to_the_limit_with_increasing_fences() {
 /// A dropped permit is released at once in the background.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_permit_is_released() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let sem = semaphore(&server, "drop", 1, 30_000).await;
     drop(sem.acquire().await.unwrap());
     let again = tokio::time::timeout(Duration::from_secs(2), sem.acquire())
@@ -86,7 +90,9 @@ async fn a_dropped_permit_is_released() {
 /// A lease that expired before release is reported as an overrun.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_release_reports_the_overrun() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let client = redis::Client::open(server.url()).unwrap();
     let sem = RedisSemaphore::builder(client, "late")
         .limit(1)
@@ -109,7 +115,9 @@ async fn a_late_release_reports_the_overrun() {
 /// reaches another client, an unreachable Redis rejects as Unavailable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulkhead_policy_over_redis() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let one = RedisBulkhead::builder(semaphore(&server, "bh", 1, 5_000).await)
         .max_wait(Duration::ZERO)
         .build()
@@ -149,7 +157,7 @@ async fn bulkhead_policy_over_redis() {
 /// Script calls run by the server so far: EVALSHA and EVAL, less those
 /// that failed (an EVALSHA answered NOSCRIPT is retried as an EVAL).
 fn script_calls(server: &RedisServer) -> u64 {
-    let info = server.cmd(&["INFO", "commandstats"]);
+    let info: String = server.cmd(&["INFO", "commandstats"]);
     let field = |line: &str, name: &str| -> u64 {
         line.split(&format!("{name}="))
             .nth(1)
@@ -168,7 +176,9 @@ fn script_calls(server: &RedisServer) -> u64 {
 /// after the wake-up (not a second attempt straight after the first).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_bulkhead_caller_asks_redis_twice() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let holder = semaphore(&server, "twice", 1, 30_000).await;
     // No poll within the test: only pub/sub can wake the waiter.
     let polls_rarely = RedisSemaphore::builder(redis::Client::open(server.url()).unwrap(), "twice")
@@ -211,7 +221,7 @@ async fn a_waiting_bulkhead_caller_asks_redis_twice() {
     assert!(
         calls == 3,
         "{calls} script calls: {}",
-        server.cmd(&["INFO", "commandstats"])
+        server.cmd::<String>(&["INFO", "commandstats"])
     );
     drop(granted);
 }
@@ -238,7 +248,9 @@ async fn a_connect_error_returns_the_redis_error_from_source() {
 /// crate's error as the source.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unavailable_errors_return_the_redis_error_from_source() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let sem = semaphore(&server, "gone", 2, 30_000).await;
     let held = sem.acquire().await.unwrap();
     server.stop();
