@@ -253,6 +253,8 @@ impl Peer for BulkheadPeer {
             BulkheadError::Rejected(_) => Outcome::Rejected,
             BulkheadError::CallTimeout => Outcome::CallTimeout,
             BulkheadError::Inner(never) => match *never {},
+            // Non-exhaustive: a variant added later.
+            other => Outcome::Other(format!("{other:?}")),
         }
     }
 

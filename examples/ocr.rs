@@ -131,6 +131,9 @@ impl OcrService {
             BulkheadError::Rejected(r) => ScanError::Unavailable(r),
             BulkheadError::CallTimeout => ScanError::TooSlow,
             BulkheadError::Inner(never) => match never {},
+            // `BulkheadError` is non-exhaustive; this example knows every
+            // variant it has today.
+            other => unreachable!("a bulkhead error this example does not know: {other:?}"),
         })
     }
 }

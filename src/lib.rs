@@ -83,8 +83,12 @@
 //! - `redis`: `bulkhead::redis`, a semaphore whose permits are leases in
 //!   Redis (renewed while held, with fencing tokens) and a bulkhead over it.
 //!   Needs `tokio` or `smol` as well, for the `redis` crate's connections
-//!   and the background renewals; `smol` also brings the `async-io` timer.
-//!   The `redis` crate needs Rust 1.88.
+//!   and the background renewals (without either, the build stops with an
+//!   error that says so); `smol` also brings the `async-io` timer.
+//!   Like the rest of the crate it builds on Rust 1.86: recent `redis`
+//!   releases need 1.88, but Cargo's MSRV-aware resolver (the default in
+//!   edition 2024 workspaces) picks one that fits an older toolchain (the
+//!   lockfile's `redis` 1.2 needs 1.85).
 //!
 //! With `default-features = false` and neither runtime feature there is no
 //! default timer, and building a bulkhead that needs one fails with a
@@ -116,7 +120,7 @@ pub mod keyed;
 #[allow(unsafe_code)]
 mod list;
 mod loom;
-#[cfg(all(not(loom), feature = "redis"))]
+#[cfg(all(not(loom), feature = "redis", any(feature = "tokio", feature = "smol")))]
 pub mod redis;
 #[allow(unsafe_code)]
 mod semaphore;
@@ -126,6 +130,15 @@ pub mod timer;
 pub mod tower;
 #[allow(unsafe_code)]
 mod wake_list;
+
+// Without a runtime the module is left out (its errors would bury this
+// one), and the redis crate is built without its async half, which fails
+// to compile on its own without one.
+#[cfg(all(feature = "redis", not(any(feature = "tokio", feature = "smol"))))]
+compile_error!(
+    "the `redis` feature needs a runtime for its connections and lease renewals: \
+     enable `tokio` or `smol` as well (e.g. `features = [\"redis\", \"tokio\"]`)"
+);
 
 #[cfg(not(loom))]
 pub use bulkhead::{

@@ -10,6 +10,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use std::error::Error;
+
 use bulkhead::observer::{Finished, Observer, Permitted, Rejection};
 use bulkhead::{
     BuildErrorKind, Bulkhead, BulkheadError, CallOutcome, Metrics, RejectReason, Rejected,
@@ -100,6 +104,65 @@ fn bad_configurations_are_build_errors() {
     );
     let err = Bulkhead::builder().build().unwrap_err();
     assert_eq!(err.to_string(), "max_concurrent_calls must be set");
+}
+
+/// `BulkheadError`'s `Display` says what happened at its level only; the
+/// rejection or the call's own error is its source, and the chain goes on
+/// from there.
+#[test]
+fn a_call_error_returns_its_cause_from_source_without_repeating_it() {
+    let bh = Bulkhead::builder()
+        .name("ledger")
+        .max_concurrent_calls(1)
+        .max_wait(Duration::ZERO)
+        .call_timeout(Duration::from_millis(10))
+        .build()
+        .unwrap();
+
+    let failed = block_on(bh.call(async { Err::<(), _>(common::Declined) })).unwrap_err();
+    assert_eq!(
+        common::error_chain(&failed, 1),
+        [
+            "the guarded call failed",
+            "the provider declined",
+            "quota exceeded"
+        ]
+    );
+    assert!(failed.source().unwrap().is::<common::Declined>());
+
+    let held = bh.try_acquire().unwrap();
+    let rejected = block_on(bh.call(async { Ok::<(), common::Declined>(()) })).unwrap_err();
+    assert_eq!(
+        common::error_chain(&rejected, 2),
+        [
+            "the bulkhead did not admit the call",
+            "bulkhead ledger is full"
+        ]
+    );
+    let source = rejected
+        .source()
+        .unwrap()
+        .downcast_ref::<Rejected>()
+        .unwrap();
+    assert_eq!(source, rejected.rejected().unwrap());
+    drop(held);
+
+    let timed_out = block_on(bh.call(async {
+        pending::<()>().await;
+        Ok::<(), common::Declined>(())
+    }))
+    .unwrap_err();
+    assert_eq!(timed_out, BulkheadError::CallTimeout);
+    assert_eq!(
+        common::error_chain(&timed_out, 1),
+        ["call timed out inside the bulkhead"]
+    );
+
+    // An error that is only `Display` (no source to return) still shows
+    // this level's message, and the variant still holds it.
+    let plain = block_on(bh.call(async { Err::<(), _>("no") })).unwrap_err();
+    assert_eq!(plain.to_string(), "the guarded call failed");
+    assert_eq!(plain.into_inner(), Some("no"));
 }
 
 /// `max_wait(ZERO)` fails fast with `Full` and never waits.

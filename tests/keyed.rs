@@ -4,7 +4,10 @@
 //! bounded labels, and concurrent stress tests that count calls in flight
 //! on their own.
 
+mod common;
+
 use std::collections::HashSet;
+use std::error::Error;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -669,6 +672,71 @@ async fn call_runs_under_both_permits_and_reports_how_it_ended() {
     let a = kb.metrics_for("a").unwrap();
     assert_eq!((a.admitted(), a.call_timeouts(), a.in_flight()), (3, 1, 0));
     assert_eq!(kb.global_metrics().unwrap().in_flight(), 0);
+}
+
+/// `KeyedError`'s `Display` says what happened at its level only; the
+/// rejection (whose own source is the key's bulkhead's rejection) or the
+/// call's error is its source.
+#[tokio::test]
+async fn a_keyed_call_error_returns_its_cause_from_source_without_repeating_it() {
+    let kb = KeyedBulkhead::<&'static str>::builder()
+        .name("tenants")
+        .max_concurrent_calls(1)
+        .max_wait(Duration::ZERO)
+        .call_timeout(Duration::from_millis(10))
+        .build()
+        .unwrap();
+
+    let failed = kb
+        .call(&"acme", async { Err::<(), _>(common::Declined) })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        common::error_chain(&failed, 1),
+        [
+            "the guarded call failed",
+            "the provider declined",
+            "quota exceeded"
+        ]
+    );
+
+    let held = kb.try_acquire(&"acme").unwrap();
+    let rejected = kb
+        .call(&"acme", async { Ok::<(), common::Declined>(()) })
+        .await
+        .unwrap_err();
+    let chain = common::error_chain(&rejected, 3);
+    assert_eq!(
+        chain[..2],
+        [
+            "the keyed bulkhead did not admit the call",
+            "keyed bulkhead tenants: the key is at its limit"
+        ]
+    );
+    assert_eq!(chain.len(), 3, "{chain:?}");
+    let keyed = rejected.source().unwrap();
+    assert_eq!(
+        keyed.downcast_ref::<bulkhead::keyed::KeyedRejected>(),
+        rejected.rejected()
+    );
+    let inner = keyed.source().unwrap().downcast_ref::<bulkhead::Rejected>();
+    assert_eq!(
+        inner.map(|r| r.reason()),
+        Some(bulkhead::RejectReason::Full)
+    );
+    drop(held);
+
+    let timed_out = kb
+        .call(&"acme", async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok::<(), common::Declined>(())
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        common::error_chain(&timed_out, 1),
+        ["call timed out inside the keyed bulkhead"]
+    );
 }
 
 #[derive(Debug, Default)]

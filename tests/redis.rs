@@ -2,13 +2,15 @@
 //! per test on a free loopback port with persistence off.
 #![cfg(all(not(loom), feature = "redis", feature = "tokio"))]
 
+mod common;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
+use std::error::Error;
 use std::time::Duration;
 
 use bulkhead::RejectReason;
-use bulkhead::redis::{LeaseError, RedisBulkhead, RedisSemaphore, ReleaseError};
+use bulkhead::redis::{ConfigError, LeaseError, RedisBulkhead, RedisSemaphore, ReleaseError};
 use redis_server::RedisServer;
 
 async fn semaphore(server: &RedisServer, name: &str, limit: usize, ttl_ms: u64) -> RedisSemaphore {
@@ -26,7 +28,9 @@ async fn semaphore(server: &RedisServer, name: &str, limit: usize, ttl_ms: u64) 
 /// wakes a waiter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_up_to_the_limit_with_increasing_fences() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let sem = semaphore(&server, "api", 2, 5_000).await;
     let a = sem.acquire().await.unwrap();
     let b = sem.try_acquire().await.unwrap();
@@ -69,7 +73,9 @@ async fn grants_up_to_the_limit_with_increasing_fences() {
 /// A dropped permit is released at once in the background.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_permit_is_released() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let sem = semaphore(&server, "drop", 1, 30_000).await;
     drop(sem.acquire().await.unwrap());
     let again = tokio::time::timeout(Duration::from_secs(2), sem.acquire())
@@ -84,7 +90,9 @@ async fn a_dropped_permit_is_released() {
 /// A lease that expired before release is reported as an overrun.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_release_reports_the_overrun() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let client = redis::Client::open(server.url()).unwrap();
     let sem = RedisSemaphore::builder(client, "late")
         .limit(1)
@@ -107,7 +115,9 @@ async fn a_late_release_reports_the_overrun() {
 /// reaches another client, an unreachable Redis rejects as Unavailable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulkhead_policy_over_redis() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let one = RedisBulkhead::builder(semaphore(&server, "bh", 1, 5_000).await)
         .max_wait(Duration::ZERO)
         .build()
@@ -147,7 +157,7 @@ async fn bulkhead_policy_over_redis() {
 /// Script calls run by the server so far: EVALSHA and EVAL, less those
 /// that failed (an EVALSHA answered NOSCRIPT is retried as an EVAL).
 fn script_calls(server: &RedisServer) -> u64 {
-    let info = server.cmd(&["INFO", "commandstats"]);
+    let info: String = server.cmd(&["INFO", "commandstats"]);
     let field = |line: &str, name: &str| -> u64 {
         line.split(&format!("{name}="))
             .nth(1)
@@ -166,7 +176,9 @@ fn script_calls(server: &RedisServer) -> u64 {
 /// after the wake-up (not a second attempt straight after the first).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_bulkhead_caller_asks_redis_twice() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let holder = semaphore(&server, "twice", 1, 30_000).await;
     // No poll within the test: only pub/sub can wake the waiter.
     let polls_rarely = RedisSemaphore::builder(redis::Client::open(server.url()).unwrap(), "twice")
@@ -209,7 +221,58 @@ async fn a_waiting_bulkhead_caller_asks_redis_twice() {
     assert!(
         calls == 3,
         "{calls} script calls: {}",
-        server.cmd(&["INFO", "commandstats"])
+        server.cmd::<String>(&["INFO", "commandstats"])
     );
     drop(granted);
+}
+
+/// A first connection that fails is `ConfigError::Connect`: its message is
+/// its own, and the redis crate's error is its source. Needs no server.
+#[tokio::test]
+async fn a_connect_error_returns_the_redis_error_from_source() {
+    // Nothing listens on a port that was free a moment ago.
+    let url = format!("redis://127.0.0.1:{}/", redis_server::free_port());
+    let client = redis::Client::open(url).unwrap();
+    let err = RedisSemaphore::builder(client, "nowhere")
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::Connect(_)), "{err:?}");
+    let chain = common::error_chain(&err, 1);
+    assert_eq!(chain[0], "could not connect to redis", "{chain:?}");
+    assert!(err.source().unwrap().is::<redis::RedisError>());
+}
+
+/// With the server gone, an acquire is `LeaseError::Unavailable` and a
+/// release `ReleaseError::Unavailable`: messages of their own, the redis
+/// crate's error as the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unavailable_errors_return_the_redis_error_from_source() {
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let sem = semaphore(&server, "gone", 2, 30_000).await;
+    let held = sem.acquire().await.unwrap();
+    server.stop();
+
+    let lease = sem.try_acquire().await.unwrap_err();
+    assert!(matches!(lease, LeaseError::Unavailable(_)), "{lease:?}");
+    let chain = common::error_chain(&lease, 1);
+    assert_eq!(
+        chain[0], "redis is unavailable, no permit granted",
+        "{chain:?}"
+    );
+    assert!(lease.source().unwrap().is::<redis::RedisError>());
+
+    let release = held.release().await.unwrap_err();
+    assert!(
+        matches!(release, ReleaseError::Unavailable(_)),
+        "{release:?}"
+    );
+    let chain = common::error_chain(&release, 1);
+    assert_eq!(
+        chain[0], "redis is unavailable, lease not released",
+        "{chain:?}"
+    );
+    assert!(release.source().unwrap().is::<redis::RedisError>());
 }

@@ -24,9 +24,7 @@ use bulkhead::redis::{
     RedisSemaphoreBuilder, ReleaseError,
 };
 use futures::FutureExt;
-use redis_server::{
-    ChildTest, ConcurrencyProbe, ProbeClient, RedisServer, is_child, parse_bulk, parse_int,
-};
+use redis_server::{ChildTest, ConcurrencyProbe, ProbeClient, RedisServer, is_child};
 use tokio::time::timeout;
 
 /// How long anything that should happen "soon" may take before a test
@@ -64,15 +62,15 @@ fn wall_ms() -> i64 {
 
 /// The deadline (Redis ms) of lease `id` as stored in the `leases` sorted set.
 fn lease_deadline_ms(server: &RedisServer, name: &str, id: &str) -> Option<i64> {
-    let reply = server.cmd(&["ZSCORE", &key(name, "leases"), id]);
-    parse_bulk(&reply).map(|s| s.parse::<f64>().unwrap() as i64)
+    let score: Option<String> = server.cmd(&["ZSCORE", &key(name, "leases"), id]);
+    score.map(|s| s.parse::<f64>().unwrap() as i64)
 }
 
 /// When (Redis ms) lease `id` was granted, from its `fence:granted_ms:label`
 /// entry in the `info` hash.
 fn granted_at_ms(server: &RedisServer, name: &str, id: &str) -> i64 {
-    let reply = server.cmd(&["HGET", &key(name, "info"), id]);
-    let info = parse_bulk(&reply).unwrap_or_else(|| panic!("no info entry for lease {id}"));
+    let info: Option<String> = server.cmd(&["HGET", &key(name, "info"), id]);
+    let info = info.unwrap_or_else(|| panic!("no info entry for lease {id}"));
     info.split(':').nth(1).unwrap().parse().unwrap()
 }
 
@@ -80,17 +78,16 @@ fn granted_at_ms(server: &RedisServer, name: &str, id: &str) -> i64 {
 /// and in the info hash.
 fn raw_lease_counts(server: &RedisServer, name: &str) -> (i64, i64) {
     (
-        server.cmd_int(&["ZCARD", &key(name, "leases")]),
-        server.cmd_int(&["HLEN", &key(name, "info")]),
+        server.cmd(&["ZCARD", &key(name, "leases")]),
+        server.cmd(&["HLEN", &key(name, "info")]),
     )
 }
 
 /// Subscribers of the semaphore's wake-up channel.
 fn subscribers(server: &RedisServer, name: &str) -> i64 {
-    // *2\r\n$N\r\n<channel>\r\n:<count>\r\n
-    let reply = server.cmd(&["PUBSUB", "NUMSUB", &key(name, "wake")]);
-    let last = reply.trim_end().rsplit("\r\n").next().unwrap();
-    parse_int(last).unwrap_or_else(|| panic!("unexpected NUMSUB reply {reply:?}"))
+    // [channel, count]
+    let (_channel, count): (String, i64) = server.cmd(&["PUBSUB", "NUMSUB", &key(name, "wake")]);
+    count
 }
 
 async fn wait_subscribers(server: &RedisServer, name: &str, n: i64) {
@@ -106,7 +103,7 @@ async fn wait_subscribers(server: &RedisServer, name: &str, n: i64) {
 }
 
 fn cached_scripts(server: &RedisServer) -> i64 {
-    let info = server.cmd(&["INFO", "memory"]);
+    let info: String = server.cmd(&["INFO", "memory"]);
     info.lines()
         .find_map(|l| l.strip_prefix("number_of_cached_scripts:"))
         .expect("INFO memory lists number_of_cached_scripts")
@@ -272,7 +269,9 @@ fn processes_share_one_limit() {
     if is_child() {
         return;
     }
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let probe = ConcurrencyProbe::start();
     let mut children: Vec<ChildTest> = (0..SHARED_PROCESSES)
         .map(|i| {
@@ -295,7 +294,7 @@ fn processes_share_one_limit() {
         child.expect_line("READY", PATIENCE);
     }
     let start = Instant::now();
-    assert_eq!(server.cmd(&["SET", "go", "1"]), "+OK\r\n");
+    assert_eq!(server.cmd::<String>(&["SET", "go", "1"]), "OK");
 
     let mut fences: Vec<u64> = Vec::new();
     for child in &mut children {
@@ -323,7 +322,9 @@ fn processes_share_one_limit() {
     fences.sort_unstable();
     assert_eq!(fences, (1..=work as u64).collect::<Vec<_>>());
     assert_eq!(
-        parse_bulk(&server.cmd(&["GET", &key(SHARED, "fence")])).as_deref(),
+        server
+            .cmd::<Option<String>>(&["GET", &key(SHARED, "fence")])
+            .as_deref(),
         Some(work.to_string().as_str())
     );
     assert_eq!(raw_lease_counts(&server, SHARED), (0, 0));
@@ -366,7 +367,9 @@ async fn child_holds_until_killed() {
 /// sleeps until the earliest lease deadline).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_holders_permit_comes_back_after_its_ttl() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let sem = builder(&server.url(), CRASH)
         .limit(1)
         .lease_ttl(CRASH_TTL)
@@ -509,7 +512,9 @@ async fn child_holds_through_a_freeze() {
 /// overrun.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_holder_loses_its_lease() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let sem = builder(&server.url(), FROZEN)
         .limit(1)
         .lease_ttl(Duration::from_secs(5))
@@ -575,7 +580,9 @@ async fn a_frozen_holder_loses_its_lease() {
 /// it holds it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_holder_is_told_at_its_deadline() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let sem = builder(&server.url(), "unreachable")
         .limit(1)
         .lease_ttl(Duration::from_secs(1))
@@ -621,7 +628,10 @@ enum WaitOutcome {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_survive_a_server_restart() {
     const NAME: &str = "restart";
-    let server = Arc::new(RedisServer::start());
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let server = Arc::new(server);
     let holder_sem = builder(&server.url(), NAME)
         .limit(2)
         .lease_ttl(Duration::from_secs(2))
@@ -740,7 +750,9 @@ async fn a_waiter_gives_up_on_a_frozen_server_within_outage_tolerance() {
     const NAME: &str = "outage";
     const TOLERANCE: Duration = Duration::from_millis(300);
     const ATTEMPT: Duration = Duration::from_millis(3 * 400 + 40 + 80);
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let sem = builder(&server.url(), NAME)
         .limit(1)
         .lease_ttl(Duration::from_secs(10))
@@ -777,9 +789,11 @@ async fn a_waiter_gives_up_on_a_frozen_server_within_outage_tolerance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limit_installs_the_builders_limit_when_none_is_stored() {
     const NAME: &str = "limit";
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let sem = builder(&server.url(), NAME).limit(4).build().await.unwrap();
-    let stored = || parse_bulk(&server.cmd(&["GET", &key(NAME, "limit")]));
+    let stored = || server.cmd::<Option<String>>(&["GET", &key(NAME, "limit")]);
     let fresh = sem.limit().await.unwrap();
     let installed = stored();
     sem.set_limit(6).await.unwrap();
@@ -826,7 +840,9 @@ async fn limit_installs_the_builders_limit_when_none_is_stored() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_is_survived() {
     const NAME: &str = "flush";
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let sem = builder(&server.url(), NAME)
         .limit(1)
         .lease_ttl(Duration::from_millis(900))
@@ -841,23 +857,23 @@ async fn script_flush_is_survived() {
         .await
         .unwrap();
     let permit = sem.acquire().await.unwrap();
-    assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), "+OK\r\n");
+    assert_eq!(server.cmd::<String>(&["SCRIPT", "FLUSH"]), "OK");
     assert_eq!(cached_scripts(&server), 0);
     // Past the TTL: only renewals that reloaded their script keep it.
     tokio::time::sleep(Duration::from_millis(1300)).await;
     assert!(!permit.is_lost(), "{:?}", permit.lost_reason());
-    assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), "+OK\r\n");
+    assert_eq!(server.cmd::<String>(&["SCRIPT", "FLUSH"]), "OK");
     let holders = other.holders().await.unwrap();
     assert_eq!(holders.len(), 1);
     assert_eq!(holders[0].id, permit.id());
-    assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), "+OK\r\n");
+    assert_eq!(server.cmd::<String>(&["SCRIPT", "FLUSH"]), "OK");
     assert!(matches!(
         other.try_acquire().await,
         Err(LeaseError::NoPermits { .. })
     ));
-    assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), "+OK\r\n");
+    assert_eq!(server.cmd::<String>(&["SCRIPT", "FLUSH"]), "OK");
     permit.release().await.unwrap();
-    assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), "+OK\r\n");
+    assert_eq!(server.cmd::<String>(&["SCRIPT", "FLUSH"]), "OK");
     let again = timeout(Duration::from_secs(5), other.acquire())
         .await
         .unwrap()
@@ -913,7 +929,9 @@ async fn start_waiter(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pubsub_wakes_waiters_long_before_max_poll() {
     const NAME: &str = "wake";
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let (holder, waiter_sem, held) = pubsub_setup(&server, NAME, Duration::from_secs(10)).await;
     let mut held = Some(held);
     for round in 0..2 {
@@ -936,10 +954,7 @@ async fn pubsub_wakes_waiters_long_before_max_poll() {
         permit.release().await.unwrap();
         if round == 0 {
             // Kill both subscriptions; wait until both are made again.
-            assert_eq!(
-                parse_int(&server.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])),
-                Some(2)
-            );
+            assert_eq!(server.cmd::<i64>(&["CLIENT", "KILL", "TYPE", "pubsub"]), 2);
             wait_subscribers(&server, NAME, 2).await;
         }
     }
@@ -951,15 +966,14 @@ async fn pubsub_wakes_waiters_long_before_max_poll() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_survive_a_killed_pubsub_connection() {
     const NAME: &str = "nopubsub";
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let (holder, waiter_sem, held) = pubsub_setup(&server, NAME, Duration::from_millis(300)).await;
 
     // Killed right before the release.
     let waiter = start_waiter(&waiter_sem).await;
-    assert_eq!(
-        parse_int(&server.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])),
-        Some(2)
-    );
+    assert_eq!(server.cmd::<i64>(&["CLIENT", "KILL", "TYPE", "pubsub"]), 2);
     let released = Instant::now();
     held.release().await.unwrap();
     let permit = timeout(Duration::from_secs(3), waiter)
@@ -973,10 +987,10 @@ async fn waiters_survive_a_killed_pubsub_connection() {
     // Subscribing is refused from now on: no pub/sub at all.
     let held = holder.try_acquire().await.unwrap();
     assert_eq!(
-        server.cmd(&["ACL", "SETUSER", "default", "-subscribe"]),
-        "+OK\r\n"
+        server.cmd::<String>(&["ACL", "SETUSER", "default", "-subscribe"]),
+        "OK"
     );
-    server.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    server.cmd::<i64>(&["CLIENT", "KILL", "TYPE", "pubsub"]);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(subscribers(&server, NAME), 0);
     let waiter = start_waiter(&waiter_sem).await;
@@ -1005,7 +1019,9 @@ async fn waiters_survive_a_killed_pubsub_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_acquires_leave_no_lease() {
     const NAME: &str = "dropped";
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let make = |label: &str| {
         builder(&server.url(), NAME)
             .limit(1)
@@ -1101,7 +1117,9 @@ async fn dropped_acquires_leave_no_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_waiter_leaves_no_lease() {
     const NAME: &str = "waiter";
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let make = |label: &str| {
         builder(&server.url(), NAME)
             .limit(1)
@@ -1157,7 +1175,9 @@ async fn acquires_dropped_while_redis_stalls_leave_no_lease() {
     const NAME: &str = "stall";
     const TTL: Duration = Duration::from_millis(1500);
     const PAUSE: Duration = Duration::from_millis(1000);
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     // Only the dropped acquires use the 100 ms response timeout; every
     // check goes through a handle with the default one, so that a loaded
     // machine cannot fail it.
@@ -1221,7 +1241,9 @@ async fn acquires_dropped_while_redis_stalls_leave_no_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_bulkhead_acquires_leave_nothing_behind() {
     const NAME: &str = "bulkhead-drops";
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let make = |label: &str| {
         builder(&server.url(), NAME)
             .limit(1)
@@ -1278,7 +1300,9 @@ async fn dropped_bulkhead_acquires_leave_nothing_behind() {
 #[test]
 fn works_on_smol_outside_tokio() {
     const NAME: &str = "smol";
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let url = server.url();
     let (tx, rx) = std::sync::mpsc::channel();
     let worker = std::thread::spawn(move || {
@@ -1366,7 +1390,9 @@ fn holder_of<'a>(holders: &'a [Holder], permit: &LeasedPermit) -> &'a Holder {
 async fn holders_lists_labels_fences_and_ages() {
     const NAME: &str = "holders";
     const TTL: Duration = Duration::from_millis(1200);
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
     let make = |label: Option<&str>| {
         let b = builder(&server.url(), NAME).limit(3).lease_ttl(TTL);
         match label {

@@ -279,6 +279,15 @@ impl std::error::Error for Rejected {}
 /// The error of [`Bulkhead::call`](crate::Bulkhead::call): the call was
 /// rejected, ran out of time, or failed on its own.
 ///
+/// As the Rust API guidelines ask, `Display` says only what happened at
+/// this level ("the bulkhead did not admit the call", "the guarded call
+/// failed") and the error it holds, the [`Rejected`] or the call's own, is
+/// its [`source`](std::error::Error::source), not repeated in the message.
+/// Match the variant, or print the whole chain (`{:#}` with `anyhow`), to
+/// see why.
+///
+/// More variants may be added: a `match` needs a `_` arm.
+///
 /// # Examples
 ///
 /// ```
@@ -291,10 +300,27 @@ impl std::error::Error for Rejected {}
 ///     Err(BulkheadError::Rejected(r)) => println!("not admitted: {r}"),
 ///     Err(BulkheadError::CallTimeout) => println!("took too long"),
 ///     Err(BulkheadError::Inner(e)) => assert_eq!(e, "declined"),
+///     Err(other) => println!("{other}"),
 /// }
 /// # });
 /// ```
+///
+/// The cause is the source:
+///
+/// ```
+/// use std::error::Error;
+/// use bulkhead::{Bulkhead, BulkheadError};
+///
+/// # futures::executor::block_on(async {
+/// let bh = Bulkhead::builder().name("ledger").max_concurrent_calls(1).build().unwrap();
+/// bh.close();
+/// let err = bh.call(async { Ok::<(), std::io::Error>(()) }).await.unwrap_err();
+/// assert_eq!(err.to_string(), "the bulkhead did not admit the call");
+/// assert_eq!(err.source().unwrap().to_string(), "bulkhead ledger is closed");
+/// # });
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BulkheadError<E> {
     /// The bulkhead did not admit the call; the guarded future never ran.
     Rejected(Rejected),
@@ -356,13 +382,14 @@ impl<E> From<Rejected> for BulkheadError<E> {
     }
 }
 
-impl<E: fmt::Display> fmt::Display for BulkheadError<E> {
+/// This level only: the rejection or the call's error is the source.
+impl<E> fmt::Display for BulkheadError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Rejected(r) => r.fmt(f),
-            Self::CallTimeout => f.write_str("call timed out inside the bulkhead"),
-            Self::Inner(e) => e.fmt(f),
-        }
+        f.write_str(match self {
+            Self::Rejected(_) => "the bulkhead did not admit the call",
+            Self::CallTimeout => "call timed out inside the bulkhead",
+            Self::Inner(_) => "the guarded call failed",
+        })
     }
 }
 

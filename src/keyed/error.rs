@@ -241,6 +241,11 @@ impl std::error::Error for KeyedRejected {
 /// The error of [`KeyedBulkhead::call`](super::KeyedBulkhead::call): the
 /// call was rejected, ran out of time, or failed on its own.
 ///
+/// Like [`BulkheadError`](crate::BulkheadError), `Display` says only what
+/// happened at this level and the error it holds (the [`KeyedRejected`] or
+/// the call's own) is its [`source`](std::error::Error::source). More
+/// variants may be added: a `match` needs a `_` arm.
+///
 /// # Examples
 ///
 /// ```
@@ -253,6 +258,7 @@ impl std::error::Error for KeyedRejected {
 /// # });
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KeyedError<E> {
     /// The call was not admitted; the guarded future never ran.
     Rejected(KeyedRejected),
@@ -287,13 +293,14 @@ impl<E> From<KeyedRejected> for KeyedError<E> {
     }
 }
 
-impl<E: fmt::Display> fmt::Display for KeyedError<E> {
+/// This level only: the rejection or the call's error is the source.
+impl<E> fmt::Display for KeyedError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Rejected(r) => r.fmt(f),
-            Self::CallTimeout => f.write_str("call timed out inside the keyed bulkhead"),
-            Self::Inner(e) => e.fmt(f),
-        }
+        f.write_str(match self {
+            Self::Rejected(_) => "the keyed bulkhead did not admit the call",
+            Self::CallTimeout => "call timed out inside the keyed bulkhead",
+            Self::Inner(_) => "the guarded call failed",
+        })
     }
 }
 

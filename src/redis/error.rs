@@ -1,4 +1,7 @@
 //! Errors of the Redis semaphore.
+//!
+//! As the Rust API guidelines ask, a variant that holds the `redis` crate's
+//! error returns it from `source()` and does not repeat it in `Display`.
 
 use core::fmt;
 use std::time::Duration;
@@ -30,7 +33,7 @@ impl fmt::Display for LeaseError {
             Self::NoPermits { limit, .. } => {
                 write!(f, "all {limit} leased permits are held")
             }
-            Self::Unavailable(e) => write!(f, "redis is unavailable, no permit granted: {e}"),
+            Self::Unavailable(_) => f.write_str("redis is unavailable, no permit granted"),
             Self::Closed => f.write_str("the semaphore was closed"),
         }
     }
@@ -69,7 +72,7 @@ impl fmt::Display for ReleaseError {
                 write!(f, "the lease had expired {by:?} before it was released")
             }
             Self::Overrun { by: None } => f.write_str("the lease was lost before it was released"),
-            Self::Unavailable(e) => write!(f, "redis is unavailable, lease not released: {e}"),
+            Self::Unavailable(_) => f.write_str("redis is unavailable, lease not released"),
         }
     }
 }
@@ -141,7 +144,7 @@ impl fmt::Display for ConfigError {
             Self::NoRuntime => f.write_str(
                 "no runtime for the lease keeper: build inside a tokio runtime or enable `smol`",
             ),
-            Self::Connect(e) => write!(f, "could not connect to redis: {e}"),
+            Self::Connect(_) => f.write_str("could not connect to redis"),
         }
     }
 }

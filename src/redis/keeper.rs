@@ -165,9 +165,7 @@ async fn pubsub_loop(
 ) {
     let mut backoff = Duration::from_millis(50);
     while !signals.is_stopped() {
-        if let Ok(mut pubsub) = client.get_async_pubsub().await
-            && pubsub.subscribe(&channel).await.is_ok()
-        {
+        if let Some(pubsub) = subscribe(&client, &channel).await {
             backoff = Duration::from_millis(50);
             signals.wake.notify(usize::MAX);
             let mut messages = pubsub.into_on_message();
@@ -198,6 +196,15 @@ async fn pubsub_loop(
         }
         backoff = (backoff * 2).min(Duration::from_secs(1));
     }
+}
+
+/// A pub/sub connection subscribed to `channel`, or `None` if connecting or
+/// subscribing failed. (Not a let-chain in `pubsub_loop`: those need Rust
+/// 1.88, and the crate supports 1.86.)
+async fn subscribe(client: &redis::Client, channel: &str) -> Option<redis::aio::PubSub> {
+    let mut pubsub = client.get_async_pubsub().await.ok()?;
+    pubsub.subscribe(channel).await.ok()?;
+    Some(pubsub)
 }
 
 /// Sleeps for `d`; returns `false` early if the semaphore is dropped.

@@ -45,9 +45,6 @@
 //! # Ok(()) }
 //! ```
 
-#[cfg(not(any(feature = "tokio", feature = "smol")))]
-compile_error!("the `redis` feature needs a runtime: enable `tokio` or `smol` as well");
-
 mod attempt;
 mod builder;
 mod bulkhead;

@@ -70,7 +70,7 @@ mod clock;
 mod deadline;
 mod thread;
 // A race against a boxed `Sleep`, for the Redis backend's own waits.
-#[cfg(feature = "redis")]
+#[cfg(all(feature = "redis", any(feature = "tokio", feature = "smol")))]
 pub(crate) mod timeout;
 
 #[cfg(feature = "async-io")]

@@ -32,6 +32,67 @@ pub const fn scaled(native: usize, miri: usize) -> usize {
 }
 
 // ---------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------
+
+/// The messages of `err` and of its sources, outermost first, after checking
+/// that none of the first `ours` (the crate's own errors) repeats the
+/// message of its source (the Rust API guidelines: an error returns its
+/// cause from `source()` or shows it in `Display`, never both). The errors
+/// below them are not ours to check: the redis crate's `RedisError` does
+/// repeat its `io::Error`.
+pub fn error_chain(err: &(dyn std::error::Error + 'static), ours: usize) -> Vec<String> {
+    let mut messages = Vec::new();
+    let mut next = Some(err);
+    while let Some(e) = next {
+        let message = e.to_string();
+        next = e.source();
+        if let Some(source) = next.filter(|_| messages.len() < ours) {
+            let cause = source.to_string();
+            assert!(
+                !message.contains(&cause),
+                "{message:?} repeats its source's message {cause:?}"
+            );
+        }
+        messages.push(message);
+    }
+    assert!(
+        messages.len() >= ours,
+        "{messages:?}: fewer than {ours} errors"
+    );
+    messages
+}
+
+/// An error with a source of its own ([`Cause`]), to follow a chain
+/// through a wrapper.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Declined;
+
+impl std::fmt::Display for Declined {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the provider declined")
+    }
+}
+
+impl std::error::Error for Declined {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&Cause)
+    }
+}
+
+/// [`Declined`]'s source.
+#[derive(Debug)]
+pub struct Cause;
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("quota exceeded")
+    }
+}
+
+impl std::error::Error for Cause {}
+
+// ---------------------------------------------------------------------------
 // Hand-polling
 // ---------------------------------------------------------------------------
 
