@@ -97,8 +97,9 @@
 //! trait.
 
 #![deny(unsafe_op_in_unsafe_fn)]
-// Unsafe code lives in the intrusive list, the semaphore built on it and
-// its wake-up batch, and nowhere else: those three modules opt out below.
+// Unsafe code lives in the intrusive list and the semaphore built on it
+// (with its wake-up batch), and nowhere else: those two modules opt out
+// below.
 #![deny(unsafe_code)]
 #![warn(
     missing_docs,
@@ -128,8 +129,6 @@ mod semaphore;
 pub mod timer;
 #[cfg(all(not(loom), feature = "tower"))]
 pub mod tower;
-#[allow(unsafe_code)]
-mod wake_list;
 
 // Without a runtime the module is left out (its errors would bury this
 // one), and the redis crate is built without its async half, which fails

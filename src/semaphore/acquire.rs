@@ -13,7 +13,7 @@ use super::{OwnedPermit, Permit, Semaphore};
 use crate::error::{AcquireError, TryAcquireError};
 use crate::list::{Linked, Links};
 use crate::loom::{AtomicUsize, Ordering, UnsafeCell, lock};
-use crate::wake_list::WakeList;
+use super::wake_list::WakeList;
 
 /// Set in [`Waiter::remaining`] when `close` unlinked the node.
 const NODE_CLOSED: usize = 1 << (usize::BITS - 1);

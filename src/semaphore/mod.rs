@@ -71,6 +71,7 @@ mod acquire;
 mod permit;
 mod release;
 pub(crate) mod state;
+mod wake_list;
 
 pub use acquire::{Acquire, AcquireOwned};
 pub use permit::{OwnedPermit, Permit};
@@ -84,7 +85,7 @@ use state::{CLOSED, WAITERS, balance, units};
 use crate::error::TryAcquireError;
 use crate::list::List;
 use crate::loom::{AtomicUsize, Mutex, Ordering, lock};
-use crate::wake_list::WakeList;
+use wake_list::WakeList;
 
 /// An async counting semaphore: fair by default, weighted, safe to cancel,
 /// usable from any executor and from plain threads.

@@ -13,7 +13,7 @@ use super::state::{CLOSED, WAITERS, balance, units};
 use super::{Overflow, Semaphore};
 use crate::list::List;
 use crate::loom::{MutexGuard, Ordering, lock};
-use crate::wake_list::{WakeList, wake};
+use super::wake_list::{WakeList, wake};
 
 impl Semaphore {
     /// Gives `n` permits back: one CAS when nobody waits, else the lock and
