@@ -836,3 +836,207 @@ fn the_line_reads_the_same_with_and_without_max_queue() {
         }
     }
 }
+
+/// A waker that records that it was woken.
+#[derive(Default)]
+struct Flag(std::sync::atomic::AtomicBool);
+
+impl std::task::Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Flag {
+    fn take(&self) -> bool {
+        self.0.swap(false, Ordering::SeqCst)
+    }
+}
+
+fn poll_with<F: Future>(fut: std::pin::Pin<&mut F>, flag: &Arc<Flag>) -> Poll<F::Output> {
+    let waker = Waker::from(flag.clone());
+    fut.poll(&mut Context::from_waker(&waker))
+}
+
+/// The line's one timer (the default timer, a fair bulkhead) times each
+/// waiter from its own start: rejected at its deadline, never earlier.
+#[cfg(feature = "tokio")]
+#[tokio::test(start_paused = true)]
+async fn the_line_timer_rejects_each_waiter_at_its_own_deadline() {
+    use tokio::time::advance;
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_wait(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let _held = bh.try_acquire().unwrap();
+    let (fa, fb) = (Arc::new(Flag::default()), Arc::new(Flag::default()));
+    let mut a = pin!(bh.acquire());
+    assert!(poll_with(a.as_mut(), &fa).is_pending());
+    advance(Duration::from_millis(500)).await;
+    let mut b = pin!(bh.acquire());
+    assert!(poll_with(b.as_mut(), &fb).is_pending());
+    advance(Duration::from_millis(499)).await;
+    assert!(!fa.take() && !fb.take(), "nobody's deadline has passed");
+    advance(Duration::from_millis(1)).await;
+    assert!(fa.take(), "the first waiter is woken at its deadline");
+    assert!(!fb.take());
+    let Poll::Ready(Err(r)) = poll_with(a.as_mut(), &fa) else {
+        panic!("the first waiter times out")
+    };
+    assert_eq!(r.reason(), RejectReason::Timeout);
+    assert!(fb.take(), "the next waiter is told to look at its deadline");
+    assert!(poll_with(b.as_mut(), &fb).is_pending(), "not due yet");
+    advance(Duration::from_millis(499)).await;
+    assert!(!fb.take());
+    advance(Duration::from_millis(1)).await;
+    assert!(fb.take(), "the second waiter is woken at its own deadline");
+    let Poll::Ready(Err(r)) = poll_with(b.as_mut(), &fb) else {
+        panic!("the second waiter times out")
+    };
+    assert_eq!(r.reason(), RejectReason::Timeout);
+    let m = bh.metrics();
+    assert_eq!((m.rejected_timeout(), m.queued()), (2, 0));
+}
+
+/// The waiter the line timer woke is served instead of timing out: the
+/// one behind it still gets its timeout (the line timer is re-armed for
+/// it), rather than waiting forever.
+#[cfg(feature = "tokio")]
+#[tokio::test(start_paused = true)]
+async fn a_waiter_served_after_the_line_timer_woke_it_passes_the_timer_on() {
+    use tokio::time::advance;
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_wait(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let held = bh.try_acquire().unwrap();
+    let (fa, fb) = (Arc::new(Flag::default()), Arc::new(Flag::default()));
+    let mut a = pin!(bh.call(async { Ok::<_, ()>("a") }));
+    assert!(poll_with(a.as_mut(), &fa).is_pending());
+    advance(Duration::from_millis(500)).await;
+    let mut b = pin!(bh.call(async { Ok::<_, ()>("b") }));
+    assert!(poll_with(b.as_mut(), &fb).is_pending());
+    advance(Duration::from_millis(500)).await;
+    assert!(fa.take(), "the line timer woke the front waiter");
+    // Its permit arrives before it looks.
+    drop(held);
+    assert_eq!(poll_with(a.as_mut(), &fa), Poll::Ready(Ok("a")));
+    // `a` finished at once, and its permit went to `b`.
+    assert!(fb.take(), "b is woken");
+    assert_eq!(poll_with(b.as_mut(), &fb), Poll::Ready(Ok("b")));
+
+    // Again, with the front waiter served while the next one still waits.
+    let held = bh.try_acquire().unwrap();
+    let (fc, fd) = (Arc::new(Flag::default()), Arc::new(Flag::default()));
+    let mut c = pin!(bh.acquire());
+    assert!(poll_with(c.as_mut(), &fc).is_pending());
+    advance(Duration::from_millis(500)).await;
+    let mut d = pin!(bh.acquire());
+    assert!(poll_with(d.as_mut(), &fd).is_pending());
+    advance(Duration::from_millis(500)).await;
+    assert!(fc.take(), "the line timer woke the front waiter");
+    drop(held);
+    let Poll::Ready(Ok(c_permit)) = poll_with(c.as_mut(), &fc) else {
+        panic!("c is served")
+    };
+    assert!(fd.take(), "the served waiter passes the line timer on");
+    assert!(poll_with(d.as_mut(), &fd).is_pending(), "d is not due yet");
+    advance(Duration::from_millis(500)).await;
+    assert!(fd.take(), "d is woken at its own deadline");
+    let Poll::Ready(Err(r)) = poll_with(d.as_mut(), &fd) else {
+        panic!("d times out")
+    };
+    assert_eq!(r.reason(), RejectReason::Timeout);
+    drop(c_permit);
+    assert_eq!(bh.metrics().in_flight(), 0);
+}
+
+/// Many waiters with the same deadline are all rejected at it, each waking
+/// the next, in tasks as a service runs them.
+#[cfg(feature = "tokio")]
+#[tokio::test(start_paused = true)]
+async fn waiters_with_one_deadline_all_time_out_at_it() {
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_wait(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let held = bh.try_acquire().unwrap();
+    let start = tokio::time::Instant::now();
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let bh = bh.clone();
+            tokio::spawn(async move {
+                let r = bh.call(async { Ok::<_, ()>(()) }).await;
+                (r, tokio::time::Instant::now())
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (r, at) = task.await.unwrap();
+        let Err(BulkheadError::Rejected(r)) = r else {
+            panic!("every waiter times out")
+        };
+        assert_eq!(r.reason(), RejectReason::Timeout);
+        assert_eq!(at - start, Duration::from_secs(2), "at the deadline");
+    }
+    assert_eq!(bh.metrics().rejected_timeout(), 50);
+    drop(held);
+}
+
+/// Waiters that are served and waiters that time out, racing on two
+/// worker threads under the line timer: every call ends (none is left
+/// waiting past its deadline for want of a timer), and the counts add up.
+#[cfg(feature = "tokio")]
+#[test]
+fn the_line_timer_under_racing_grants_and_timeouts_strands_nobody() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let bh = Bulkhead::builder()
+            .max_concurrent_calls(2)
+            .max_wait(Duration::from_millis(3))
+            .build()
+            .unwrap();
+        let calls = 400;
+        let tasks: Vec<_> = (0..calls)
+            .map(|i| {
+                let bh = bh.clone();
+                tokio::spawn(async move {
+                    let work = Duration::from_micros(200 * (i % 7));
+                    bh.call(async move {
+                        tokio::time::sleep(work).await;
+                        Ok::<_, ()>(())
+                    })
+                    .await
+                })
+            })
+            .collect();
+        let all = async {
+            let mut ok = 0;
+            for task in tasks {
+                match task.await.unwrap() {
+                    Ok(()) => ok += 1,
+                    Err(BulkheadError::Rejected(r)) => {
+                        assert_eq!(r.reason(), RejectReason::Timeout);
+                        assert!(r.waited() >= Duration::from_millis(3) || r.waited().is_zero());
+                    }
+                    Err(e) => panic!("unexpected {e:?}"),
+                }
+            }
+            ok
+        };
+        let ok = tokio::time::timeout(Duration::from_secs(60), all)
+            .await
+            .expect("every call ends");
+        let m = bh.metrics();
+        assert_eq!(m.permitted(), ok);
+        assert_eq!(m.permitted() + m.rejected_timeout(), calls);
+        assert_eq!((m.in_flight(), m.queued()), (0, 0));
+    });
+}

@@ -373,6 +373,7 @@ impl BulkheadBuilder {
             Semaphore::new_unfair(limit)
         });
         policy.line_of(&sem);
+        policy.time_line(&sem);
         Ok(Bulkhead {
             shared: Arc::new(Shared {
                 policy,

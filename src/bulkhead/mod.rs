@@ -39,6 +39,7 @@ mod call;
 pub(crate) mod error;
 mod export;
 pub(crate) mod guard;
+mod line_timer;
 mod metrics;
 pub(crate) mod name;
 pub(crate) mod observer;
@@ -481,6 +482,7 @@ pin_project! {
             let mut this = this.project();
             if this.acquire.is_some() {
                 this.acquire.set(None);
+                this.shared.policy.left_line();
                 this.shared.became_idle_maybe();
             }
         }
@@ -507,6 +509,7 @@ impl Future for Queued<'_> {
         };
         // Done: nothing to hand back on drop.
         this.acquire.set(None);
+        this.shared.policy.left_line();
         Poll::Ready(out)
     }
 }
@@ -541,6 +544,7 @@ pin_project! {
                 // As `Queued` does: a permit handed to the acquire but never
                 // delivered goes back through the semaphore.
                 this.waiting.set(None);
+                shared.policy.left_line();
                 shared.became_idle_maybe();
             }
         }
@@ -596,6 +600,7 @@ fn poll_waiting(
         Poll::Ready(out) => out,
     };
     waiting.set(None);
+    shared.policy.left_line();
     Poll::Ready(match out {
         Ok(((), waited)) => Ok(Admitted::Waited(waited)),
         Err(rejected) => {

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use pin_project_lite::pin_project;
 
 use super::error::{BulkheadError, Hint, RejectReason, Rejected, nanos};
+use super::line_timer::LineTimer;
 use super::metrics::{Counters, Metrics};
 use super::name::Name;
 use super::observer::{CallOutcome, Finished, LeakSuspected, Observer, Permitted, Rejection};
@@ -44,6 +45,10 @@ pub(crate) struct Policy {
     /// `max_queue` to enforce: its own queue length is the line, and a
     /// waiting caller is spared two atomic read-modify-writes.
     line_of: Option<Arc<crate::Semaphore>>,
+    /// One sleep for the whole line, when the semaphore is fair and the
+    /// clock can be read (see `line_timer.rs`); else each waiter arms its
+    /// own `Deadline`.
+    line_timer: Option<LineTimer>,
     /// Report permits held longer than this (needs `clock`).
     leak_threshold: Option<Duration>,
     /// The permits under watch for leaks, by id (only with a threshold).
@@ -119,6 +124,7 @@ impl Policy {
             counters: Counters::default(),
             waiting: AtomicUsize::new(0),
             line_of: None,
+            line_timer: None,
             leak_threshold,
             #[cfg(feature = "tracing")]
             spans,
@@ -148,6 +154,26 @@ impl Policy {
     pub(crate) fn line_of(&mut self, sem: &Arc<crate::Semaphore>) {
         if self.max_queue.is_none() && sem.is_fair() {
             self.line_of = Some(sem.clone());
+        }
+    }
+
+    /// Times the line of `sem` (whose waiters are exactly this policy's)
+    /// with one sleep, if `max_wait` bounds waiting and the clock allows.
+    pub(crate) fn time_line(&mut self, sem: &Arc<crate::Semaphore>) {
+        if self.max_wait.is_some_and(|d| !d.is_zero()) {
+            if let Some(clock) = &self.clock {
+                self.line_timer = LineTimer::new(sem, clock);
+            }
+        }
+    }
+
+    /// A waiter left the line for good, its acquire gone (served, rejected,
+    /// dropped): with a line timer, the next one may have to look at its
+    /// deadline.
+    #[inline]
+    pub(crate) fn left_line(&self) {
+        if let Some(timer) = &self.line_timer {
+            timer.pass_on();
         }
     }
 
@@ -528,6 +554,9 @@ pub(crate) struct Line {
     /// When the wait began, read only if an observer will see it (a clock
     /// reading costs about a tenth of a contended cycle).
     start: Option<Instant>,
+    /// With a line timer: the wait's deadline on its clock (0 until the
+    /// first pending poll).
+    deadline: u64,
 }
 
 impl Line {
@@ -627,6 +656,21 @@ where
             let Some(limit) = policy.max_wait else {
                 return Poll::Pending;
             };
+            if let Some(timer) = &policy.line_timer {
+                return match timer.expired(&mut line.deadline, limit) {
+                    Ok(false) => Poll::Pending,
+                    Ok(true) => {
+                        policy.leave_line(&mut line.placed);
+                        let waited = start.map_or(limit, |start| start.elapsed());
+                        Poll::Ready(Err(policy.reject(RejectReason::Timeout, waited)))
+                    }
+                    Err(_gone) => {
+                        policy.leave_line(&mut line.placed);
+                        let waited = start.map_or(Duration::ZERO, |start| start.elapsed());
+                        Poll::Ready(Err(policy.reject_timer_gone(waited)))
+                    }
+                };
+            }
             match deadline.poll_at(policy.clock.as_ref(), limit, cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(())) => {

@@ -9,11 +9,11 @@ use std::sync::Arc;
 
 use pin_project_lite::pin_project;
 
+use super::wake_list::WakeList;
 use super::{OwnedPermit, Permit, Semaphore};
 use crate::error::{AcquireError, TryAcquireError};
 use crate::list::{Linked, Links};
 use crate::loom::{AtomicUsize, Ordering, UnsafeCell, lock};
-use super::wake_list::WakeList;
 
 /// Set in [`Waiter::remaining`] when `close` unlinked the node.
 const NODE_CLOSED: usize = 1 << (usize::BITS - 1);
@@ -171,7 +171,7 @@ impl Waiter {
     /// # Safety
     ///
     /// The semaphore's lock must be held.
-    unsafe fn take_waker(&self) -> Option<Waker> {
+    pub(super) unsafe fn take_waker(&self) -> Option<Waker> {
         // SAFETY: the caller holds the lock.
         self.waker.with_mut(|w| unsafe { (*w).take() })
     }

@@ -783,6 +783,29 @@ impl Semaphore {
         wakers.resume_panic();
     }
 
+    /// Wakes the task of the waiter at the front of the line, without
+    /// serving it: its next poll finds it still waiting (and stores its
+    /// waker again). For the bulkhead's line timer, which tells the oldest
+    /// waiter to look at its deadline. Returns whether anyone waited. The
+    /// waker is taken out under the lock and woken after it, as every
+    /// waker is; a grant in between finds no waker and needs none, since
+    /// the task is woken already.
+    #[cfg(not(loom))]
+    pub(crate) fn wake_front(&self) -> bool {
+        let list = lock(&self.waiters);
+        let Some(node) = list.front() else {
+            return false;
+        };
+        // SAFETY: `node` is linked, so it is alive, and we hold the lock,
+        // which guards its waker.
+        let waker = unsafe { node.as_ref().take_waker() };
+        drop(list);
+        if let Some(waker) = waker {
+            wake_list::wake(waker);
+        }
+        true
+    }
+
     /// Whether [`close`](Self::close) has been called.
     ///
     /// # Examples

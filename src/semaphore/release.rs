@@ -10,10 +10,10 @@ use core::task::Waker;
 
 use super::acquire::Waiter;
 use super::state::{CLOSED, WAITERS, balance, units};
+use super::wake_list::{WakeList, wake};
 use super::{Overflow, Semaphore};
 use crate::list::List;
 use crate::loom::{MutexGuard, Ordering, lock};
-use super::wake_list::{WakeList, wake};
 
 impl Semaphore {
     /// Gives `n` permits back: one CAS when nobody waits, else the lock and

@@ -115,6 +115,32 @@ impl Clock {
         }
     }
 
+    /// Whether [`now`](Self::now) reads the clock that this clock's sleeps
+    /// run on wherever they are made: the default (tokio's clock inside a
+    /// tokio runtime, which a paused runtime stops, else the system's), the
+    /// timer thread and async-io. Not a `TokioTimer` of a given runtime,
+    /// whose clock is only read inside that runtime, nor a custom timer,
+    /// whose clock cannot be read at all.
+    pub(crate) fn readable(&self) -> bool {
+        match self {
+            Clock::Auto | Clock::Thread => true,
+            #[cfg(feature = "async-io")]
+            Clock::AsyncIo => true,
+            _ => false,
+        }
+    }
+
+    /// The time now on the clock a sleep made here would run on (see
+    /// [`readable`](Self::readable): only meaningful for those clocks).
+    #[inline]
+    pub(crate) fn now(&self) -> std::time::Instant {
+        #[cfg(feature = "tokio")]
+        if matches!(self, Clock::Auto) && in_tokio() {
+            return ::tokio::time::Instant::now().into_std();
+        }
+        std::time::Instant::now()
+    }
+
     /// What the builder's and the bulkhead's `Debug` show.
     pub(crate) fn describe(&self) -> &'static str {
         match self {
