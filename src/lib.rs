@@ -86,12 +86,23 @@
 //!   and the background renewals; `smol` also brings the `async-io` timer.
 //!   The `redis` crate needs Rust 1.88.
 //!
+//! And one puts a bulkhead in a tower stack:
+//!
+//! - `tower`: `bulkhead::tower`, a `BulkheadLayer` for tower, hyper, tonic
+//!   and axum stacks, which takes a permit per request (never in
+//!   `poll_ready`).
+//!
 //! With `default-features = false` and neither runtime feature there is no
 //! default timer, and building a bulkhead that needs one fails with a
 //! [`BuildError`] that says so, rather than waiting forever. Any executor's
 //! timer can be plugged in through the one-method [`Timer`](timer::Timer)
 //! trait.
 
+// On docs.rs (and `.ci/run`'s nightly doc build): label every item that a
+// cargo feature gates with that feature. `loom` is the model checker's
+// build, which the docs are never made for: no "non-loom" labels.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![cfg_attr(docsrs, doc(auto_cfg(hide(loom))))]
 #![deny(unsafe_op_in_unsafe_fn)]
 // Unsafe code lives in the intrusive list, the semaphore built on it and
 // its wake-up batch, and nowhere else: those three modules opt out below.
@@ -117,12 +128,14 @@ pub mod keyed;
 mod list;
 mod loom;
 #[cfg(all(not(loom), feature = "redis"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 #[allow(unsafe_code)]
 mod semaphore;
 #[cfg(not(loom))]
 pub mod timer;
 #[cfg(all(not(loom), feature = "tower"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
 #[allow(unsafe_code)]
 mod wake_list;
