@@ -72,7 +72,10 @@
 //!
 //! - `metrics`: counters, an in-flight gauge and wait/hold-time histograms
 //!   through the [`metrics`](https://docs.rs/metrics) facade, labelled by
-//!   bulkhead name, rejection reason and call outcome.
+//!   bulkhead name, rejection reason and call outcome. A bulkhead registers
+//!   them on its first call, with the recorder installed then: install it
+//!   before the first call (building earlier is fine; see
+//!   `BulkheadBuilder::exporters`).
 //! - `tracing`: a [`tracing`](https://docs.rs/tracing) event for every
 //!   admission, rejection, finished call and suspected leak, and each
 //!   call of `Bulkhead::call` runs inside a `bulkhead_call` span that names
