@@ -9,11 +9,15 @@
 //!
 //! The bulkhead's policy is the exercise's: wait at most 3 s for a
 //! connection, then give up with "busy, retry later"
-//! ([`RejectReason::Timeout`]). With 10,000 invoices in line at once, the
-//! ones at the back do wait longer than that, so the job re-queues a busy
-//! invoice and tries again, up to [`MAX_ATTEMPTS`] times. A call that ran
-//! past `call_timeout`, or that the provider refused, is not retried: the
-//! provider may have issued it, and it needs a person to reconcile it.
+//! ([`RejectReason::Timeout`]). A batch job could wait as long as it takes,
+//! but this bulkhead is the gateway every call to the provider goes
+//! through, and the bound is how the job notices a provider that stalls
+//! (`docs/bulkhead.md`, "Wait, time out, or fail fast", weighs the two).
+//! With 10,000 invoices in line at once, the ones at the back do wait
+//! longer than 3 s, so the job re-queues a busy invoice and tries again, up
+//! to [`MAX_ATTEMPTS`] times. A call that ran past `call_timeout`, or that
+//! the provider refused, is not retried: the provider may have issued it,
+//! and it needs a person to reconcile it.
 //!
 //! Run with `cargo run --release --example invoices`; it takes about 9 s,
 //! bound by the provider's pace (5 at once, 1 to 5 ms each).

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bulkhead::keyed::{KeyedBulkhead, KeyedError, KeyedStats};
+use bulkhead::{Bulkhead, BulkheadError};
 
 /// Reports per tenant at once.
 const PER_TENANT: usize = 4;
@@ -98,12 +99,49 @@ impl Gauges {
 /// How the report service is guarded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    /// One limit of [`SERVICE_SLOTS`] for everybody, with a line of
-    /// [`SHARED_QUEUE`]: what a plain bulkhead does.
+    /// One plain [`Bulkhead`] of [`SERVICE_SLOTS`] for everybody, with a
+    /// line of [`SHARED_QUEUE`].
     Shared,
     /// [`PER_TENANT`] per tenant (a line of [`TENANT_QUEUE`] each), and
     /// [`SERVICE_SLOTS`] in all.
     PerTenant,
+}
+
+/// The guard in front of the report service, as [`Mode`] says.
+#[derive(Debug, Clone)]
+enum Reports {
+    /// A plain bulkhead: its rejections are `full` and `timeout`.
+    Shared(Bulkhead),
+    /// A bulkhead per tenant under a global one: `key_full`,
+    /// `key_timeout`, `global_full`, `global_timeout`, ...
+    PerTenant(KeyedBulkhead<String>),
+}
+
+impl Reports {
+    /// Runs `report` for `tenant`; a rejection comes back as its reason's
+    /// label and the time the caller waited.
+    async fn call<F: Future<Output = ()>>(
+        &self,
+        tenant: &str,
+        report: F,
+    ) -> Result<(), (&'static str, Duration)> {
+        let ok = async {
+            report.await;
+            Ok::<_, std::convert::Infallible>(())
+        };
+        match self {
+            Self::Shared(bulkhead) => match bulkhead.call(ok).await {
+                Ok(()) => Ok(()),
+                Err(BulkheadError::Rejected(r)) => Err((r.reason().as_str(), r.waited())),
+                Err(e) => panic!("report for {tenant} failed: {e}"),
+            },
+            Self::PerTenant(keyed) => match keyed.call(tenant, ok).await {
+                Ok(()) => Ok(()),
+                Err(KeyedError::Rejected(r)) => Err((r.reason().as_str(), r.waited())),
+                Err(e) => panic!("report for {tenant} failed: {e}"),
+            },
+        }
+    }
 }
 
 /// What a run did.
@@ -111,7 +149,8 @@ enum Mode {
 struct Summary {
     records: Vec<Record>,
     gauges: Arc<Gauges>,
-    stats: KeyedStats,
+    /// The keyed bulkhead's numbers (per tenant only).
+    stats: Option<KeyedStats>,
     /// Idle tenants `evict_idle` found after the run, once `IDLE_TIMEOUT`
     /// had passed.
     evicted_after: usize,
@@ -143,19 +182,14 @@ impl Summary {
 
 /// Sends one report request for `tenant` at `at` (from `start`).
 fn request(
-    reports: &KeyedBulkhead<String>,
+    reports: &Reports,
     gauges: &Arc<Gauges>,
     tenant: &str,
     start: Instant,
     at: Duration,
     scale: u32,
-    mode: Mode,
 ) -> tokio::task::JoinHandle<Record> {
     let (reports, gauges, tenant) = (reports.clone(), gauges.clone(), tenant.to_owned());
-    let key = match mode {
-        Mode::Shared => "everybody".to_owned(),
-        Mode::PerTenant => tenant.clone(),
-    };
     tokio::spawn(async move {
         tokio::time::sleep_until((start + at).into()).await;
         let called = Instant::now();
@@ -163,16 +197,14 @@ fn request(
         let report = async {
             waited = called.elapsed();
             gauges.run(&tenant, REPORT_TIME / scale).await;
-            Ok::<_, std::convert::Infallible>(())
         };
-        let result = reports.call(key.as_str(), report).await;
+        let result = reports.call(&tenant, report).await;
         let outcome = match result {
             Ok(()) => Outcome::Done,
-            Err(KeyedError::Rejected(r)) => {
-                waited = r.waited();
-                Outcome::Busy(r.reason().as_str())
+            Err((reason, rejected_after)) => {
+                waited = rejected_after;
+                Outcome::Busy(reason)
             }
-            Err(e) => panic!("report for {tenant} failed: {e}"),
         };
         Record {
             tenant,
@@ -184,31 +216,37 @@ fn request(
 
 /// The whole story; `scale` divides every delay (1 for real time).
 async fn run(scale: u32, mode: Mode) -> Summary {
-    let builder = KeyedBulkhead::<String>::builder()
-        .name("reports")
-        .max_wait(MAX_WAIT / scale)
-        .max_keys(MAX_TENANTS);
-    let builder = match mode {
-        Mode::Shared => builder
-            .max_concurrent_calls(SERVICE_SLOTS)
-            .max_queue(SHARED_QUEUE),
-        Mode::PerTenant => builder
-            .max_concurrent_calls(PER_TENANT)
-            .max_queue(TENANT_QUEUE)
-            .global_limit(SERVICE_SLOTS),
+    let reports = match mode {
+        Mode::Shared => Reports::Shared(
+            Bulkhead::builder()
+                .name("reports")
+                .max_concurrent_calls(SERVICE_SLOTS)
+                .max_wait(MAX_WAIT / scale)
+                .max_queue(SHARED_QUEUE)
+                .build()
+                .expect("a valid bulkhead"),
+        ),
+        Mode::PerTenant => Reports::PerTenant(
+            KeyedBulkhead::<String>::builder()
+                .name("reports")
+                .max_concurrent_calls(PER_TENANT)
+                .max_wait(MAX_WAIT / scale)
+                .max_queue(TENANT_QUEUE)
+                .global_limit(SERVICE_SLOTS)
+                .max_keys(MAX_TENANTS)
+                .idle_timeout(IDLE_TIMEOUT / scale)
+                // Bounded metric labels: one per named tenant, one for all trials.
+                .key_label(|tenant: &String| {
+                    if tenant.starts_with("trial-") {
+                        "trial".to_owned()
+                    } else {
+                        tenant.clone()
+                    }
+                })
+                .build()
+                .expect("a valid keyed bulkhead"),
+        ),
     };
-    let reports = builder
-        .idle_timeout(IDLE_TIMEOUT / scale)
-        // Bounded metric labels: one per named tenant, one for all trials.
-        .key_label(|tenant: &String| {
-            if tenant.starts_with("trial-") {
-                "trial".to_owned()
-            } else {
-                tenant.clone()
-            }
-        })
-        .build()
-        .expect("a valid keyed bulkhead");
 
     let trials: Vec<String> = (0..TRIALS).map(|i| format!("trial-{i}")).collect();
     let tenants = STEADY
@@ -223,7 +261,7 @@ async fn run(scale: u32, mode: Mode) -> Summary {
     for tenant in STEADY {
         for i in 0..20 {
             let at = TRICKLE_GAP * i / scale;
-            tasks.push(request(&reports, &gauges, tenant, start, at, scale, mode));
+            tasks.push(request(&reports, &gauges, tenant, start, at, scale));
         }
     }
     // acme's script: 60 at once, twice.
@@ -236,24 +274,28 @@ async fn run(scale: u32, mode: Mode) -> Summary {
                 start,
                 burst_at / scale,
                 scale,
-                mode,
             ));
         }
     }
     // Trial tenants, one report each, one every 40 ms.
     for (i, trial) in trials.iter().enumerate() {
         let at = Duration::from_millis(40) * i as u32 / scale;
-        tasks.push(request(&reports, &gauges, trial, start, at, scale, mode));
+        tasks.push(request(&reports, &gauges, trial, start, at, scale));
     }
 
     let mut records = Vec::with_capacity(tasks.len());
     for task in tasks {
         records.push(task.await.expect("a request task panicked"));
     }
-    let stats = reports.stats();
-    // Later, a maintenance task frees every tenant idle for idle_timeout.
-    tokio::time::sleep(IDLE_TIMEOUT / scale).await;
-    let evicted_after = reports.evict_idle();
+    let (stats, evicted_after) = match &reports {
+        Reports::Shared(_) => (None, 0),
+        Reports::PerTenant(keyed) => {
+            let stats = keyed.stats();
+            // Later, a maintenance task frees every tenant idle for idle_timeout.
+            tokio::time::sleep(IDLE_TIMEOUT / scale).await;
+            (Some(stats), keyed.evict_idle())
+        }
+    };
     Summary {
         records,
         gauges,
@@ -298,10 +340,7 @@ async fn main() {
         "report service: {SERVICE_SLOTS} reports at once; callers wait at most {} ms\n",
         MAX_WAIT.as_millis()
     );
-    println!(
-        "one limit for everybody ({SERVICE_SLOTS} at once, {SHARED_QUEUE} waiting), \
-         as a plain bulkhead would do:"
-    );
+    println!("one plain bulkhead for everybody ({SERVICE_SLOTS} at once, {SHARED_QUEUE} waiting):");
     print_table(&run(1, Mode::Shared).await);
 
     println!(
@@ -311,7 +350,7 @@ async fn main() {
     let summary = run(1, Mode::PerTenant).await;
     print_table(&summary);
 
-    let s = &summary.stats;
+    let s = summary.stats.as_ref().expect("per-tenant stats");
     println!(
         "\ntenants: {} tracked at the end (at most {}), {} tracked over the run, {} idle ones \
          evicted, {} turned away for lack of room; all {} evicted once idle for {} ms",
@@ -360,7 +399,7 @@ mod tests {
                 summary.of(tenant).collect::<Vec<_>>()
             );
         }
-        let s = &summary.stats;
+        let s = summary.stats.as_ref().expect("per-tenant stats");
         assert!(s.keys_tracked() <= MAX_TENANTS);
         assert!(s.keys_evicted() > 0, "{s:?}");
         assert_eq!(s.labels_in_use(), 5);
@@ -383,5 +422,13 @@ mod tests {
         }
         let peak = summary.gauges.peak_total.load(Ordering::SeqCst);
         assert!(peak <= SERVICE_SLOTS, "{peak} at once in all");
+        // A plain bulkhead's rejections: no key in their reasons.
+        assert!(summary.rejected(NOISY) > 0);
+        for r in &summary.records {
+            assert!(
+                matches!(r.outcome, Outcome::Done | Outcome::Busy("timeout" | "full")),
+                "{r:?}"
+            );
+        }
     }
 }

@@ -72,7 +72,10 @@
 //!
 //! - `metrics`: counters, an in-flight gauge and wait/hold-time histograms
 //!   through the [`metrics`](https://docs.rs/metrics) facade, labelled by
-//!   bulkhead name, rejection reason and call outcome.
+//!   bulkhead name, rejection reason and call outcome. A bulkhead registers
+//!   them on its first call, with the recorder installed then: install it
+//!   before the first call (building earlier is fine; see
+//!   `BulkheadBuilder::exporters`).
 //! - `tracing`: a [`tracing`](https://docs.rs/tracing) event for every
 //!   admission, rejection, finished call and suspected leak, and each
 //!   call of `Bulkhead::call` runs inside a `bulkhead_call` span that names
@@ -90,12 +93,23 @@
 //!   edition 2024 workspaces) picks one that fits an older toolchain (the
 //!   lockfile's `redis` 1.2 needs 1.85).
 //!
+//! And one puts a bulkhead in a tower stack:
+//!
+//! - `tower`: `bulkhead::tower`, a `BulkheadLayer` for tower, hyper, tonic
+//!   and axum stacks, which takes a permit per request (never in
+//!   `poll_ready`).
+//!
 //! With `default-features = false` and neither runtime feature there is no
 //! default timer, and building a bulkhead that needs one fails with a
 //! [`BuildError`] that says so, rather than waiting forever. Any executor's
 //! timer can be plugged in through the one-method [`Timer`](timer::Timer)
 //! trait.
 
+// On docs.rs (and `.ci/run`'s nightly doc build): label every item that a
+// cargo feature gates with that feature. `loom` is the model checker's
+// build, which the docs are never made for: no "non-loom" labels.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![cfg_attr(docsrs, doc(auto_cfg(hide(loom))))]
 #![deny(unsafe_op_in_unsafe_fn)]
 // Unsafe code lives in the intrusive list and the semaphore built on it
 // (with its wake-up batch), and nowhere else: those two modules opt out
@@ -122,12 +136,14 @@ pub mod keyed;
 mod list;
 mod loom;
 #[cfg(all(not(loom), feature = "redis", any(feature = "tokio", feature = "smol")))]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 #[allow(unsafe_code)]
 mod semaphore;
 #[cfg(not(loom))]
 pub mod timer;
 #[cfg(all(not(loom), feature = "tower"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
 
 // Without a runtime the module is left out (its errors would bury this

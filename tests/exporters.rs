@@ -77,7 +77,7 @@ fn metrics_feature_publishes_counters_gauges_and_histograms() {
             "{name} in {seen:#?}"
         );
     }
-    // Every series is registered when the bulkhead is built: one per
+    // Every series is registered on the bulkhead's first event: one per
     // rejection reason and call outcome, and no more (bounded labels).
     assert_eq!(seen.len(), 1 + 4 + 6 + 1 + 2 + 1, "{seen:#?}");
     for (name, value) in &seen {
@@ -102,4 +102,80 @@ fn exporters_can_be_turned_off() {
         drop(bh.try_acquire().unwrap());
     });
     assert!(snapshotter.snapshot().into_vec().is_empty());
+}
+
+/// The series are registered on a bulkhead's first event, not when it is
+/// built: a bulkhead built before the global recorder is installed
+/// publishes, as long as it had no event before. One that did keeps the
+/// no-op recorder it found then. (The only test here that installs a
+/// global recorder: it can be installed once per process.)
+#[cfg(feature = "metrics")]
+#[test]
+fn metrics_recorder_installed_after_build_is_used_from_the_first_event() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let built_early = Bulkhead::builder()
+        .name("built-before-the-recorder")
+        .max_concurrent_calls(1)
+        .build()
+        .unwrap();
+    let used_early = Bulkhead::builder()
+        .name("used-before-the-recorder")
+        .max_concurrent_calls(1)
+        .build()
+        .unwrap();
+    drop(used_early.try_acquire().unwrap());
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::set_global_recorder(recorder).unwrap();
+
+    block_on(built_early.call(async { Ok::<_, ()>(()) })).unwrap();
+    block_on(used_early.call(async { Ok::<_, ()>(()) })).unwrap();
+    let _held = built_early.try_acquire().unwrap();
+    assert!(built_early.try_acquire().is_err());
+
+    let snapshot = snapshotter.snapshot().into_vec();
+    let counter = |metric: &str, bulkhead: &str, extra: Option<(&str, &str)>| {
+        snapshot.iter().find_map(|(key, _, _, value)| {
+            let key = key.key();
+            let has = |k: &str, v: &str| key.labels().any(|l| l.key() == k && l.value() == v);
+            let matches = key.name() == metric
+                && has("bulkhead", bulkhead)
+                && extra.is_none_or(|(k, v)| has(k, v));
+            match value {
+                DebugValue::Counter(n) if matches => Some(*n),
+                _ => None,
+            }
+        })
+    };
+    let permitted = "bulkhead_calls_permitted_total";
+    assert_eq!(
+        counter(permitted, "built-before-the-recorder", None),
+        Some(2)
+    );
+    assert_eq!(
+        counter(
+            "bulkhead_calls_rejected_total",
+            "built-before-the-recorder",
+            Some(("reason", "full"))
+        ),
+        Some(1)
+    );
+    assert_eq!(
+        counter(
+            "bulkhead_calls_finished_total",
+            "built-before-the-recorder",
+            Some(("outcome", "success"))
+        ),
+        Some(1)
+    );
+    // Its first event came before the recorder: nothing of it is published.
+    assert!(
+        !snapshot.iter().any(|(key, ..)| key
+            .key()
+            .labels()
+            .any(|l| l.value() == "used-before-the-recorder")),
+        "{snapshot:?}"
+    );
 }

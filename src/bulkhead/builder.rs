@@ -299,6 +299,16 @@ impl BulkheadBuilder {
     /// `metrics` / `tracing` features are on (default `true`). Without those
     /// features this does nothing.
     ///
+    /// The `metrics` exporter registers its series on the bulkhead's first
+    /// event (its first admission or rejection), with the recorder in
+    /// effect there: the thread's local one, else the global one. So the
+    /// recorder must be installed before the bulkhead's first call, not
+    /// before it is built: a bulkhead built at startup, ahead of the
+    /// metrics set-up, publishes. One called before any recorder exists
+    /// keeps the no-op recorder it found then, and never publishes.
+    /// (`tracing` has no such rule: each event goes to the subscriber of
+    /// the moment.)
+    ///
     /// # Examples
     ///
     /// ```
@@ -307,6 +317,26 @@ impl BulkheadBuilder {
     /// // A bulkhead used in a test: keep it out of the process's metrics.
     /// let quiet = Bulkhead::builder().max_concurrent_calls(1).exporters(false).build().unwrap();
     /// assert!(quiet.try_acquire().is_ok());
+    /// ```
+    ///
+    /// With the `metrics` feature, the order that publishes: build whenever,
+    /// install the recorder, then call.
+    ///
+    /// ```
+    /// # #[cfg(feature = "metrics")] {
+    /// use bulkhead::Bulkhead;
+    /// use metrics_util::debugging::DebuggingRecorder;
+    ///
+    /// let inventory = Bulkhead::builder().name("inventory").max_concurrent_calls(10).build().unwrap();
+    ///
+    /// // A service would install its exporter here (a Prometheus one, say).
+    /// let recorder = DebuggingRecorder::new();
+    /// let snapshotter = recorder.snapshotter();
+    /// metrics::set_global_recorder(recorder).unwrap();
+    ///
+    /// drop(inventory.try_acquire().unwrap()); // the first event: the series are registered
+    /// assert!(!snapshotter.snapshot().into_vec().is_empty());
+    /// # }
     /// ```
     pub fn exporters(mut self, enabled: bool) -> Self {
         self.exporters = enabled;

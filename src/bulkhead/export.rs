@@ -8,6 +8,8 @@ pub(crate) use self::tracing_export::TracingExporter;
 
 #[cfg(feature = "metrics")]
 mod metrics_export {
+    use std::sync::OnceLock;
+
     use metrics::{Counter, Gauge, Histogram};
 
     use super::super::error::RejectReason;
@@ -29,11 +31,24 @@ mod metrics_export {
     /// | `bulkhead_leaks_suspected_total` | counter | |
     ///
     /// Labels are bounded: one bulkhead name, four reasons, six outcomes.
-    /// The handles are registered once, when the bulkhead is built, so an
-    /// event costs no allocation or lookup; install the recorder before
-    /// building bulkheads.
+    /// The handles are registered once, on the bulkhead's first event, with
+    /// the recorder in effect there (the thread's local one, else the
+    /// global one, else the no-op): a bulkhead built before the recorder is
+    /// installed publishes as long as it had no event before. Every event
+    /// after the first costs no allocation or lookup, only the `OnceLock`'s
+    /// load. Registering at build time instead would tie a bulkhead made
+    /// at startup (a `static`, a config loader) to whatever recorder
+    /// existed then, which is usually none.
     #[derive(Debug)]
     pub(crate) struct MetricsExporter {
+        name: String,
+        /// Set on the first event; never replaced.
+        handles: OnceLock<Handles>,
+    }
+
+    /// One bulkhead's series, registered together.
+    #[derive(Debug)]
+    struct Handles {
         permitted: Counter,
         rejected: [Counter; 4],
         finished: [Counter; 6],
@@ -60,6 +75,21 @@ mod metrics_export {
 
     impl MetricsExporter {
         pub(crate) fn new(name: &str) -> Self {
+            Self {
+                name: name.to_owned(),
+                handles: OnceLock::new(),
+            }
+        }
+
+        #[inline]
+        fn handles(&self) -> &Handles {
+            self.handles.get_or_init(|| Handles::register(&self.name))
+        }
+    }
+
+    impl Handles {
+        #[cold]
+        fn register(name: &str) -> Self {
             let name = name.to_owned();
             Self {
                 permitted: metrics::counter!("bulkhead_calls_permitted_total", "bulkhead" => name.clone()),
@@ -87,25 +117,27 @@ mod metrics_export {
 
     impl Observer for MetricsExporter {
         fn on_permitted(&self, e: &Permitted<'_>) {
-            self.permitted.increment(1);
-            self.in_flight.increment(1.0);
-            self.wait.record(e.waited.as_secs_f64());
+            let h = self.handles();
+            h.permitted.increment(1);
+            h.in_flight.increment(1.0);
+            h.wait.record(e.waited.as_secs_f64());
         }
 
         fn on_rejected(&self, e: &Rejection<'_>) {
             let i = REASONS.iter().position(|r| *r == e.reason).unwrap_or(0);
-            self.rejected[i].increment(1);
+            self.handles().rejected[i].increment(1);
         }
 
         fn on_finished(&self, e: &Finished<'_>) {
+            let h = self.handles();
             let i = OUTCOMES.iter().position(|o| *o == e.outcome).unwrap_or(0);
-            self.finished[i].increment(1);
-            self.in_flight.decrement(1.0);
-            self.hold.record(e.held.as_secs_f64());
+            h.finished[i].increment(1);
+            h.in_flight.decrement(1.0);
+            h.hold.record(e.held.as_secs_f64());
         }
 
         fn on_leak_suspected(&self, _: &LeakSuspected<'_>) {
-            self.leaks.increment(1);
+            self.handles().leaks.increment(1);
         }
     }
 }

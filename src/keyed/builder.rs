@@ -247,7 +247,10 @@ where
     /// Whether the keys' bulkheads (and the one made by `global_limit`)
     /// publish to the `metrics` facade and to `tracing` when those features
     /// are on (default `true`). Their labels are bounded: see
-    /// [`key_label`](Self::key_label).
+    /// [`key_label`](Self::key_label). Each key's series are registered on
+    /// that key's first call, with the recorder installed then, as
+    /// [`BulkheadBuilder::exporters`](crate::BulkheadBuilder::exporters)
+    /// says.
     pub fn exporters(mut self, enabled: bool) -> Self {
         self.base.exporters = enabled;
         self

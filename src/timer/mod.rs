@@ -74,8 +74,10 @@ mod thread;
 pub(crate) mod timeout;
 
 #[cfg(feature = "async-io")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async-io")))]
 mod async_io;
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 mod tokio;
 
 pub(crate) use clock::{Clock, ClockSleep, TimerGone};
