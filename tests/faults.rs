@@ -494,3 +494,54 @@ fn a_panicking_leak_observer_harms_neither_the_timer_nor_the_permit() {
     futures::executor::block_on(bulkhead::timer::ThreadSleep::new(Duration::from_millis(1)));
     assert_eq!(bh.metrics().in_flight(), 0);
 }
+
+/// A timer whose sleeps panic when polled (made fine).
+#[derive(Debug)]
+struct PanicOnPollTimer;
+
+impl Timer for PanicOnPollTimer {
+    fn sleep(&self, _: Duration) -> Sleep {
+        Box::pin(std::future::poll_fn(|_| -> Poll<()> {
+            panic!("this timer's sleeps are broken")
+        }))
+    }
+}
+
+/// A custom timer whose sleep panics while it bounds a wait (`max_wait`)
+/// or a call (`call_timeout`): the panic reaches the caller; a waiting
+/// call leaves the line when it is dropped, a running one gives its permit
+/// back as the panic unwinds.
+#[test]
+fn a_timer_that_panics_when_polled_loses_no_permit_and_no_place() {
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_wait(Duration::from_secs(1))
+        .call_timeout(Duration::from_secs(1))
+        .timer(Arc::new(PanicOnPollTimer))
+        .build()
+        .unwrap();
+    // The bound on a wait.
+    let held = bh.try_acquire().unwrap();
+    {
+        let mut waiting = Box::pin(bh.call(async { Ok::<_, ()>(()) }));
+        let panicked = catch_unwind(AssertUnwindSafe(|| poll_once(waiting.as_mut())));
+        assert!(panicked.is_err(), "the timer's panic reaches the caller");
+        assert_eq!(bh.metrics().queued(), 1, "still in line until dropped");
+    }
+    assert_eq!(bh.metrics().queued(), 0, "dropped: out of line");
+    drop(held);
+    assert_eq!(bh.metrics().in_flight(), 0);
+    // The bound on a call.
+    {
+        let mut running = Box::pin(bh.call(pending::<Result<(), ()>>()));
+        let panicked = catch_unwind(AssertUnwindSafe(|| poll_once(running.as_mut())));
+        assert!(panicked.is_err());
+        // As for a call that panics: the permit goes back as the panic
+        // unwinds out of the poll.
+        assert_eq!(bh.metrics().in_flight(), 0, "given back at the panic");
+    }
+    let m = bh.metrics();
+    // The permit held while the first call waited, and the second call.
+    assert_eq!((m.in_flight(), m.permitted(), m.finished()), (0, 2, 2));
+    assert!(bh.try_acquire().is_ok(), "the permit came back");
+}
