@@ -858,18 +858,26 @@ fn poll_with<F: Future>(fut: std::pin::Pin<&mut F>, flag: &Arc<Flag>) -> Poll<F:
     fut.poll(&mut Context::from_waker(&waker))
 }
 
+/// A bulkhead of one permit, held, whose callers wait a second at most (on
+/// the default timer: the line timer).
+#[cfg(feature = "tokio")]
+fn full_for_a_second() -> (Bulkhead, bulkhead::BulkheadPermit) {
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_wait(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let held = bh.try_acquire().unwrap();
+    (bh, held)
+}
+
 /// The line's one timer (the default timer, a fair bulkhead) times each
 /// waiter from its own start: rejected at its deadline, never earlier.
 #[cfg(feature = "tokio")]
 #[tokio::test(start_paused = true)]
 async fn the_line_timer_rejects_each_waiter_at_its_own_deadline() {
     use tokio::time::advance;
-    let bh = Bulkhead::builder()
-        .max_concurrent_calls(1)
-        .max_wait(Duration::from_secs(1))
-        .build()
-        .unwrap();
-    let _held = bh.try_acquire().unwrap();
+    let (bh, _held) = full_for_a_second();
     let (fa, fb) = (Arc::new(Flag::default()), Arc::new(Flag::default()));
     let mut a = pin!(bh.acquire());
     assert!(poll_with(a.as_mut(), &fa).is_pending());
@@ -906,12 +914,7 @@ async fn the_line_timer_rejects_each_waiter_at_its_own_deadline() {
 #[tokio::test(start_paused = true)]
 async fn a_waiter_served_after_the_line_timer_woke_it_passes_the_timer_on() {
     use tokio::time::advance;
-    let bh = Bulkhead::builder()
-        .max_concurrent_calls(1)
-        .max_wait(Duration::from_secs(1))
-        .build()
-        .unwrap();
-    let held = bh.try_acquire().unwrap();
+    let (bh, held) = full_for_a_second();
     let (fa, fb) = (Arc::new(Flag::default()), Arc::new(Flag::default()));
     let mut a = pin!(bh.call(async { Ok::<_, ()>("a") }));
     assert!(poll_with(a.as_mut(), &fa).is_pending());

@@ -42,7 +42,7 @@ use std::task::{Wake, Waker};
 use std::time::Instant;
 
 use crate::Semaphore;
-use crate::timer::{Clock, ClockSleep, TimerGone};
+use crate::timer::{Clock, ClockSleep, TimerGone, poll_by_waker};
 
 /// `armed_at` when no sleep is armed.
 const IDLE: u64 = u64::MAX;
@@ -65,7 +65,7 @@ struct Inner {
     /// holds this lock, and no other lock is taken meanwhile; no waker is
     /// woken with it held.
     slot: Mutex<Pin<Box<Option<ClockSleep>>>>,
-    /// Set by a wake-up that found the slot locked: poll it again.
+    /// Set by a wake-up that found the slot locked (see `poll_by_waker`).
     again: AtomicBool,
 }
 
@@ -170,36 +170,25 @@ impl Inner {
     /// Polls the sleep; once it fires (or its timer stops working), marks
     /// the line idle and wakes the front waiter, with no lock held.
     fn poll_sleep(self: &Arc<Self>) {
-        loop {
-            let Ok(mut slot) = self.slot.try_lock() else {
-                // Being polled (or armed) right now: its holder looks again.
-                self.again.store(true, Ordering::Release);
-                return;
-            };
-            self.again.store(false, Ordering::Release);
-            let Some(sleep) = slot.as_mut().as_pin_mut() else {
-                return;
-            };
+        let ended = poll_by_waker(&self.slot, &self.again, |slot| {
+            let sleep = slot.as_mut().as_pin_mut()?;
             let waker = Waker::from(self.clone());
             let polled = catch_unwind(AssertUnwindSafe(|| {
                 sleep.poll_sleep(&mut Context::from_waker(&waker))
             }));
             if let Ok(Poll::Pending) = polled {
-                drop(slot);
-                if self.again.swap(false, Ordering::AcqRel) {
-                    continue;
-                }
-                return;
+                return None;
             }
-            // Fired, or the timer is gone (or panicked): the front waiter
-            // looks at its deadline, and re-arms the sleep or finds it
-            // cannot.
-            // A bundled timer's sleep, done: dropping it runs no user code.
+            // Fired, or the timer is gone (or panicked). A bundled timer's
+            // sleep, done: dropping it here runs no user code.
             slot.as_mut().set(None);
             self.armed_at.store(IDLE, Ordering::SeqCst);
-            drop(slot);
+            Some(())
+        });
+        if ended.is_some() {
+            // The front waiter looks at its deadline, and re-arms the
+            // sleep or finds it cannot.
             self.sem.wake_front();
-            return;
         }
     }
 }

@@ -20,7 +20,7 @@ use super::line_timer::LineTimer;
 use super::metrics::{Counters, Metrics};
 use super::name::Name;
 use super::observer::{CallOutcome, Finished, LeakSuspected, Observer, Permitted, Rejection};
-use crate::timer::{Clock, ClockSleep, Deadline};
+use crate::timer::{Clock, ClockSleep, Deadline, poll_by_waker};
 
 /// The one owner of admission for every bulkhead (in-process, keyed,
 /// Redis): where permits come from is the caller's business, everything
@@ -918,43 +918,24 @@ impl LeakCheck {
     /// that panics or whose runtime is gone ends the watch quietly: there
     /// is no caller to tell, and the permit is unaffected.
     fn poll_sleep(self: &Arc<Self>) {
-        loop {
-            let Ok(mut slot) = self.sleep.try_lock() else {
-                // Being polled right now (a timer that wakes from inside
-                // its poll): the poller looks again.
-                self.again.store(true, Ordering::Release);
-                return;
-            };
-            self.again.store(false, Ordering::Release);
-            let Some(sleep) = slot.as_mut() else {
-                return;
-            };
+        let ended = poll_by_waker(&self.sleep, &self.again, |slot| {
+            let sleep = slot.as_mut()?;
             let waker = Waker::from(self.clone());
             let polled = catch_unwind(AssertUnwindSafe(|| {
                 sleep.as_mut().poll_sleep(&mut Context::from_waker(&waker))
             }));
             match polled {
-                Ok(Poll::Pending) => {
-                    drop(slot);
-                    if self.again.swap(false, Ordering::AcqRel) {
-                        continue;
-                    }
-                    return;
-                }
-                Ok(Poll::Ready(Ok(()))) => {
-                    let sleep = slot.take();
-                    drop(slot);
-                    drop(sleep);
-                    self.report();
-                    return;
-                }
-                Ok(Poll::Ready(Err(_))) | Err(_) => {
-                    let sleep = slot.take();
-                    drop(slot);
-                    // A panicking timer may panic again in its drop.
-                    let _ = catch_unwind(AssertUnwindSafe(|| drop(sleep)));
-                    return;
-                }
+                Ok(Poll::Pending) => None,
+                Ok(Poll::Ready(Ok(()))) => Some((slot.take(), true)),
+                Ok(Poll::Ready(Err(_))) | Err(_) => Some((slot.take(), false)),
+            }
+        });
+        if let Some((sleep, elapsed)) = ended {
+            // A custom timer's sleep, outside the lock: it may panic again
+            // in its drop.
+            let _ = catch_unwind(AssertUnwindSafe(|| drop(sleep)));
+            if elapsed {
+                self.report();
             }
         }
     }

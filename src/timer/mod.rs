@@ -66,6 +66,7 @@
 //! if the thread is late. No waker is cloned for a sleep that is polled
 //! again by the same task, and no waker is woken or dropped under the lock.
 
+mod by_waker;
 mod clock;
 mod deadline;
 mod thread;
@@ -80,6 +81,7 @@ mod async_io;
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 mod tokio;
 
+pub(crate) use by_waker::poll_by_waker;
 pub(crate) use clock::{Clock, ClockSleep, TimerGone};
 pub(crate) use deadline::Deadline;
 pub use thread::{ThreadSleep, ThreadTimer};
