@@ -127,6 +127,16 @@ impl BulkheadBuilder {
     /// `Duration::ZERO` fails fast: no waiting at all. Not set: wait as long
     /// as it takes.
     ///
+    /// A caller is never rejected before `max_wait` has passed on the
+    /// timer's clock. With the default timer,
+    /// [`ThreadTimer`](crate::timer::ThreadTimer) or
+    /// `AsyncIoTimer` (in fair mode), the whole line shares one timer,
+    /// armed for the oldest waiter's deadline, so a wait costs a clock
+    /// reading instead of a timer of its own; a waiter is rejected when
+    /// that timer fires (tokio rounds up to its 1 ms tick), plus one task
+    /// wake-up per waiter ahead of it with the same deadline. See
+    /// `docs/bulkhead.md` for the measured margin.
+    ///
     /// # Examples
     ///
     /// ```
