@@ -8,8 +8,8 @@
 //! - `bulkhead_call/try_acquire`: `Bulkhead::try_acquire` and drop.
 //!
 //! Every future is polled once by hand with `Waker::noop()`, so no executor
-//! is measured. Run with `cargo bench --bench bulkhead`; with
-//! `--features metrics` to include the metrics exporter's cost.
+//! is measured. Run with `cargo bench -p bulkhead-benches --bench bulkhead`;
+//! with `--features metrics` to include the metrics exporter's cost.
 
 use std::future::Future;
 use std::hint::black_box;

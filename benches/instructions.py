@@ -4,10 +4,10 @@ counted by callgrind: a deterministic complement to the criterion timings.
 
 Usage: python3 benches/instructions.py [--cells t16_p1,t256_p8,...] [--crates a,b]
 
-Builds `benches/instructions.rs` with `cargo bench --no-run` (the bench
-profile, as criterion's benches), then runs every crate in every cell under
-`valgrind --tool=callgrind` twice, for 1 round and for 5 rounds of 8192
-acquisitions, and prints (instructions(5) - instructions(1)) / (4 * 8192):
+Builds `benches/instructions.rs` with `cargo bench -p bulkhead-benches
+--no-run` (the bench profile, as criterion's benches), then runs every crate
+in every cell under `valgrind --tool=callgrind` twice, for 1 round and for 5
+rounds of 8192 acquisitions, and prints (instructions(5) - instructions(1)) / (4 * 8192):
 the instructions one acquire/yield/release cycle costs, runtime included,
 start-up excluded. The `baseline` column is the runtime and the loop alone.
 From the same runs it also counts how many times tokio polled a task per
@@ -39,8 +39,10 @@ ROUNDS = (1, 5)
 
 def build():
     out = subprocess.run(
-        ["cargo", "bench", "--bench", "instructions", "--no-run", "--message-format=json"],
-        check=True, capture_output=True, text=True).stdout
+        ["cargo", "bench", "-p", "bulkhead-benches", "--bench", "instructions", "--no-run",
+         "--message-format=json"],
+        check=True, capture_output=True, text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout
     for line in out.splitlines():
         msg = json.loads(line)
         if msg.get("reason") == "compiler-artifact" and msg["target"]["name"] == "instructions" \

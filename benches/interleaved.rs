@@ -15,7 +15,7 @@
 //! Usage:
 //!
 //! ```text
-//! cargo bench --bench interleaved -- run [REPS] [CELL...]
+//! cargo bench -p bulkhead-benches --bench interleaved -- run [REPS] [CELL...]
 //! ```
 //!
 //! `CELL` filters by name, e.g. `mt/t4096_p1` or `ct/t16` (a substring of
@@ -193,7 +193,9 @@ fn main() {
         .filter(|a| a != "--bench")
         .collect();
     if args.first().map(String::as_str) != Some("run") {
-        println!("usage: cargo bench --bench interleaved -- run [REPS] [CELL...]");
+        println!(
+            "usage: cargo bench -p bulkhead-benches --bench interleaved -- run [REPS] [CELL...]"
+        );
         return;
     }
     let mut rest = &args[1..];

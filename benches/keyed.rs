@@ -23,8 +23,9 @@
 //!   that is admitted at once and finishes on its first poll.
 //!
 //! Every future is polled once by hand with `Waker::noop()`, so no executor
-//! is measured. Run with `cargo bench --bench keyed`; the ratios of the
-//! keyed lines to their plain bulkhead are printed at the end.
+//! is measured. Run with `cargo bench -p bulkhead-benches --bench keyed`;
+//! the ratios of the keyed lines to their plain bulkhead are printed at the
+//! end.
 
 use std::future::Future;
 use std::hint::black_box;

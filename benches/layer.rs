@@ -68,7 +68,7 @@
 //! Run it with
 //!
 //! ```sh
-//! CARGO_TARGET_DIR=/work/target-bench cargo bench --bench layer --features tokio,tower
+//! CARGO_TARGET_DIR=/work/target-bench cargo bench -p bulkhead-benches --bench layer --features tokio,tower
 //! CARGO_TARGET_DIR=/work/target-bench python3 benches/layer_report.py
 //! ```
 

@@ -4,10 +4,11 @@
 Usage: python3 benches/layer_report.py [--check] [CRITERION_DIR...]
 
 CRITERION_DIR defaults to $CRITERION_HOME, else $CARGO_TARGET_DIR/criterion,
-else target/criterion (where criterion writes), as in benches/report.py. The
-script reads every `new/benchmark.json` + `new/estimates.json` pair of the
-layer bench's groups (the cells) and takes criterion's median, divided by the
-benchmark's throughput: nanoseconds per call in every cell.
+else the workspace's target/criterion (where criterion writes), as in
+benches/report.py. The script reads every `new/benchmark.json` +
+`new/estimates.json` pair of the layer bench's groups (the cells) and takes
+criterion's median, divided by the benchmark's throughput: nanoseconds per
+call in every cell.
 
 Given several directories (copies of the criterion directory from separate
 full runs), each value is the median over the runs, and the targets table
@@ -63,7 +64,9 @@ def criterion_dirs(args):
         return [Path(os.environ["CRITERION_HOME"])]
     if os.environ.get("CARGO_TARGET_DIR"):
         return [Path(os.environ["CARGO_TARGET_DIR"]) / "criterion"]
-    return [Path("target/criterion")]
+    # The workspace's target directory (this script sits in benches/), which
+    # is where criterion writes when neither variable is set.
+    return [Path(__file__).resolve().parent.parent / "target" / "criterion"]
 
 
 def median(values):
@@ -118,7 +121,7 @@ def main():
         results, mtimes = load(root)
         if not results:
             sys.exit(f"no criterion results of the layer bench under {root} "
-                     "(cargo bench --bench layer --features tokio,tower)")
+                     "(cargo bench -p bulkhead-benches --bench layer --features tokio,tower)")
         runs.append(results)
         spans.append(f"{root}: {time.strftime('%Y-%m-%d %H:%M', time.localtime(min(mtimes)))} to "
                      f"{time.strftime('%H:%M', time.localtime(max(mtimes)))}")

@@ -4,8 +4,8 @@
 //! The bench starts its own `redis-server` on a free port of 127.0.0.1 with
 //! persistence off (`BULKHEAD_REDIS_SERVER` overrides the binary) and kills
 //! it at the end. Run it with
-//! `cargo bench --bench redis --features redis,tokio`, or through
-//! `benches/redis_report.py`, which also prints the table of
+//! `cargo bench -p bulkhead-benches --bench redis --features redis,tokio`,
+//! or through `benches/redis_report.py`, which also prints the table of
 //! `docs/benchmarks.md`.
 //!
 //! Criterion cases (group `redis`; one iteration is one acquire/release
@@ -570,9 +570,8 @@ fn criterion_dir() -> PathBuf {
     } else if let Some(target) = std::env::var_os("CARGO_TARGET_DIR") {
         PathBuf::from(target).join("criterion")
     } else {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("target")
-            .join("criterion")
+        // The workspace's target directory: this crate sits in `benches/`.
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/criterion"))
     }
 }
 
@@ -685,7 +684,7 @@ fn bench(c: &mut Criterion) {
     if has("--list") {
         return;
     }
-    // `cargo test --benches` runs each case once: keep redis-benchmark short too.
+    // `cargo test -p bulkhead-benches --benches` runs each case once: keep redis-benchmark short too.
     let (requests, repeats) = if has("--test") {
         (1_000, 1)
     } else {

@@ -3,14 +3,15 @@
 
 Usage: python3 benches/redis_report.py [--no-run] [CRITERION_DIR] [-- BENCH_ARGS...]
 
-Without --no-run, first runs
-`cargo bench --bench redis --features redis,tokio -- BENCH_ARGS...`
+Without --no-run, first runs (from the repository root)
+`cargo bench -p bulkhead-benches --bench redis --features redis,tokio -- BENCH_ARGS...`
 (its output goes to stderr), then reads what that run wrote: criterion's
 estimates for the group `redis`, and `redis_extra.json` (redis-benchmark's
 results and the server's script counts) from the same directory.
 
 CRITERION_DIR defaults to $CRITERION_HOME, else $CARGO_TARGET_DIR/criterion,
-else target/criterion (the places criterion itself writes to).
+else the workspace's target/criterion (the places criterion itself writes
+to).
 
 Times are criterion's median per iteration. redis-benchmark's requests per
 second (the median of its repeats) become ns per call as 1e9 / rps; with one connection and one request
@@ -59,11 +60,13 @@ def criterion_dir(given):
         return Path(os.environ["CRITERION_HOME"])
     if os.environ.get("CARGO_TARGET_DIR"):
         return Path(os.environ["CARGO_TARGET_DIR"]) / "criterion"
-    return Path("target/criterion")
+    # The workspace's target directory (this script sits in benches/), which
+    # is where criterion writes when neither variable is set.
+    return Path(__file__).resolve().parent.parent / "target" / "criterion"
 
 
 def run_bench(bench_args):
-    cmd = ["cargo", "bench", "--bench", "redis", "--features", "redis,tokio", "--"] + bench_args
+    cmd = ["cargo", "bench", "-p", "bulkhead-benches", "--bench", "redis", "--features", "redis,tokio", "--"] + bench_args
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     # The bench's own output (criterion's and the summary) goes to stderr so
     # that stdout holds only the markdown.
@@ -99,7 +102,7 @@ def main():
     root = criterion_dir(given)
     extra_path = root / "redis_extra.json"
     if not extra_path.exists():
-        sys.exit(f"{extra_path} not found: run `cargo bench --bench redis --features redis,tokio` first")
+        sys.exit(f"{extra_path} not found: run `cargo bench -p bulkhead-benches --bench redis --features redis,tokio` first")
     extra = json.loads(extra_path.read_text())
     rb = {r["label"]: r for r in extra["redis_benchmark"]}
     stats = {c["name"]: c for c in extra["cases"]}

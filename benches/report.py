@@ -4,9 +4,10 @@
 Usage: python3 benches/report.py [CRITERION_DIR...]
 
 CRITERION_DIR defaults to $CRITERION_HOME, else $CARGO_TARGET_DIR/criterion,
-else target/criterion (the places criterion itself writes to). The script
-reads every `new/benchmark.json` + `new/estimates.json` pair written by
-`cargo bench --bench semaphore`, and `sizes.json` written by the same bench.
+else the workspace's target/criterion (the places criterion itself writes
+to). The script reads every `new/benchmark.json` + `new/estimates.json` pair
+written by `cargo bench -p bulkhead-benches --bench semaphore`, and
+`sizes.json` written by the same bench.
 
 Times are criterion's median, divided by the benchmark's throughput (so they
 are per acquire/release pair). Ratios are competitor / bulkhead (fair): above
@@ -40,7 +41,9 @@ def criterion_dirs():
         return [Path(os.environ["CRITERION_HOME"])]
     if os.environ.get("CARGO_TARGET_DIR"):
         return [Path(os.environ["CARGO_TARGET_DIR"]) / "criterion"]
-    return [Path("target/criterion")]
+    # The workspace's target directory (this script sits in benches/), which
+    # is where criterion writes when neither variable is set.
+    return [Path(__file__).resolve().parent.parent / "target" / "criterion"]
 
 
 def median(values):

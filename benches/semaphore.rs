@@ -353,9 +353,8 @@ fn criterion_dir() -> PathBuf {
     } else if let Some(target) = std::env::var_os("CARGO_TARGET_DIR") {
         PathBuf::from(target).join("criterion")
     } else {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("target")
-            .join("criterion")
+        // The workspace's target directory: this crate sits in `benches/`.
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/criterion"))
     }
 }
 
