@@ -888,3 +888,67 @@ fn check_request(n: usize) {
         "cannot acquire {n} permits: more than Semaphore::MAX_PERMITS"
     );
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use core::future::Future;
+    use core::pin::pin;
+    use core::task::{Context, Poll, Waker};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    use super::Semaphore;
+
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// `wake_front` wakes the front waiter's task without serving it; the
+    /// waiter stays first in line, stores its waker again when polled, and
+    /// is served by the next release as before.
+    #[test]
+    fn wake_front_wakes_without_serving() {
+        let sem = Semaphore::new(0);
+        assert!(!sem.wake_front(), "nobody waits");
+        let (first, second) = (Arc::new(Count::default()), Arc::new(Count::default()));
+        let (wf, ws) = (Waker::from(first.clone()), Waker::from(second.clone()));
+        let mut a = pin!(sem.acquire());
+        let mut b = pin!(sem.acquire());
+        assert!(a.as_mut().poll(&mut Context::from_waker(&wf)).is_pending());
+        assert!(b.as_mut().poll(&mut Context::from_waker(&ws)).is_pending());
+        assert!(sem.wake_front());
+        assert_eq!(first.0.load(Ordering::SeqCst), 1);
+        assert_eq!(second.0.load(Ordering::SeqCst), 0);
+        // Woken, not served; waking again finds no waker until it polls.
+        assert!(sem.wake_front());
+        assert_eq!(first.0.load(Ordering::SeqCst), 1);
+        assert!(a.as_mut().poll(&mut Context::from_waker(&wf)).is_pending());
+        assert_eq!(sem.queue_len(), 2);
+        // A release with no waker stored still serves it (the task was
+        // woken); with the waker stored again, it is woken as usual.
+        assert!(sem.wake_front());
+        sem.add_permits(1);
+        let Poll::Ready(Ok(held)) = a.as_mut().poll(&mut Context::from_waker(&wf)) else {
+            panic!("the front waiter is served")
+        };
+        assert_eq!(sem.queue_len(), 1);
+        sem.add_permits(1);
+        assert_eq!(
+            second.0.load(Ordering::SeqCst),
+            1,
+            "the next waiter is served and woken"
+        );
+        assert!(matches!(
+            b.as_mut().poll(&mut Context::from_waker(&ws)),
+            Poll::Ready(Ok(_))
+        ));
+        drop(held);
+        assert_eq!(sem.available_permits(), 2, "both permits are back");
+    }
+}
