@@ -36,9 +36,28 @@ static GLOBAL: Driver = Driver::new();
 ///
 /// The thread, named `bulkhead-timer`, is started by the first sleep that is
 /// polled and then lives as long as the process, parked while no sleep is
-/// pending. All `ThreadTimer`s share it and are interchangeable. Each pending
-/// sleep costs one entry in an ordered map; a sleep that is dropped removes
-/// its entry at once.
+/// pending (it may wake once more, at the deadline of a sleep that was
+/// dropped). All `ThreadTimer`s share it and are interchangeable. A waker
+/// that panics there is caught, so the thread keeps serving every other
+/// sleep.
+///
+/// Each pending sleep costs one entry in an ordered map, about 120 bytes
+/// with its share of the map's nodes; a sleep that is dropped removes its
+/// entry, and drops its waker, at once, on the dropping thread. The map
+/// holds up to eleven entries per node, allocates a node when a
+/// registration splits one and frees nodes as entries leave: with up to
+/// eleven sleeps pending in the process, registering one allocates nothing
+/// (once the map has its first node); with more, a line of waiters moving
+/// through the map allocates on about one registration in six, and on
+/// every one at exactly twelve.
+///
+/// A sleep wakes its task about 0.1 ms after its deadline (the median on
+/// Linux; 5 to 35 µs behind `std::thread::sleep`, for the hop through this
+/// thread). Registering the earliest pending sleep unparks the
+/// thread, which makes a lone sleep dearer (0.3 to 0.6 µs of CPU, the
+/// thread's included) than one among others (about 0.15 µs, none of it on
+/// the thread). `docs/benchmarks.md` has the measurements, against
+/// `futures-timer`.
 ///
 /// Prefer a runtime's own timer where there is one (`TokioTimer`,
 /// `AsyncIoTimer`): it is driven by threads the runtime already has. This
@@ -122,12 +141,15 @@ impl fmt::Debug for ThreadTimer {
 ///
 /// [`ThreadTimer`]'s [`sleep`](Timer::sleep) returns it boxed; make one
 /// directly with [`new`](Self::new) or [`until`](Self::until) to await it
-/// without the allocation.
+/// without the box. (Registering it can still allocate a node of the timer
+/// thread's map when more than eleven sleeps are pending: see
+/// [`ThreadTimer`].)
 ///
 /// # Cancel safety
 ///
 /// Dropping the sleep cancels it and removes it from the timer thread's
-/// queue at once, together with the waker it had registered.
+/// queue at once, together with the waker it had registered: both are gone
+/// when `drop` returns, and the timer thread is not involved.
 ///
 /// # Panics
 ///
