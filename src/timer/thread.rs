@@ -8,7 +8,6 @@ use core::mem;
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
 use core::time::Duration;
-use std::collections::BTreeMap;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::thread::{self, Thread};
@@ -41,15 +40,14 @@ static GLOBAL: Driver = Driver::new();
 /// that panics there is caught, so the thread keeps serving every other
 /// sleep.
 ///
-/// Each pending sleep costs one entry in an ordered map, about 120 bytes
-/// with its share of the map's nodes; a sleep that is dropped removes its
-/// entry, and drops its waker, at once, on the dropping thread. The map
-/// holds up to eleven entries per node, allocates a node when a
-/// registration splits one and frees nodes as entries leave: with up to
-/// eleven sleeps pending in the process, registering one allocates nothing
-/// (once the map has its first node); with more, a line of waiters moving
-/// through the map allocates on about one registration in six, and on
-/// every one at exactly twelve.
+/// Each pending sleep costs 64 bytes in the timer's queue: a slot that
+/// holds its waker and an entry in a binary heap of deadlines. A sleep that
+/// is dropped takes its entry out and drops its waker at once, on the
+/// dropping thread, and its slot is reused. The queue's vectors keep their
+/// capacity: registering a sleep allocates only when more sleeps are
+/// pending in the process than ever before (a vector then doubles), so a
+/// line of waiters moving through the queue allocates nothing, however
+/// long it is. The memory of the busiest moment stays with the process.
 ///
 /// A sleep wakes its task about 0.1 ms after its deadline (the median on
 /// Linux; 5 to 35 µs behind `std::thread::sleep`, for the hop through this
@@ -141,9 +139,8 @@ impl fmt::Debug for ThreadTimer {
 ///
 /// [`ThreadTimer`]'s [`sleep`](Timer::sleep) returns it boxed; make one
 /// directly with [`new`](Self::new) or [`until`](Self::until) to await it
-/// without the box. (Registering it can still allocate a node of the timer
-/// thread's map when more than eleven sleeps are pending: see
-/// [`ThreadTimer`].)
+/// without the box. Registering it allocates nothing unless more sleeps
+/// are pending in the process than ever before (see [`ThreadTimer`]).
 ///
 /// # Cancel safety
 ///
@@ -182,10 +179,11 @@ pub struct ThreadSleep {
 enum State {
     /// Not polled yet (or never to complete): no entry in the queue.
     Idle,
-    /// Polled and pending: the queue holds an entry under
-    /// `(deadline, id)`, unless the timer thread has just taken it out to
-    /// wake the sleep.
-    Registered(u64),
+    /// Polled and pending: the queue holds an entry under this key, unless
+    /// the timer thread has just taken it out to wake the sleep. (Two
+    /// fields rather than a [`Key`], so that the tag packs beside `slot`
+    /// and the sleep stays 40 bytes.)
+    Registered { slot: u32, id: u64 },
     /// Completed; no entry in the queue.
     Done,
 }
@@ -259,8 +257,8 @@ impl ThreadSleep {
         let thread = self.driver.thread();
         // Cloned before locking: no waker code runs under the lock.
         let waker = waker.clone();
-        let (id, earliest) = self.driver.lock().insert(deadline, waker);
-        self.state = State::Registered(id);
+        let (Key { slot, id }, earliest) = self.driver.lock().insert(deadline, waker);
+        self.state = State::Registered { slot, id };
         if earliest {
             thread.unpark();
         }
@@ -268,9 +266,8 @@ impl ThreadSleep {
 
     /// Polls a registered sleep: completes it if the timer thread has taken
     /// its entry out, or else makes sure the entry holds `waker`.
-    fn refresh(&mut self, deadline: Instant, id: u64, waker: &Waker) -> Poll<()> {
-        let key = (deadline, id);
-        match self.driver.lock().entries.get(&key) {
+    fn refresh(&mut self, key: Key, waker: &Waker) -> Poll<()> {
+        match self.driver.lock().waker(key) {
             None => {
                 self.state = State::Done;
                 return Poll::Ready(());
@@ -292,9 +289,9 @@ impl ThreadSleep {
 
     /// Removes the sleep's entry from the queue, if it has one.
     fn deregister(&mut self) {
-        if let (State::Registered(id), Some(deadline)) = (self.state, self.deadline) {
+        if let State::Registered { slot, id } = self.state {
             // Dropped after the lock is released.
-            let _waker = self.driver.lock().entries.remove(&(deadline, id));
+            let _waker = self.driver.lock().remove(Key { slot, id });
         }
     }
 }
@@ -322,7 +319,7 @@ impl Future for ThreadSleep {
                 this.register(deadline, cx.waker());
                 Poll::Pending
             }
-            State::Registered(id) => this.refresh(deadline, id, cx.waker()),
+            State::Registered { slot, id } => this.refresh(Key { slot, id }, cx.waker()),
             State::Done => unreachable!("handled above"),
         }
     }
@@ -344,7 +341,7 @@ impl fmt::Debug for ThreadSleep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match self.state {
             State::Idle => "idle",
-            State::Registered(_) => "registered",
+            State::Registered { .. } => "registered",
             State::Done => "done",
         };
         f.debug_struct("ThreadSleep")
@@ -434,74 +431,279 @@ enum Next {
     Never,
 }
 
-/// The pending sleeps, ordered by deadline.
+/// Marks the end of the free list, and a slot index that is never used.
+const NO_SLOT: u32 = u32::MAX;
+
+/// The pending sleeps, ordered by deadline: a binary min-heap of entries,
+/// each naming the slot of its sleep in a slab.
+///
+/// # Invariants
+///
+/// - `heap` is a min-heap on [`Entry::key`]: no entry's key is below its
+///   parent's (`heap[(i - 1) / 2]`). Keys are unique, since ids are.
+/// - Every entry's slot is taken, and the slot's `link` is that entry's
+///   position in `heap`: the two name each other. A taken slot is named by
+///   exactly one entry, so `heap.len()` is the number of taken slots.
+/// - The free slots form one list from `free` through their `link`s,
+///   ending in [`NO_SLOT`].
+///
+/// `slots` never shrinks, and neither vector gives back capacity: once they
+/// have held as many sleeps as are pending, registering one allocates
+/// nothing, and neither does taking one out.
 struct Queue {
-    /// Every registered sleep's waker, keyed by its deadline and a unique
-    /// id (so equal deadlines stay distinct). An entry is removed by the
-    /// timer thread when it wakes the sleep, or by the sleep when it is
-    /// dropped or completes; its absence tells a registered sleep that it
-    /// has fired.
-    entries: BTreeMap<(Instant, u64), Waker>,
-    /// The id for the next entry.
+    /// The pending entries, earliest at the root.
+    heap: Vec<Entry>,
+    /// One per sleep ever pending at once: taken by a registered sleep
+    /// (which holds its index and id) or free.
+    slots: Vec<Slot>,
+    /// The first free slot, or [`NO_SLOT`].
+    free: u32,
+    /// The id for the next registration.
     next_id: u64,
+}
+
+/// A pending sleep in [`Queue::heap`].
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    deadline: Instant,
+    /// Unique per registration: it orders equal deadlines by registration,
+    /// and tells a sleep whether its slot is still its own.
+    id: u64,
+    /// Its slot in [`Queue::slots`].
+    slot: u32,
+}
+
+impl Entry {
+    /// The heap's order: by deadline, then by registration.
+    #[inline]
+    fn key(&self) -> (Instant, u64) {
+        (self.deadline, self.id)
+    }
+}
+
+/// A place in [`Queue::slots`].
+#[derive(Debug)]
+struct Slot {
+    /// The id of the sleep registered here (of the last one, if free).
+    id: u64,
+    /// The sleep's waker while the slot is taken; `None` while it is free.
+    waker: Option<Waker>,
+    /// Taken: the position of the slot's entry in the heap. Free: the next
+    /// free slot, or [`NO_SLOT`].
+    link: u32,
+}
+
+/// Where a registered sleep's entry is found: its slot and its id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Key {
+    slot: u32,
+    id: u64,
 }
 
 impl Queue {
     const fn new() -> Queue {
         Queue {
-            entries: BTreeMap::new(),
+            heap: Vec::new(),
+            slots: Vec::new(),
+            free: NO_SLOT,
             next_id: 0,
         }
     }
 
+    /// How many sleeps are pending.
     fn len(&self) -> usize {
-        self.entries.len()
+        self.heap.len()
     }
 
-    /// Adds an entry; returns its id and whether it is now the earliest.
-    fn insert(&mut self, deadline: Instant, waker: Waker) -> (u64, bool) {
+    /// The slot under `key`, if it is still that sleep's: the timer thread
+    /// has not taken its entry out.
+    #[inline]
+    fn slot(&self, key: Key) -> Option<&Slot> {
+        self.slots
+            .get(key.slot as usize)
+            .filter(|slot| slot.id == key.id && slot.waker.is_some())
+    }
+
+    /// The waker registered under `key`, if the sleep is still pending.
+    #[inline]
+    fn waker(&self, key: Key) -> Option<&Waker> {
+        self.slot(key)?.waker.as_ref()
+    }
+
+    /// Adds an entry; returns its key and whether it is now the earliest.
+    fn insert(&mut self, deadline: Instant, waker: Waker) -> (Key, bool) {
         let id = self.next_id;
         // 2^64 sleeps take centuries to make; should it ever wrap, an id is
         // long free again.
         self.next_id = self.next_id.wrapping_add(1);
-        let key = (deadline, id);
-        let previous = self.entries.insert(key, waker);
-        debug_assert!(previous.is_none(), "sleep ids must be unique");
-        let earliest = self.entries.first_key_value().map(|(first, _)| *first) == Some(key);
-        (id, earliest)
+        let at = self.heap.len() as u32;
+        let slot = if self.free != NO_SLOT {
+            let slot = self.free;
+            let free = &mut self.slots[slot as usize];
+            self.free = free.link;
+            *free = Slot {
+                id,
+                waker: Some(waker),
+                link: at,
+            };
+            slot
+        } else {
+            // Checked before anything changes; 2^32 pending sleeps would
+            // need hundreds of gigabytes first.
+            let slot = u32::try_from(self.slots.len())
+                .ok()
+                .filter(|&slot| slot != NO_SLOT)
+                .expect("too many sleeps pending");
+            self.slots.push(Slot {
+                id,
+                waker: Some(waker),
+                link: at,
+            });
+            slot
+        };
+        self.heap.push(Entry { deadline, id, slot });
+        self.sift_up(at as usize);
+        let earliest = self.slots[slot as usize].link == 0;
+        (Key { slot, id }, earliest)
     }
 
     /// Puts `waker` in the entry under `key`. Returns whether the entry was
     /// there (the sleep is still pending) and the waker for the caller to
     /// drop once the lock is released: the one replaced, or `waker` itself
     /// if the entry is gone.
-    fn replace_waker(&mut self, key: (Instant, u64), waker: Waker) -> (bool, Waker) {
-        match self.entries.get_mut(&key) {
+    fn replace_waker(&mut self, key: Key, waker: Waker) -> (bool, Waker) {
+        if self.slot(key).is_none() {
+            return (false, waker);
+        }
+        match &mut self.slots[key.slot as usize].waker {
             Some(registered) => (true, mem::replace(registered, waker)),
             None => (false, waker),
         }
     }
 
+    /// Takes out the entry under `key`, if the sleep is still pending, and
+    /// returns its waker for the caller to drop once the lock is released.
+    fn remove(&mut self, key: Key) -> Option<Waker> {
+        let at = self.slot(key)?.link;
+        self.remove_at(at as usize)
+    }
+
     /// Moves the wakers of the sleeps due at `now` into `due` (at most
     /// [`MAX_BATCH`] in all), earliest first, and says when to look again.
     fn expire(&mut self, now: Instant, due: &mut Vec<Waker>) -> Next {
-        while let Some(entry) = self.entries.first_entry() {
-            let deadline = entry.key().0;
-            if deadline > now {
-                return Next::At(deadline);
+        while let Some(first) = self.heap.first() {
+            if first.deadline > now {
+                return Next::At(first.deadline);
             }
             if due.len() >= MAX_BATCH {
                 return Next::Now;
             }
-            due.push(entry.remove());
+            due.extend(self.remove_at(0));
         }
         Next::Never
+    }
+
+    /// Takes the entry at `at` out of the heap and frees its slot; returns
+    /// its waker.
+    fn remove_at(&mut self, at: usize) -> Option<Waker> {
+        let entry = self.heap.swap_remove(at);
+        if at < self.heap.len() {
+            // The last entry fills the hole: move it up or down into place.
+            if at > 0 && self.heap[at].key() < self.heap[(at - 1) / 2].key() {
+                self.sift_up(at);
+            } else {
+                self.sift_down(at);
+            }
+        }
+        let slot = &mut self.slots[entry.slot as usize];
+        debug_assert!(slot.id == entry.id, "an entry's slot must be its own");
+        slot.link = self.free;
+        self.free = entry.slot;
+        slot.waker.take()
+    }
+
+    /// Moves the entry at `at` towards the root until its parent is
+    /// earlier, keeping each moved entry's slot pointing at it.
+    fn sift_up(&mut self, mut at: usize) {
+        let entry = self.heap[at];
+        while at > 0 {
+            let parent = (at - 1) / 2;
+            if self.heap[parent].key() < entry.key() {
+                break;
+            }
+            self.put(at, self.heap[parent]);
+            at = parent;
+        }
+        self.put(at, entry);
+    }
+
+    /// Moves the entry at `at` towards the leaves until its children are
+    /// later, keeping each moved entry's slot pointing at it.
+    fn sift_down(&mut self, mut at: usize) {
+        let entry = self.heap[at];
+        let len = self.heap.len();
+        loop {
+            let left = 2 * at + 1;
+            if left >= len {
+                break;
+            }
+            let right = left + 1;
+            let child = if right < len && self.heap[right].key() < self.heap[left].key() {
+                right
+            } else {
+                left
+            };
+            if entry.key() < self.heap[child].key() {
+                break;
+            }
+            self.put(at, self.heap[child]);
+            at = child;
+        }
+        self.put(at, entry);
+    }
+
+    /// Stores `entry` at `at` in the heap and tells its slot.
+    #[inline]
+    fn put(&mut self, at: usize, entry: Entry) {
+        self.heap[at] = entry;
+        self.slots[entry.slot as usize].link = at as u32;
+    }
+
+    /// Checks every invariant but the last (see [`Queue`]), panicking with
+    /// the first one broken.
+    #[cfg(test)]
+    fn assert_valid(&self) {
+        for (at, entry) in self.heap.iter().enumerate() {
+            if at > 0 {
+                let parent = &self.heap[(at - 1) / 2];
+                assert!(parent.key() < entry.key(), "an entry is before its parent");
+            }
+            let slot = &self.slots[entry.slot as usize];
+            assert!(slot.waker.is_some(), "an entry's slot must be taken");
+            assert_eq!(slot.id, entry.id, "an entry's slot must be its own");
+            assert_eq!(slot.link as usize, at, "a slot must know its entry");
+        }
+        let mut free = 0;
+        let mut next = self.free;
+        while next != NO_SLOT {
+            let slot = &self.slots[next as usize];
+            assert!(slot.waker.is_none(), "a free slot must hold no waker");
+            free += 1;
+            assert!(free <= self.slots.len(), "the free list must not loop");
+            next = slot.link;
+        }
+        assert_eq!(
+            self.heap.len() + free,
+            self.slots.len(),
+            "every slot is taken by one entry or free"
+        );
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::{BTreeMap, VecDeque};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::Wake;
@@ -535,15 +737,17 @@ mod tests {
         let (early, early_waker) = counted();
         let (tie, tie_waker) = counted();
 
-        assert_eq!(queue.insert(at(20), late_waker), (0, true));
-        assert_eq!(queue.insert(at(10), early_waker), (1, true));
-        assert_eq!(queue.insert(at(10), tie_waker), (2, false));
+        assert!(queue.insert(at(20), late_waker).1);
+        assert!(queue.insert(at(10), early_waker).1);
+        assert!(!queue.insert(at(10), tie_waker).1);
+        queue.assert_valid();
 
         let mut due = Vec::new();
         assert_eq!(queue.expire(at(5), &mut due), Next::At(at(10)));
         assert!(due.is_empty());
         assert_eq!(queue.expire(at(10), &mut due), Next::At(at(20)));
         assert_eq!(due.len(), 2);
+        queue.assert_valid();
         let wakes = || [&early, &tie, &late].map(|c| c.0.load(Ordering::SeqCst));
         due.remove(0).wake();
         assert_eq!(wakes(), [1, 0, 0], "the earliest deadline comes first");
@@ -553,6 +757,7 @@ mod tests {
         due.drain(..).for_each(Waker::wake);
         assert_eq!(wakes(), [1, 1, 1]);
         assert_eq!(queue.len(), 0);
+        queue.assert_valid();
     }
 
     #[test]
@@ -568,6 +773,7 @@ mod tests {
         due.clear();
         assert_eq!(queue.expire(now, &mut due), Next::Never);
         assert_eq!(due.len(), 1);
+        queue.assert_valid();
     }
 
     #[test]
@@ -576,17 +782,131 @@ mod tests {
         let deadline = Instant::now();
         let (first, first_waker) = counted();
         let (second, second_waker) = counted();
-        let (id, _) = queue.insert(deadline, first_waker);
+        let (key, _) = queue.insert(deadline, first_waker);
 
-        let (pending, old) = queue.replace_waker((deadline, id), second_waker.clone());
+        let (pending, old) = queue.replace_waker(key, second_waker.clone());
         assert!(pending);
         old.wake();
         assert_eq!(first.0.load(Ordering::SeqCst), 1, "the replaced waker");
-        let (pending, unused) = queue.replace_waker((deadline, id + 1), second_waker);
+        let gone = Key {
+            id: key.id + 1,
+            ..key
+        };
+        let (pending, unused) = queue.replace_waker(gone, second_waker);
         assert!(!pending);
         unused.wake();
         assert_eq!(second.0.load(Ordering::SeqCst), 1, "the unused waker");
         assert_eq!(Arc::strong_count(&second), 2, "one waker left in the queue");
+    }
+
+    /// A slot freed and taken again does not answer to the key of the
+    /// sleep that had it: the sleep has fired.
+    #[test]
+    fn a_reused_slot_does_not_answer_to_an_old_key() {
+        let mut queue = Queue::new();
+        let now = Instant::now();
+        let (old, _) = queue.insert(now, Waker::noop().clone());
+        let mut due = Vec::new();
+        queue.expire(now, &mut due);
+        let (new, _) = queue.insert(now + Duration::from_secs(1), Waker::noop().clone());
+        assert_eq!(new.slot, old.slot, "the slot is reused");
+        assert!(queue.waker(old).is_none());
+        assert!(queue.remove(old).is_none());
+        assert!(!queue.replace_waker(old, Waker::noop().clone()).0);
+        assert_eq!(queue.len(), 1, "the new sleep is left alone");
+        assert!(queue.remove(new).is_some());
+        assert!(queue.remove(new).is_none(), "removed once");
+        queue.assert_valid();
+    }
+
+    /// Random inserts, removals, waker swaps and expiries against an
+    /// ordered map: the heap wakes exactly the due sleeps, earliest first,
+    /// keeps its invariants, and never answers to the key of a sleep gone.
+    #[test]
+    fn the_heap_matches_an_ordered_map() {
+        let mut queue = Queue::new();
+        let mut model: BTreeMap<(Instant, u64), (Key, Arc<Count>)> = BTreeMap::new();
+        let mut gone: VecDeque<Key> = VecDeque::new();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut now = t0;
+        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut random = |n: usize| {
+            // xorshift64
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let rounds = if cfg!(miri) { 300 } else { 20_000 };
+        for _ in 0..rounds {
+            match random(10) {
+                0..=4 => {
+                    let deadline = now + ms(random(200) as u64);
+                    let (count, waker) = counted();
+                    let (key, _) = queue.insert(deadline, waker);
+                    model.insert((deadline, key.id), (key, count));
+                }
+                5 | 6 if !model.is_empty() => {
+                    let nth = random(model.len());
+                    let (&at, &(key, _)) = model.iter().nth(nth).unwrap();
+                    model.remove(&at);
+                    assert!(queue.remove(key).is_some(), "a pending sleep");
+                    gone.push_back(key);
+                }
+                7 if !model.is_empty() => {
+                    let nth = random(model.len());
+                    let (key, count) = model.values_mut().nth(nth).unwrap();
+                    let (new, waker) = counted();
+                    let (pending, old) = queue.replace_waker(*key, waker);
+                    assert!(pending);
+                    assert_eq!(old.data(), Arc::as_ptr(count).cast(), "its own waker");
+                    *count = new;
+                }
+                _ => {
+                    now += ms(random(50) as u64);
+                    let mut due = Vec::new();
+                    let next = queue.expire(now, &mut due);
+                    let mut expected = Vec::new();
+                    while expected.len() < MAX_BATCH {
+                        match model.first_entry() {
+                            Some(first) if first.key().0 <= now => {
+                                let (key, count) = first.remove();
+                                expected.push(Arc::as_ptr(&count).cast::<()>());
+                                gone.push_back(key);
+                            }
+                            _ => break,
+                        }
+                    }
+                    let woken: Vec<*const ()> = due.iter().map(Waker::data).collect();
+                    assert_eq!(woken, expected, "the due sleeps, earliest first");
+                    match model.first_key_value() {
+                        Some((first, _)) if first.0 <= now => assert_eq!(next, Next::Now),
+                        Some((first, _)) => assert!(
+                            matches!(next, Next::At(at) if now < at && at <= first.0),
+                            "looks again by the next deadline"
+                        ),
+                        None => assert!(matches!(next, Next::Never | Next::At(_))),
+                    }
+                }
+            }
+            while gone.len() > 64 {
+                gone.pop_front();
+            }
+            for &key in &gone {
+                assert!(queue.waker(key).is_none(), "a sleep gone is gone");
+            }
+            queue.assert_valid();
+            assert_eq!(queue.len(), model.len());
+        }
+    }
+
+    /// What the docs say a sleep costs: 40 bytes inline, 64 in the queue.
+    #[test]
+    #[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+    fn sizes() {
+        assert_eq!(size_of::<ThreadSleep>(), 40);
+        assert_eq!(size_of::<Entry>() + size_of::<Slot>(), 64);
     }
 
     /// Sleeps made, polled and dropped in a loop leave no entry behind.
