@@ -72,9 +72,17 @@
 //!
 //! The timer thread takes the due entries off the top of the heap, wakes
 //! their wakers after releasing the lock, and parks until the next
-//! deadline; a sleep that becomes the earliest unparks it. No waker is
-//! cloned for a sleep that is polled again by the same task, and no waker
-//! is cloned, woken or dropped under the lock.
+//! deadline (an hour at most). The queue remembers that instant, and a
+//! registration unparks the thread only if it is due before it, bringing
+//! the instant forward. When the sleep the thread was unparked for is
+//! dropped before it is due, the thread keeps that instant and wakes once
+//! for nothing, rather than be unparked again by each sleep registered
+//! meanwhile: a lone sleep made and dropped in a loop (a wait that ends
+//! before its deadline, over and over) unparks the thread about once per
+//! timeout instead of once per sleep.
+//!
+//! No waker is cloned for a sleep that is polled again by the same task,
+//! and no waker is cloned, woken or dropped under the lock.
 
 mod clock;
 mod deadline;

@@ -24,7 +24,8 @@ const MAX_BATCH: usize = 256;
 
 /// The longest the timer thread parks in one go. It re-checks the queue
 /// after that, which costs nothing and keeps huge timeouts away from the
-/// platform's parking primitive.
+/// platform's parking primitive; a sleep due later than that need not
+/// unpark it.
 const MAX_PARK: Duration = Duration::from_secs(60 * 60);
 
 /// The driver of every [`ThreadTimer`] and [`ThreadSleep`] in the process.
@@ -51,11 +52,11 @@ static GLOBAL: Driver = Driver::new();
 ///
 /// A sleep wakes its task about 0.1 ms after its deadline (the median on
 /// Linux; 5 to 35 µs behind `std::thread::sleep`, for the hop through this
-/// thread). Registering the earliest pending sleep unparks the
-/// thread, which makes a lone sleep dearer (0.3 to 0.6 µs of CPU, the
-/// thread's included) than one among others (about 0.15 µs, none of it on
-/// the thread). `docs/benchmarks.md` has the measurements, against
-/// `futures-timer`.
+/// thread). Registering a sleep unparks the thread only if the sleep is
+/// due before the thread would look at the queue anyway, so a sleep made
+/// and dropped before its deadline costs about 0.1 µs of CPU, alone or
+/// among thousands, none of it on the thread. `docs/benchmarks.md` has the
+/// measurements, against `futures-timer`.
 ///
 /// Prefer a runtime's own timer where there is one (`TokioTimer`,
 /// `AsyncIoTimer`): it is driven by threads the runtime already has. This
@@ -252,14 +253,14 @@ impl ThreadSleep {
 
     /// Puts the sleep in the queue with a clone of `waker`, starting the
     /// timer thread if this is the first sleep ever, and wakes the thread if
-    /// this is now the earliest deadline.
+    /// the sleep is due before the thread would look at the queue again.
     fn register(&mut self, deadline: Instant, waker: &Waker) {
         let thread = self.driver.thread();
         // Cloned before locking: no waker code runs under the lock.
         let waker = waker.clone();
-        let (Key { slot, id }, earliest) = self.driver.lock().insert(deadline, waker);
+        let (Key { slot, id }, unpark) = self.driver.lock().insert(deadline, waker);
         self.state = State::Registered { slot, id };
-        if earliest {
+        if unpark {
             thread.unpark();
         }
     }
@@ -408,11 +409,7 @@ impl Driver {
             }
             match next {
                 Next::Now => {}
-                Next::At(deadline) => thread::park_timeout(
-                    deadline
-                        .saturating_duration_since(Instant::now())
-                        .min(MAX_PARK),
-                ),
+                Next::At(at) => thread::park_timeout(at.saturating_duration_since(Instant::now())),
                 Next::Never => thread::park(),
             }
         }
@@ -424,7 +421,7 @@ impl Driver {
 enum Next {
     /// More sleeps are due: go again without parking.
     Now,
-    /// Park until this deadline (or until a new earliest sleep unparks the
+    /// Park until this instant (or until a sleep due before it unparks the
     /// thread).
     At(Instant),
     /// Nothing is pending: park until a sleep unparks the thread.
@@ -446,6 +443,8 @@ const NO_SLOT: u32 = u32::MAX;
 ///   exactly one entry, so `heap.len()` is the number of taken slots.
 /// - The free slots form one list from `free` through their `link`s,
 ///   ending in [`NO_SLOT`].
+/// - While the timer thread is parked (or about to park), every entry's
+///   deadline is at or after `wake_at`, or the thread has been unparked.
 ///
 /// `slots` never shrinks, and neither vector gives back capacity: once they
 /// have held as many sleeps as are pending, registering one allocates
@@ -460,6 +459,10 @@ struct Queue {
     free: u32,
     /// The id for the next registration.
     next_id: u64,
+    /// When the timer thread looks at the queue next, at the latest:
+    /// `None` while it is parked with no timeout (or not started). A
+    /// registration due before it unparks the thread and brings it forward.
+    wake_at: Option<Instant>,
 }
 
 /// A pending sleep in [`Queue::heap`].
@@ -507,6 +510,7 @@ impl Queue {
             slots: Vec::new(),
             free: NO_SLOT,
             next_id: 0,
+            wake_at: None,
         }
     }
 
@@ -530,7 +534,8 @@ impl Queue {
         self.slot(key)?.waker.as_ref()
     }
 
-    /// Adds an entry; returns its key and whether it is now the earliest.
+    /// Adds an entry. Returns its key, and whether the timer thread must be
+    /// unparked: when the entry is due before the thread looks again.
     fn insert(&mut self, deadline: Instant, waker: Waker) -> (Key, bool) {
         let id = self.next_id;
         // 2^64 sleeps take centuries to make; should it ever wrap, an id is
@@ -563,8 +568,11 @@ impl Queue {
         };
         self.heap.push(Entry { deadline, id, slot });
         self.sift_up(at as usize);
-        let earliest = self.slots[slot as usize].link == 0;
-        (Key { slot, id }, earliest)
+        let unpark = self.wake_at.is_none_or(|wake_at| deadline < wake_at);
+        if unpark {
+            self.wake_at = Some(deadline);
+        }
+        (Key { slot, id }, unpark)
     }
 
     /// Puts `waker` in the entry under `key`. Returns whether the entry was
@@ -591,16 +599,41 @@ impl Queue {
     /// Moves the wakers of the sleeps due at `now` into `due` (at most
     /// [`MAX_BATCH`] in all), earliest first, and says when to look again.
     fn expire(&mut self, now: Instant, due: &mut Vec<Waker>) -> Next {
-        while let Some(first) = self.heap.first() {
+        let next = loop {
+            let Some(first) = self.heap.first() else {
+                break Next::Never;
+            };
             if first.deadline > now {
-                return Next::At(first.deadline);
+                break Next::At(first.deadline);
             }
             if due.len() >= MAX_BATCH {
-                return Next::Now;
+                break Next::Now;
             }
             due.extend(self.remove_at(0));
-        }
-        Next::Never
+        };
+        // The thread looks again at the earliest deadline, or at an earlier
+        // one it was unparked for whose sleep has gone since: keeping that
+        // costs one wake-up at most, and spares it one per sleep registered
+        // meanwhile (they are usually later). Never more than `MAX_PARK`
+        // away, which also keeps huge timeouts from the platform's parking.
+        let promised = self.wake_at.filter(|&wake_at| wake_at > now);
+        let next = match (next, promised) {
+            (Next::Now, _) => Next::Now,
+            (Next::At(deadline), Some(promised)) => Next::At(deadline.min(promised)),
+            (Next::At(at), None) | (Next::Never, Some(at)) => Next::At(at),
+            (Next::Never, None) => Next::Never,
+        };
+        let next = match (next, now.checked_add(MAX_PARK)) {
+            (Next::At(at), Some(latest)) => Next::At(at.min(latest)),
+            (next, _) => next,
+        };
+        self.wake_at = match next {
+            // Going again at once: what is registered meanwhile is seen.
+            Next::Now => Some(now),
+            Next::At(at) => Some(at),
+            Next::Never => None,
+        };
+        next
     }
 
     /// Takes the entry at `at` out of the heap and frees its slot; returns
@@ -817,6 +850,47 @@ mod tests {
         assert!(queue.remove(new).is_some());
         assert!(queue.remove(new).is_none(), "removed once");
         queue.assert_valid();
+    }
+
+    /// The thread is unparked only for a sleep due before it would look at
+    /// the queue anyway; a deadline it was unparked for is kept after its
+    /// sleep is dropped (one stale wake-up), so later sleeps do not unpark
+    /// it again.
+    #[test]
+    fn only_a_sleep_due_before_the_thread_looks_unparks_it() {
+        let mut queue = Queue::new();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let noop = || Waker::noop().clone();
+        let mut due = Vec::new();
+
+        assert!(queue.insert(at(20), noop()).1, "the thread parked for good");
+        assert!(!queue.insert(at(30), noop()).1, "later than the first");
+        assert!(!queue.insert(at(20), noop()).1, "as late as the first");
+        assert_eq!(queue.expire(t0, &mut due), Next::At(at(20)));
+        let (earlier, unpark) = queue.insert(at(10), noop());
+        assert!(unpark, "due before the thread looks");
+        assert!(!queue.insert(at(15), noop()).1, "the thread looks at 10");
+        assert!(queue.remove(earlier).is_some());
+        assert_eq!(
+            queue.expire(at(1), &mut due),
+            Next::At(at(10)),
+            "the deadline it was unparked for is kept"
+        );
+        assert!(!queue.insert(at(12), noop()).1);
+        assert_eq!(queue.expire(at(10), &mut due), Next::At(at(12)));
+        assert!(due.is_empty(), "the stale wake-up finds nothing due");
+        assert_eq!(queue.expire(at(40), &mut due), Next::Never);
+        assert_eq!(due.len(), 5);
+        assert!(queue.insert(at(50), noop()).1, "the thread parked for good");
+
+        // Parked for at most `MAX_PARK`: a sleep due after that need not
+        // unpark the thread.
+        let mut queue = Queue::new();
+        assert!(queue.insert(t0 + 2 * MAX_PARK, noop()).1);
+        assert_eq!(queue.expire(t0, &mut due), Next::At(t0 + MAX_PARK));
+        assert!(!queue.insert(t0 + MAX_PARK * 3 / 2, noop()).1);
+        assert!(queue.insert(t0 + MAX_PARK / 2, noop()).1);
     }
 
     /// Random inserts, removals, waker swaps and expiries against an
