@@ -1,8 +1,8 @@
 //! `ThreadTimer`, the crate's own timer thread, against `futures-timer` 3,
 //! the crate a user would otherwise pick for sleeps outside a runtime
 //! (issue 12). Both run one background thread per process; they differ in
-//! where a sleep's state lives (`ThreadSleep` inline in the future, an
-//! entry in an ordered map behind a mutex; `futures_timer::Delay` an
+//! where a sleep's state lives (`ThreadSleep` inline in the future, a slot
+//! and a heap entry in vectors behind a mutex; `futures_timer::Delay` an
 //! `Arc`'d node, handed to the thread through a lock-free list on creation
 //! and again on drop, kept in a binary heap there).
 //!
@@ -34,8 +34,9 @@
 //!   allocator, on only while measuring): alone, among 10,000 pending, and
 //!   as a line of 10,000 waiters moves (the oldest dropped, a new one made
 //!   at the back, as a bulkhead's waiters with one `max_wait` do).
-//! - **Allocations in a line** of 11, 12, 100 and 10,000 sleeps. A line of
-//!   11 must allocate nothing with `ThreadSleep`.
+//! - **Allocations in a line** of 11, 12, 100 and 10,000 sleeps. No line
+//!   may allocate with `ThreadSleep` (its queue was an ordered map once,
+//!   which allocated from 12 on).
 //! - **Memory per pending sleep**: bytes allocated (net) to register
 //!   10,000 sleeps.
 //! - **Lateness**: `futures::executor::block_on` of one sleep, many times,
@@ -584,7 +585,7 @@ fn cycle_cost<C: Contender>(cycles: usize, load: Load) -> Option<CycleCost> {
         }
     };
     let threads = Threads::of::<C>()?;
-    // Warm up: the map's nodes, the heap's vectors.
+    // Warm up: the timers' vectors.
     for _ in 0..1_000 {
         step(&mut cx);
     }
@@ -688,22 +689,20 @@ fn cycle_costs(sizes: &Sizes) {
             );
         }
         // The promise the bulkhead builds on: an inline sleep allocates
-        // nothing, on any thread, once the map has its nodes; but see
-        // `line_allocations`.
+        // nothing, on any thread, once the queue has held as many.
         let inline = median_cost(&costs[0]);
-        if !matches!(load, Load::Line(_)) {
-            assert!(
-                inline.allocs_all < 0.01,
-                "ThreadSleep allocated {} times per timer, pending: {load}",
-                inline.allocs_all
-            );
-        }
+        assert!(
+            inline.allocs_all < 0.01,
+            "ThreadSleep allocated {} times per timer, pending: {load}",
+            inline.allocs_all
+        );
     }
 }
 
 /// Allocations per timer for lines of waiters of several lengths
-/// ([`Load::Line`]): the ordered map splits a node at the back of the line
-/// and frees one at the front as the line moves.
+/// ([`Load::Line`]): an ordered map would split a node at the back of the
+/// line and free one at the front as the line moves; the timer's vectors
+/// keep their capacity.
 fn line_allocations(sizes: &Sizes) {
     println!();
     println!(
@@ -724,10 +723,7 @@ fn line_allocations(sizes: &Sizes) {
             "| {n} | {:.3} | {:.3} |",
             inline.allocs_all, peer.allocs_all
         );
-        if n <= 11 {
-            // Eleven entries fit in the map's root node.
-            assert_eq!(inline.allocs_all, 0.0, "a line of {n} allocated");
-        }
+        assert_eq!(inline.allocs_all, 0.0, "a line of {n} allocated");
     }
 }
 

@@ -5,7 +5,10 @@
 //!
 //! A counting global allocator counts the allocations made on the test's
 //! own thread while a call runs; each path runs a few times first (the
-//! timer's thread and maps are set up once), then must allocate nothing.
+//! timer's thread and queues are set up once), then must allocate nothing.
+//! `ThreadTimer` is also held to it with many sleeps pending at once (64
+//! calls in flight, a rolling window of 128 raw `ThreadSleep`s): its queue
+//! keeps its storage as sleeps come and go.
 //! What a runtime's own driver thread does is the runtime's business and not
 //! counted (the tokio cases run on a current-thread runtime, where the
 //! driver is this thread, so they are).
@@ -13,14 +16,16 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::future::{Future, pending};
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
+use bulkhead::futures::Call;
 use bulkhead::keyed::{KeyedBulkhead, KeyedBulkheadBuilder, KeyedError, KeyedRejectReason};
-use bulkhead::timer::{ThreadTimer, Timer};
+use bulkhead::timer::{ThreadSleep, ThreadTimer, Timer};
 use bulkhead::{Bulkhead, BulkheadBuilder, BulkheadError, RejectReason};
 
 struct Counting;
@@ -195,6 +200,133 @@ fn thread_timer_paths_allocate_nothing() {
         &|b| b.timer(timer.clone()).build().unwrap(),
         |fut| futures::executor::block_on(fut),
     );
+}
+
+/// The work of a call that stays in flight until it is polled again:
+/// pending on its first poll, done on its second.
+struct TwoPolls(bool);
+
+impl Future for TwoPolls {
+    type Output = Result<(), ()>;
+
+    fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        if std::mem::replace(&mut self.0, true) {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+/// The timer thread's queue is the process's, shared with the tests that
+/// run in parallel: 1,024 sleeps registered at once first take its storage
+/// past any number of sleeps those tests and this one have pending
+/// together, so what a case counts is its own churn.
+fn raise_thread_timer_peak() {
+    let mut sleeps: Vec<ThreadSleep> = (0..1_024)
+        .map(|_| ThreadSleep::new(Duration::from_secs(3_600)))
+        .collect();
+    for sleep in &mut sleeps {
+        assert!(poll_once(Pin::new(sleep)).is_pending());
+    }
+}
+
+/// A call kept in place, so that replacing it allocates nothing.
+type Slot<'a> = Pin<Box<Option<Call<'a, TwoPolls>>>>;
+
+/// Starts a call in `slot` (dropping the one there) and polls it once: it
+/// is admitted and in flight, its `call_timeout` armed.
+fn start_call<'a>(bh: &'a Bulkhead, slot: &mut Slot<'a>) {
+    slot.set(Some(bh.call(TwoPolls(false))));
+    let call = slot.as_mut().as_pin_mut().unwrap();
+    assert!(poll_once(call).is_pending());
+}
+
+/// Many sleeps pending on the timer thread at once: 64 calls in flight on a
+/// `ThreadTimer`, each with its `call_timeout` armed, and each in turn
+/// finishing (or, one in eight, cancelled) as a new call starts in its
+/// place, a full round per path.
+#[test]
+fn thread_timer_with_64_calls_in_flight_allocates_nothing() {
+    const CALLS: usize = 64;
+    raise_thread_timer_peak();
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(CALLS)
+        .call_timeout(Duration::from_secs(600))
+        .timer(Arc::new(ThreadTimer::new()))
+        .build()
+        .unwrap();
+    // Boxed once, here; a new call replaces the old one in place.
+    let mut slots: Vec<Slot<'_>> = (0..CALLS).map(|_| Box::pin(None)).collect();
+    for slot in &mut slots {
+        start_call(&bh, slot);
+    }
+    assert_eq!(bh.metrics().in_flight(), CALLS);
+    let mut round = 0;
+    assert_no_allocation("ThreadTimer: 64 calls in flight, churning", || {
+        for (i, slot) in slots.iter_mut().enumerate() {
+            if (i + round) % 8 == 0 {
+                slot.set(None);
+            } else {
+                let call = slot.as_mut().as_pin_mut().unwrap();
+                assert_eq!(poll_once(call), Poll::Ready(Ok(())));
+            }
+            start_call(&bh, slot);
+        }
+        round += 1;
+        assert_eq!(bh.metrics().in_flight(), CALLS);
+    });
+    drop(slots);
+    assert_eq!(bh.metrics().in_flight(), 0);
+}
+
+/// A waker of another task, for re-polls that must replace the registered
+/// waker.
+struct OtherTask;
+
+impl Wake for OtherTask {
+    fn wake(self: Arc<Self>) {}
+}
+
+/// Raw `ThreadSleep`s in a rolling window of 128: deadlines out of order,
+/// the oldest dropped (or, one step in five, one from the middle of the
+/// window), a new one made and polled, and a sleep in the middle polled
+/// again by another task.
+#[test]
+fn thread_sleeps_in_a_rolling_window_allocate_nothing() {
+    const WINDOW: usize = 128;
+    raise_thread_timer_peak();
+    let other = Waker::from(Arc::new(OtherTask));
+    let mut window: VecDeque<ThreadSleep> = VecDeque::with_capacity(WINDOW);
+    let mut n: u64 = 0;
+    let mut step = || {
+        n += 1;
+        if window.len() == WINDOW {
+            let victim = if n % 5 == 0 {
+                window.remove(n as usize * 37 % WINDOW)
+            } else {
+                window.pop_front()
+            };
+            drop(victim.unwrap());
+        }
+        // 60 s plus up to a second, scattered.
+        let jitter = Duration::from_millis(n.wrapping_mul(7_919) % 1_000);
+        let mut sleep = ThreadSleep::new(Duration::from_secs(60) + jitter);
+        assert!(poll_once(Pin::new(&mut sleep)).is_pending());
+        window.push_back(sleep);
+        let waker = if n % 2 == 0 { &other } else { Waker::noop() };
+        let middle = window.len() / 2;
+        let again = Pin::new(&mut window[middle]).poll(&mut Context::from_waker(waker));
+        assert!(again.is_pending());
+    };
+    for _ in 0..WINDOW {
+        step();
+    }
+    assert_no_allocation("ThreadSleep: a rolling window of 128", || {
+        for _ in 0..WINDOW {
+            step();
+        }
+    });
 }
 
 #[cfg(feature = "tokio")]

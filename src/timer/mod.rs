@@ -49,22 +49,41 @@
 //!
 //! # Implementation notes
 //!
-//! [`ThreadTimer`] keeps every pending sleep of the process in one ordered
-//! map from `(deadline, id)` to the sleep's waker, behind a mutex; the id
-//! makes equal deadlines distinct keys. A sleep enters the map on its first
-//! poll (not when it is made, so an unpolled sleep costs nothing), replaces
-//! its waker there when polled with a different one, and leaves it when it
-//! is dropped, so the map holds exactly the sleeps that are polled and
-//! pending: a loop that makes, polls and drops sleeps leaves nothing behind.
-//! (An ordered map rather than a binary heap because a heap cannot remove an
-//! entry from its middle: it would have to mark cancelled sleeps and purge
-//! them later.) The timer thread takes the due entries off the front of the
-//! map, wakes their wakers after releasing the lock, and parks until the
-//! next deadline; a sleep that becomes the earliest unparks it. A sleep
-//! whose entry is gone has fired, so a sleep never completes before its
-//! deadline, and one polled at or after its deadline completes at once even
-//! if the thread is late. No waker is cloned for a sleep that is polled
-//! again by the same task, and no waker is woken or dropped under the lock.
+//! [`ThreadTimer`] keeps every pending sleep of the process in one queue
+//! behind a mutex: a min-heap of deadlines (eight children per entry, so
+//! five levels for 10,000 sleeps) over a slab of slots. A slot holds a
+//! sleep's waker, an id unique per registration and the position of its
+//! entry in the heap, and the entry names its slot back, so a sleep can
+//! leave from the middle of the heap (the last entry fills its place and
+//! moves up or down: O(log n)), with no cancelled entries left to purge.
+//! The id orders equal deadlines by registration.
+//!
+//! A sleep takes a slot on its first poll (not when it is made, so an
+//! unpolled sleep costs nothing) and keeps the slot's index and its id. It
+//! replaces its waker there when polled with a different one, and frees the
+//! slot when it is dropped, so the queue holds exactly the sleeps that are
+//! polled and pending: a loop that makes, polls and drops sleeps leaves
+//! nothing behind. A slot freed and taken again holds another id, so a
+//! sleep whose slot no longer holds its id has fired: a sleep never
+//! completes before its deadline, and one polled at or after its deadline
+//! completes at once even if the thread is late. The heap and the slots are
+//! vectors that keep their capacity, and free slots are linked through the
+//! slots themselves: once the queue has held as many sleeps as are pending,
+//! registering, dropping and expiring allocate nothing.
+//!
+//! The timer thread takes the due entries off the top of the heap, wakes
+//! their wakers after releasing the lock, and parks until the next
+//! deadline (an hour at most). The queue remembers that instant, and a
+//! registration unparks the thread only if it is due before it, bringing
+//! the instant forward. When the sleep the thread was unparked for is
+//! dropped before it is due, the thread keeps that instant and wakes once
+//! for nothing, rather than be unparked again by each sleep registered
+//! meanwhile: a lone sleep made and dropped in a loop (a wait that ends
+//! before its deadline, over and over) unparks the thread about once per
+//! timeout instead of once per sleep.
+//!
+//! No waker is cloned for a sleep that is polled again by the same task,
+//! and no waker is cloned, woken or dropped under the lock.
 
 mod by_waker;
 mod clock;

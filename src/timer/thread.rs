@@ -8,7 +8,6 @@ use core::mem;
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
 use core::time::Duration;
-use std::collections::BTreeMap;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::thread::{self, Thread};
@@ -25,7 +24,8 @@ const MAX_BATCH: usize = 256;
 
 /// The longest the timer thread parks in one go. It re-checks the queue
 /// after that, which costs nothing and keeps huge timeouts away from the
-/// platform's parking primitive.
+/// platform's parking primitive; a sleep due later than that need not
+/// unpark it.
 const MAX_PARK: Duration = Duration::from_secs(60 * 60);
 
 /// The driver of every [`ThreadTimer`] and [`ThreadSleep`] in the process.
@@ -41,23 +41,22 @@ static GLOBAL: Driver = Driver::new();
 /// that panics there is caught, so the thread keeps serving every other
 /// sleep.
 ///
-/// Each pending sleep costs one entry in an ordered map, about 120 bytes
-/// with its share of the map's nodes; a sleep that is dropped removes its
-/// entry, and drops its waker, at once, on the dropping thread. The map
-/// holds up to eleven entries per node, allocates a node when a
-/// registration splits one and frees nodes as entries leave: with up to
-/// eleven sleeps pending in the process, registering one allocates nothing
-/// (once the map has its first node); with more, a line of waiters moving
-/// through the map allocates on about one registration in six, and on
-/// every one at exactly twelve.
+/// Each pending sleep costs 56 bytes in the timer's queue: a slot that
+/// holds its waker and an entry in a heap of deadlines. A sleep that
+/// is dropped takes its entry out and drops its waker at once, on the
+/// dropping thread, and its slot is reused. The queue's vectors keep their
+/// capacity: registering a sleep allocates only when more sleeps are
+/// pending in the process than ever before (a vector then doubles), so a
+/// line of waiters moving through the queue allocates nothing, however
+/// long it is. The memory of the busiest moment stays with the process.
 ///
 /// A sleep wakes its task about 0.1 ms after its deadline (the median on
 /// Linux; 5 to 35 µs behind `std::thread::sleep`, for the hop through this
-/// thread). Registering the earliest pending sleep unparks the
-/// thread, which makes a lone sleep dearer (0.3 to 0.6 µs of CPU, the
-/// thread's included) than one among others (about 0.15 µs, none of it on
-/// the thread). `docs/benchmarks.md` has the measurements, against
-/// `futures-timer`.
+/// thread). Registering a sleep unparks the thread only if the sleep is
+/// due before the thread would look at the queue anyway, so a sleep made
+/// and dropped before its deadline costs about 0.1 µs of CPU, alone or
+/// among thousands, none of it on the thread. `docs/benchmarks.md` has the
+/// measurements, against `futures-timer`.
 ///
 /// Prefer a runtime's own timer where there is one (`TokioTimer`,
 /// `AsyncIoTimer`): it is driven by threads the runtime already has. This
@@ -141,9 +140,8 @@ impl fmt::Debug for ThreadTimer {
 ///
 /// [`ThreadTimer`]'s [`sleep`](Timer::sleep) returns it boxed; make one
 /// directly with [`new`](Self::new) or [`until`](Self::until) to await it
-/// without the box. (Registering it can still allocate a node of the timer
-/// thread's map when more than eleven sleeps are pending: see
-/// [`ThreadTimer`].)
+/// without the box. Registering it allocates nothing unless more sleeps
+/// are pending in the process than ever before (see [`ThreadTimer`]).
 ///
 /// # Cancel safety
 ///
@@ -182,10 +180,11 @@ pub struct ThreadSleep {
 enum State {
     /// Not polled yet (or never to complete): no entry in the queue.
     Idle,
-    /// Polled and pending: the queue holds an entry under
-    /// `(deadline, id)`, unless the timer thread has just taken it out to
-    /// wake the sleep.
-    Registered(u64),
+    /// Polled and pending: the queue holds an entry under this key, unless
+    /// the timer thread has just taken it out to wake the sleep. (Two
+    /// fields rather than a [`Key`], so that the tag packs beside `slot`
+    /// and the sleep stays 40 bytes.)
+    Registered { slot: u32, id: u64 },
     /// Completed; no entry in the queue.
     Done,
 }
@@ -254,23 +253,22 @@ impl ThreadSleep {
 
     /// Puts the sleep in the queue with a clone of `waker`, starting the
     /// timer thread if this is the first sleep ever, and wakes the thread if
-    /// this is now the earliest deadline.
+    /// the sleep is due before the thread would look at the queue again.
     fn register(&mut self, deadline: Instant, waker: &Waker) {
         let thread = self.driver.thread();
         // Cloned before locking: no waker code runs under the lock.
         let waker = waker.clone();
-        let (id, earliest) = self.driver.lock().insert(deadline, waker);
-        self.state = State::Registered(id);
-        if earliest {
+        let (Key { slot, id }, unpark) = self.driver.lock().insert(deadline, waker);
+        self.state = State::Registered { slot, id };
+        if unpark {
             thread.unpark();
         }
     }
 
     /// Polls a registered sleep: completes it if the timer thread has taken
     /// its entry out, or else makes sure the entry holds `waker`.
-    fn refresh(&mut self, deadline: Instant, id: u64, waker: &Waker) -> Poll<()> {
-        let key = (deadline, id);
-        match self.driver.lock().entries.get(&key) {
+    fn refresh(&mut self, key: Key, waker: &Waker) -> Poll<()> {
+        match self.driver.lock().waker(key) {
             None => {
                 self.state = State::Done;
                 return Poll::Ready(());
@@ -292,9 +290,9 @@ impl ThreadSleep {
 
     /// Removes the sleep's entry from the queue, if it has one.
     fn deregister(&mut self) {
-        if let (State::Registered(id), Some(deadline)) = (self.state, self.deadline) {
+        if let State::Registered { slot, id } = self.state {
             // Dropped after the lock is released.
-            let _waker = self.driver.lock().entries.remove(&(deadline, id));
+            let _waker = self.driver.lock().remove(Key { slot, id });
         }
     }
 }
@@ -322,7 +320,7 @@ impl Future for ThreadSleep {
                 this.register(deadline, cx.waker());
                 Poll::Pending
             }
-            State::Registered(id) => this.refresh(deadline, id, cx.waker()),
+            State::Registered { slot, id } => this.refresh(Key { slot, id }, cx.waker()),
             State::Done => unreachable!("handled above"),
         }
     }
@@ -344,7 +342,7 @@ impl fmt::Debug for ThreadSleep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match self.state {
             State::Idle => "idle",
-            State::Registered(_) => "registered",
+            State::Registered { .. } => "registered",
             State::Done => "done",
         };
         f.debug_struct("ThreadSleep")
@@ -411,11 +409,7 @@ impl Driver {
             }
             match next {
                 Next::Now => {}
-                Next::At(deadline) => thread::park_timeout(
-                    deadline
-                        .saturating_duration_since(Instant::now())
-                        .min(MAX_PARK),
-                ),
+                Next::At(at) => thread::park_timeout(at.saturating_duration_since(Instant::now())),
                 Next::Never => thread::park(),
             }
         }
@@ -427,81 +421,354 @@ impl Driver {
 enum Next {
     /// More sleeps are due: go again without parking.
     Now,
-    /// Park until this deadline (or until a new earliest sleep unparks the
+    /// Park until this instant (or until a sleep due before it unparks the
     /// thread).
     At(Instant),
     /// Nothing is pending: park until a sleep unparks the thread.
     Never,
 }
 
-/// The pending sleeps, ordered by deadline.
+/// How many children an entry of the heap has. Eight rather than two: a
+/// third as many levels (five for 10,000 sleeps), so fewer entries moved
+/// and slots told when an entry goes down, and the children read side by
+/// side in memory. Taking the earliest of 10,000 entries costs about 1.5x
+/// a `BTreeMap`'s `pop_first` this way, 2.5x with two children; the
+/// heap's storage is not as local as the map's leaves.
+const ARITY: usize = 8;
+
+/// The position of the parent of the heap entry at `at` (not the root).
+#[inline]
+fn parent(at: usize) -> usize {
+    (at - 1) / ARITY
+}
+
+/// Marks the end of the free list, and a slot index that is never used.
+const NO_SLOT: u32 = u32::MAX;
+
+/// The pending sleeps, ordered by deadline: a min-heap of entries with
+/// [`ARITY`] children each, every entry naming the slot of its sleep in a
+/// slab.
+///
+/// # Invariants
+///
+/// - `heap` is a min-heap in [`Queue::before`] order (by deadline, then by
+///   the slot's id): no entry comes before its parent
+///   (`heap[(i - 1) / ARITY]`). No two entries tie, since ids are unique.
+/// - Every entry's slot is taken, and the slot's `link` is that entry's
+///   position in `heap`: the two name each other. A taken slot is named by
+///   exactly one entry, so `heap.len()` is the number of taken slots.
+/// - The free slots form one list from `free` through their `link`s,
+///   ending in [`NO_SLOT`].
+/// - While the timer thread is parked (or about to park), every entry's
+///   deadline is at or after `wake_at`, or the thread has been unparked.
+///
+/// `slots` never shrinks, and neither vector gives back capacity: once they
+/// have held as many sleeps as are pending, registering one allocates
+/// nothing, and neither does taking one out.
 struct Queue {
-    /// Every registered sleep's waker, keyed by its deadline and a unique
-    /// id (so equal deadlines stay distinct). An entry is removed by the
-    /// timer thread when it wakes the sleep, or by the sleep when it is
-    /// dropped or completes; its absence tells a registered sleep that it
-    /// has fired.
-    entries: BTreeMap<(Instant, u64), Waker>,
-    /// The id for the next entry.
+    /// The pending entries, earliest at the root.
+    heap: Vec<Entry>,
+    /// One per sleep ever pending at once: taken by a registered sleep
+    /// (which holds its index and id) or free.
+    slots: Vec<Slot>,
+    /// The first free slot, or [`NO_SLOT`].
+    free: u32,
+    /// The id for the next registration.
     next_id: u64,
+    /// When the timer thread looks at the queue next, at the latest:
+    /// `None` while it is parked with no timeout (or not started). A
+    /// registration due before it unparks the thread and brings it forward.
+    wake_at: Option<Instant>,
+}
+
+/// A pending sleep in [`Queue::heap`].
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    deadline: Instant,
+    /// Its slot in [`Queue::slots`], whose id breaks ties between equal
+    /// deadlines (kept there rather than here: 24 bytes an entry, not 32,
+    /// for a heap read faster).
+    slot: u32,
+}
+
+/// A place in [`Queue::slots`].
+#[derive(Debug)]
+struct Slot {
+    /// The id of the sleep registered here (of the last one, if free): it
+    /// tells a sleep whether the slot is still its own, and orders equal
+    /// deadlines by registration.
+    id: u64,
+    /// The sleep's waker while the slot is taken; `None` while it is free.
+    waker: Option<Waker>,
+    /// Taken: the position of the slot's entry in the heap. Free: the next
+    /// free slot, or [`NO_SLOT`].
+    link: u32,
+}
+
+/// Where a registered sleep's entry is found: its slot and its id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Key {
+    slot: u32,
+    id: u64,
 }
 
 impl Queue {
     const fn new() -> Queue {
         Queue {
-            entries: BTreeMap::new(),
+            heap: Vec::new(),
+            slots: Vec::new(),
+            free: NO_SLOT,
             next_id: 0,
+            wake_at: None,
         }
     }
 
+    /// How many sleeps are pending.
     fn len(&self) -> usize {
-        self.entries.len()
+        self.heap.len()
     }
 
-    /// Adds an entry; returns its id and whether it is now the earliest.
-    fn insert(&mut self, deadline: Instant, waker: Waker) -> (u64, bool) {
+    /// The slot under `key`, if it is still that sleep's: the timer thread
+    /// has not taken its entry out.
+    #[inline]
+    fn slot(&self, key: Key) -> Option<&Slot> {
+        self.slots
+            .get(key.slot as usize)
+            .filter(|slot| slot.id == key.id && slot.waker.is_some())
+    }
+
+    /// The waker registered under `key`, if the sleep is still pending.
+    #[inline]
+    fn waker(&self, key: Key) -> Option<&Waker> {
+        self.slot(key)?.waker.as_ref()
+    }
+
+    /// Adds an entry. Returns its key, and whether the timer thread must be
+    /// unparked: when the entry is due before the thread looks again.
+    fn insert(&mut self, deadline: Instant, waker: Waker) -> (Key, bool) {
         let id = self.next_id;
         // 2^64 sleeps take centuries to make; should it ever wrap, an id is
         // long free again.
         self.next_id = self.next_id.wrapping_add(1);
-        let key = (deadline, id);
-        let previous = self.entries.insert(key, waker);
-        debug_assert!(previous.is_none(), "sleep ids must be unique");
-        let earliest = self.entries.first_key_value().map(|(first, _)| *first) == Some(key);
-        (id, earliest)
+        let at = self.heap.len() as u32;
+        let slot = if self.free != NO_SLOT {
+            let slot = self.free;
+            let free = &mut self.slots[slot as usize];
+            self.free = free.link;
+            *free = Slot {
+                id,
+                waker: Some(waker),
+                link: at,
+            };
+            slot
+        } else {
+            // Checked before anything changes; 2^32 pending sleeps would
+            // need hundreds of gigabytes first.
+            let slot = u32::try_from(self.slots.len())
+                .ok()
+                .filter(|&slot| slot != NO_SLOT)
+                .expect("too many sleeps pending");
+            self.slots.push(Slot {
+                id,
+                waker: Some(waker),
+                link: at,
+            });
+            slot
+        };
+        self.heap.push(Entry { deadline, slot });
+        self.sift_up(at as usize);
+        let unpark = self.wake_at.is_none_or(|wake_at| deadline < wake_at);
+        if unpark {
+            self.wake_at = Some(deadline);
+        }
+        (Key { slot, id }, unpark)
     }
 
     /// Puts `waker` in the entry under `key`. Returns whether the entry was
     /// there (the sleep is still pending) and the waker for the caller to
     /// drop once the lock is released: the one replaced, or `waker` itself
     /// if the entry is gone.
-    fn replace_waker(&mut self, key: (Instant, u64), waker: Waker) -> (bool, Waker) {
-        match self.entries.get_mut(&key) {
+    fn replace_waker(&mut self, key: Key, waker: Waker) -> (bool, Waker) {
+        if self.slot(key).is_none() {
+            return (false, waker);
+        }
+        match &mut self.slots[key.slot as usize].waker {
             Some(registered) => (true, mem::replace(registered, waker)),
             None => (false, waker),
         }
     }
 
+    /// Takes out the entry under `key`, if the sleep is still pending, and
+    /// returns its waker for the caller to drop once the lock is released.
+    fn remove(&mut self, key: Key) -> Option<Waker> {
+        let at = self.slot(key)?.link;
+        self.remove_at(at as usize)
+    }
+
     /// Moves the wakers of the sleeps due at `now` into `due` (at most
     /// [`MAX_BATCH`] in all), earliest first, and says when to look again.
     fn expire(&mut self, now: Instant, due: &mut Vec<Waker>) -> Next {
-        while let Some(entry) = self.entries.first_entry() {
-            let deadline = entry.key().0;
-            if deadline > now {
-                return Next::At(deadline);
+        let next = loop {
+            let Some(first) = self.heap.first() else {
+                break Next::Never;
+            };
+            if first.deadline > now {
+                break Next::At(first.deadline);
             }
             if due.len() >= MAX_BATCH {
-                return Next::Now;
+                break Next::Now;
             }
-            due.push(entry.remove());
+            due.extend(self.remove_at(0));
+        };
+        // The thread looks again at the earliest deadline, or at an earlier
+        // one it was unparked for whose sleep has gone since: keeping that
+        // costs one wake-up at most, and spares it one per sleep registered
+        // meanwhile (they are usually later). Never more than `MAX_PARK`
+        // away, which also keeps huge timeouts from the platform's parking.
+        let promised = self.wake_at.filter(|&wake_at| wake_at > now);
+        let next = match (next, promised) {
+            (Next::Now, _) => Next::Now,
+            (Next::At(deadline), Some(promised)) => Next::At(deadline.min(promised)),
+            (Next::At(at), None) | (Next::Never, Some(at)) => Next::At(at),
+            (Next::Never, None) => Next::Never,
+        };
+        let next = match (next, now.checked_add(MAX_PARK)) {
+            (Next::At(at), Some(latest)) => Next::At(at.min(latest)),
+            (next, _) => next,
+        };
+        self.wake_at = match next {
+            // Going again at once: what is registered meanwhile is seen.
+            Next::Now => Some(now),
+            Next::At(at) => Some(at),
+            Next::Never => None,
+        };
+        next
+    }
+
+    /// Takes the entry at `at` out of the heap and frees its slot; returns
+    /// its waker.
+    fn remove_at(&mut self, at: usize) -> Option<Waker> {
+        let entry = self.heap.swap_remove(at);
+        if at < self.heap.len() {
+            // The last entry fills the hole: move it up or down into place.
+            if at > 0 && self.before(self.heap[at], self.heap[parent(at)]) {
+                self.sift_up(at);
+            } else {
+                self.sift_down(at);
+            }
         }
-        Next::Never
+        let slot = &mut self.slots[entry.slot as usize];
+        slot.link = self.free;
+        self.free = entry.slot;
+        slot.waker.take()
+    }
+
+    /// Moves the entry at `at` towards the root until its parent is
+    /// earlier, keeping each moved entry's slot pointing at it.
+    fn sift_up(&mut self, mut at: usize) {
+        let entry = self.heap[at];
+        while at > 0 {
+            let parent = parent(at);
+            if self.before(self.heap[parent], entry) {
+                break;
+            }
+            self.put(at, self.heap[parent]);
+            at = parent;
+        }
+        self.put(at, entry);
+    }
+
+    /// Moves the entry at `at`, which is not before its parent, into place
+    /// below, keeping each moved entry's slot pointing at it.
+    ///
+    /// Bottom-up (Floyd's): the hole goes all the way down along the
+    /// earliest children, without comparing them with the entry, which is
+    /// then put in the hole and moved up, a step or none. The entry is most
+    /// often the heap's last, so among the latest, and belongs near the
+    /// bottom: this saves a comparison per level on the way.
+    fn sift_down(&mut self, start: usize) {
+        let entry = self.heap[start];
+        let len = self.heap.len();
+        let mut at = start;
+        loop {
+            let first = ARITY * at + 1;
+            if first >= len {
+                break;
+            }
+            let mut child = first;
+            for other in first + 1..(first + ARITY).min(len) {
+                if self.before(self.heap[other], self.heap[child]) {
+                    child = other;
+                }
+            }
+            self.put(at, self.heap[child]);
+            at = child;
+        }
+        // The entry rises no higher than `start`: every entry above it is
+        // earlier.
+        while at > start {
+            let parent = parent(at);
+            if self.before(self.heap[parent], entry) {
+                break;
+            }
+            self.put(at, self.heap[parent]);
+            at = parent;
+        }
+        self.put(at, entry);
+    }
+
+    /// Whether `a` comes before `b`: by deadline, then by registration.
+    #[inline]
+    fn before(&self, a: Entry, b: Entry) -> bool {
+        a.deadline < b.deadline
+            || (a.deadline == b.deadline
+                && self.slots[a.slot as usize].id < self.slots[b.slot as usize].id)
+    }
+
+    /// Stores `entry` at `at` in the heap and tells its slot.
+    #[inline]
+    fn put(&mut self, at: usize, entry: Entry) {
+        self.heap[at] = entry;
+        self.slots[entry.slot as usize].link = at as u32;
+    }
+
+    /// Checks every invariant but the last (see [`Queue`]), panicking with
+    /// the first one broken.
+    #[cfg(test)]
+    fn assert_valid(&self) {
+        for (at, entry) in self.heap.iter().enumerate() {
+            if at > 0 {
+                let parent = &self.heap[parent(at)];
+                assert!(
+                    self.before(*parent, *entry),
+                    "an entry is before its parent"
+                );
+            }
+            let slot = &self.slots[entry.slot as usize];
+            assert!(slot.waker.is_some(), "an entry's slot must be taken");
+            assert_eq!(slot.link as usize, at, "a slot must know its entry");
+        }
+        let mut free = 0;
+        let mut next = self.free;
+        while next != NO_SLOT {
+            let slot = &self.slots[next as usize];
+            assert!(slot.waker.is_none(), "a free slot must hold no waker");
+            free += 1;
+            assert!(free <= self.slots.len(), "the free list must not loop");
+            next = slot.link;
+        }
+        assert_eq!(
+            self.heap.len() + free,
+            self.slots.len(),
+            "every slot is taken by one entry or free"
+        );
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::{BTreeMap, VecDeque};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::Wake;
@@ -535,15 +802,17 @@ mod tests {
         let (early, early_waker) = counted();
         let (tie, tie_waker) = counted();
 
-        assert_eq!(queue.insert(at(20), late_waker), (0, true));
-        assert_eq!(queue.insert(at(10), early_waker), (1, true));
-        assert_eq!(queue.insert(at(10), tie_waker), (2, false));
+        assert!(queue.insert(at(20), late_waker).1);
+        assert!(queue.insert(at(10), early_waker).1);
+        assert!(!queue.insert(at(10), tie_waker).1);
+        queue.assert_valid();
 
         let mut due = Vec::new();
         assert_eq!(queue.expire(at(5), &mut due), Next::At(at(10)));
         assert!(due.is_empty());
         assert_eq!(queue.expire(at(10), &mut due), Next::At(at(20)));
         assert_eq!(due.len(), 2);
+        queue.assert_valid();
         let wakes = || [&early, &tie, &late].map(|c| c.0.load(Ordering::SeqCst));
         due.remove(0).wake();
         assert_eq!(wakes(), [1, 0, 0], "the earliest deadline comes first");
@@ -553,6 +822,7 @@ mod tests {
         due.drain(..).for_each(Waker::wake);
         assert_eq!(wakes(), [1, 1, 1]);
         assert_eq!(queue.len(), 0);
+        queue.assert_valid();
     }
 
     #[test]
@@ -568,6 +838,7 @@ mod tests {
         due.clear();
         assert_eq!(queue.expire(now, &mut due), Next::Never);
         assert_eq!(due.len(), 1);
+        queue.assert_valid();
     }
 
     #[test]
@@ -576,17 +847,172 @@ mod tests {
         let deadline = Instant::now();
         let (first, first_waker) = counted();
         let (second, second_waker) = counted();
-        let (id, _) = queue.insert(deadline, first_waker);
+        let (key, _) = queue.insert(deadline, first_waker);
 
-        let (pending, old) = queue.replace_waker((deadline, id), second_waker.clone());
+        let (pending, old) = queue.replace_waker(key, second_waker.clone());
         assert!(pending);
         old.wake();
         assert_eq!(first.0.load(Ordering::SeqCst), 1, "the replaced waker");
-        let (pending, unused) = queue.replace_waker((deadline, id + 1), second_waker);
+        let gone = Key {
+            id: key.id + 1,
+            ..key
+        };
+        let (pending, unused) = queue.replace_waker(gone, second_waker);
         assert!(!pending);
         unused.wake();
         assert_eq!(second.0.load(Ordering::SeqCst), 1, "the unused waker");
         assert_eq!(Arc::strong_count(&second), 2, "one waker left in the queue");
+    }
+
+    /// A slot freed and taken again does not answer to the key of the
+    /// sleep that had it: the sleep has fired.
+    #[test]
+    fn a_reused_slot_does_not_answer_to_an_old_key() {
+        let mut queue = Queue::new();
+        let now = Instant::now();
+        let (old, _) = queue.insert(now, Waker::noop().clone());
+        let mut due = Vec::new();
+        queue.expire(now, &mut due);
+        let (new, _) = queue.insert(now + Duration::from_secs(1), Waker::noop().clone());
+        assert_eq!(new.slot, old.slot, "the slot is reused");
+        assert!(queue.waker(old).is_none());
+        assert!(queue.remove(old).is_none());
+        assert!(!queue.replace_waker(old, Waker::noop().clone()).0);
+        assert_eq!(queue.len(), 1, "the new sleep is left alone");
+        assert!(queue.remove(new).is_some());
+        assert!(queue.remove(new).is_none(), "removed once");
+        queue.assert_valid();
+    }
+
+    /// The thread is unparked only for a sleep due before it would look at
+    /// the queue anyway; a deadline it was unparked for is kept after its
+    /// sleep is dropped (one stale wake-up), so later sleeps do not unpark
+    /// it again.
+    #[test]
+    fn only_a_sleep_due_before_the_thread_looks_unparks_it() {
+        let mut queue = Queue::new();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let noop = || Waker::noop().clone();
+        let mut due = Vec::new();
+
+        assert!(queue.insert(at(20), noop()).1, "the thread parked for good");
+        assert!(!queue.insert(at(30), noop()).1, "later than the first");
+        assert!(!queue.insert(at(20), noop()).1, "as late as the first");
+        assert_eq!(queue.expire(t0, &mut due), Next::At(at(20)));
+        let (earlier, unpark) = queue.insert(at(10), noop());
+        assert!(unpark, "due before the thread looks");
+        assert!(!queue.insert(at(15), noop()).1, "the thread looks at 10");
+        assert!(queue.remove(earlier).is_some());
+        assert_eq!(
+            queue.expire(at(1), &mut due),
+            Next::At(at(10)),
+            "the deadline it was unparked for is kept"
+        );
+        assert!(!queue.insert(at(12), noop()).1);
+        assert_eq!(queue.expire(at(10), &mut due), Next::At(at(12)));
+        assert!(due.is_empty(), "the stale wake-up finds nothing due");
+        assert_eq!(queue.expire(at(40), &mut due), Next::Never);
+        assert_eq!(due.len(), 5);
+        assert!(queue.insert(at(50), noop()).1, "the thread parked for good");
+
+        // Parked for at most `MAX_PARK`: a sleep due after that need not
+        // unpark the thread.
+        let mut queue = Queue::new();
+        assert!(queue.insert(t0 + 2 * MAX_PARK, noop()).1);
+        assert_eq!(queue.expire(t0, &mut due), Next::At(t0 + MAX_PARK));
+        assert!(!queue.insert(t0 + MAX_PARK * 3 / 2, noop()).1);
+        assert!(queue.insert(t0 + MAX_PARK / 2, noop()).1);
+    }
+
+    /// Random inserts, removals, waker swaps and expiries against an
+    /// ordered map: the heap wakes exactly the due sleeps, earliest first,
+    /// keeps its invariants, and never answers to the key of a sleep gone.
+    #[test]
+    fn the_heap_matches_an_ordered_map() {
+        let mut queue = Queue::new();
+        let mut model: BTreeMap<(Instant, u64), (Key, Arc<Count>)> = BTreeMap::new();
+        let mut gone: VecDeque<Key> = VecDeque::new();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut now = t0;
+        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut random = |n: usize| {
+            // xorshift64
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let rounds = if cfg!(miri) { 300 } else { 20_000 };
+        for _ in 0..rounds {
+            match random(10) {
+                0..=4 => {
+                    let deadline = now + ms(random(200) as u64);
+                    let (count, waker) = counted();
+                    let (key, _) = queue.insert(deadline, waker);
+                    model.insert((deadline, key.id), (key, count));
+                }
+                5 | 6 if !model.is_empty() => {
+                    let nth = random(model.len());
+                    let (&at, &(key, _)) = model.iter().nth(nth).unwrap();
+                    model.remove(&at);
+                    assert!(queue.remove(key).is_some(), "a pending sleep");
+                    gone.push_back(key);
+                }
+                7 if !model.is_empty() => {
+                    let nth = random(model.len());
+                    let (key, count) = model.values_mut().nth(nth).unwrap();
+                    let (new, waker) = counted();
+                    let (pending, old) = queue.replace_waker(*key, waker);
+                    assert!(pending);
+                    assert_eq!(old.data(), Arc::as_ptr(count).cast(), "its own waker");
+                    *count = new;
+                }
+                _ => {
+                    now += ms(random(50) as u64);
+                    let mut due = Vec::new();
+                    let next = queue.expire(now, &mut due);
+                    let mut expected = Vec::new();
+                    while expected.len() < MAX_BATCH {
+                        match model.first_entry() {
+                            Some(first) if first.key().0 <= now => {
+                                let (key, count) = first.remove();
+                                expected.push(Arc::as_ptr(&count).cast::<()>());
+                                gone.push_back(key);
+                            }
+                            _ => break,
+                        }
+                    }
+                    let woken: Vec<*const ()> = due.iter().map(Waker::data).collect();
+                    assert_eq!(woken, expected, "the due sleeps, earliest first");
+                    match model.first_key_value() {
+                        Some((first, _)) if first.0 <= now => assert_eq!(next, Next::Now),
+                        Some((first, _)) => assert!(
+                            matches!(next, Next::At(at) if now < at && at <= first.0),
+                            "looks again by the next deadline"
+                        ),
+                        None => assert!(matches!(next, Next::Never | Next::At(_))),
+                    }
+                }
+            }
+            while gone.len() > 64 {
+                gone.pop_front();
+            }
+            for &key in &gone {
+                assert!(queue.waker(key).is_none(), "a sleep gone is gone");
+            }
+            queue.assert_valid();
+            assert_eq!(queue.len(), model.len());
+        }
+    }
+
+    /// What the docs say a sleep costs: 40 bytes inline, 56 in the queue.
+    #[test]
+    #[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+    fn sizes() {
+        assert_eq!(size_of::<ThreadSleep>(), 40);
+        assert_eq!(size_of::<Entry>() + size_of::<Slot>(), 56);
     }
 
     /// Sleeps made, polled and dropped in a loop leave no entry behind.
