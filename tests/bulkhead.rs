@@ -838,21 +838,25 @@ fn the_line_reads_the_same_with_and_without_max_queue() {
 }
 
 /// A waker that records that it was woken.
+#[cfg(feature = "tokio")]
 #[derive(Default)]
 struct Flag(std::sync::atomic::AtomicBool);
 
+#[cfg(feature = "tokio")]
 impl std::task::Wake for Flag {
     fn wake(self: Arc<Self>) {
         self.0.store(true, Ordering::SeqCst);
     }
 }
 
+#[cfg(feature = "tokio")]
 impl Flag {
     fn take(&self) -> bool {
         self.0.swap(false, Ordering::SeqCst)
     }
 }
 
+#[cfg(feature = "tokio")]
 fn poll_with<F: Future>(fut: std::pin::Pin<&mut F>, flag: &Arc<Flag>) -> Poll<F::Output> {
     let waker = Waker::from(flag.clone());
     fut.poll(&mut Context::from_waker(&waker))

@@ -12,9 +12,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use bulkhead::Bulkhead;
 use bulkhead::observer::{Finished, LeakSuspected, Observer, Permitted, Rejection};
 use bulkhead::timer::{Sleep, Timer};
-use bulkhead::{Bulkhead, BulkheadError, RejectReason};
+#[cfg(feature = "tokio")]
+use bulkhead::{BulkheadError, RejectReason};
 
 fn poll_once<F: Future>(fut: std::pin::Pin<&mut F>) -> Poll<F::Output> {
     fut.poll(&mut Context::from_waker(Waker::noop()))
