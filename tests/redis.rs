@@ -276,3 +276,66 @@ async fn unavailable_errors_return_the_redis_error_from_source() {
     );
     assert!(release.source().unwrap().is::<redis::RedisError>());
 }
+
+/// A key prefix is checked as the name is: a brace in it would make the
+/// name no longer the keys' hash tag (with `x{}`, Redis Cluster hashes each
+/// key of one semaphore to a slot of its own). Checked before connecting,
+/// so it needs no server.
+#[tokio::test]
+async fn a_key_prefix_with_braces_or_empty_is_refused() {
+    let url = format!("redis://127.0.0.1:{}/", redis_server::free_port());
+    for prefix in ["x{}", "{}", "{a}", "a}", "", "{"] {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let err = RedisSemaphore::builder(client, "jobs")
+            .key_prefix(prefix)
+            .build()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ConfigError::BadKeyPrefix),
+            "{prefix:?}: {err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "the key prefix must be non-empty and contain no '{' or '}'"
+        );
+    }
+}
+
+/// Every key a semaphore writes sits on one Cluster slot: by Redis
+/// Cluster's rule (the part between the first `{` and the next `}`, if not
+/// empty, is what is hashed), all of them hash the name alone, with a
+/// custom prefix too. (`CLUSTER KEYSLOT` needs a server in cluster mode.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_semaphores_keys_share_one_cluster_slot() {
+    fn hash_tag(key: &str) -> &str {
+        if let Some(open) = key.find('{') {
+            if let Some(len) = key[open + 1..].find('}') {
+                if len > 0 {
+                    return &key[open + 1..open + 1 + len];
+                }
+            }
+        }
+        key
+    }
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let client = redis::Client::open(server.url()).unwrap();
+    let sem = RedisSemaphore::builder(client, "slots")
+        .key_prefix("app:v2")
+        .limit(2)
+        .build()
+        .await
+        .unwrap();
+    let held = sem.acquire().await.unwrap();
+    let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
+    assert!(keys.len() >= 2, "{keys:?}");
+    for key in &keys {
+        assert!(key.starts_with("app:v2:{slots}"), "{keys:?}");
+        assert_eq!(hash_tag(key), "slots", "{key}");
+    }
+    // The rule itself, on the prefixes that used to be accepted.
+    assert_eq!(hash_tag("x{}:{slots}:leases"), "x{}:{slots}:leases");
+    drop(held);
+}

@@ -85,7 +85,10 @@ impl RedisSemaphoreBuilder {
     }
 
     /// The prefix of every key (default `"bulkhead"`): the keys are
-    /// `{prefix}:{{name}}:leases` and so on.
+    /// `{prefix}:{{name}}:leases` and so on. Like the name, it must be
+    /// non-empty and contain no `{` or `}` ([`ConfigError::BadKeyPrefix`]
+    /// from `build`), so that the name is the keys' hash tag and one
+    /// semaphore's keys share one Redis Cluster slot.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
         self
@@ -141,8 +144,15 @@ impl RedisSemaphoreBuilder {
     /// [`ConfigError`] for a setting that cannot work or a failed first
     /// connection.
     pub async fn build(self) -> Result<RedisSemaphore, ConfigError> {
-        if self.name.is_empty() || self.name.contains(['{', '}']) {
+        // Both are checked alike: the keys are `{prefix}:{{name}}:...`, and
+        // the name in braces must be the first hash tag, so that one
+        // semaphore's keys share one Cluster slot.
+        let bad = |part: &str| part.is_empty() || part.contains(['{', '}']);
+        if bad(&self.name) {
             return Err(ConfigError::BadName);
+        }
+        if bad(&self.key_prefix) {
+            return Err(ConfigError::BadKeyPrefix);
         }
         let ttl_ms = self.lease_ttl.as_millis();
         if !(10..=(1 << 50)).contains(&ttl_ms) {

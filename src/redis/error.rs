@@ -114,6 +114,10 @@ impl fmt::Display for LostReason {
 pub enum ConfigError {
     /// The name is empty or contains `{` or `}` (it is the keys' hash tag).
     BadName,
+    /// The key prefix is empty or contains `{` or `}`: a brace before the
+    /// name's hash tag would make Redis Cluster hash the keys apart (`x{}`
+    /// puts each key of one semaphore on a slot of its own).
+    BadKeyPrefix,
     /// The lease time to live is under 10 ms, or not a whole number of
     /// milliseconds Redis can store.
     BadLeaseTtl,
@@ -135,6 +139,9 @@ impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::BadName => f.write_str("the name must be non-empty and contain no '{' or '}'"),
+            Self::BadKeyPrefix => {
+                f.write_str("the key prefix must be non-empty and contain no '{' or '}'")
+            }
             Self::BadLeaseTtl => f.write_str("the lease time to live must be at least 10 ms"),
             Self::BadRenewInterval => {
                 f.write_str("the renewal interval must be non-zero and shorter than the lease")
