@@ -126,11 +126,11 @@ where
             }
         }
         if *this.stage == Stage::Waiting {
-            let mut queued = Queued {
+            let mut take = Take {
                 acquire: this.acquire.as_mut(),
             };
             match poll_wait(
-                Pin::new(&mut queued),
+                Pin::new(&mut take),
                 this.deadline.as_mut(),
                 this.line,
                 &shared.policy,
@@ -202,12 +202,13 @@ impl<G> Drop for FinishOnUnwind<'_, G> {
 }
 
 /// The semaphore's acquire as `poll_wait` wants it: the permit becomes the
-/// call's (its guard gives it back), a closed semaphore a rejection.
-struct Queued<'p, 'a> {
-    acquire: Pin<&'p mut Acquire<'a>>,
+/// call's (its guard gives it back), a closed semaphore a rejection. Also
+/// the body of `Queued`'s poll (`mod.rs`).
+pub(super) struct Take<'p, 'a> {
+    pub(super) acquire: Pin<&'p mut Acquire<'a>>,
 }
 
-impl Future for Queued<'_, '_> {
+impl Future for Take<'_, '_> {
     type Output = Result<(), RejectReason>;
 
     #[inline]

@@ -498,15 +498,7 @@ impl Future for Queued<'_> {
         let Some(acquire) = this.acquire.as_mut().as_pin_mut() else {
             return Poll::Ready(Err(RejectReason::Closed));
         };
-        let out = match acquire.poll(cx) {
-            Poll::Pending => return Poll::Pending,
-            // The permit now belongs to the call; its guard gives it back.
-            Poll::Ready(Ok(permit)) => {
-                permit.forget();
-                Ok(())
-            }
-            Poll::Ready(Err(_closed)) => Err(RejectReason::Closed),
-        };
+        let out = ready!(Pin::new(&mut call::Take { acquire }).poll(cx));
         // Done: nothing to hand back on drop.
         this.acquire.set(None);
         this.shared.policy.left_line();

@@ -665,9 +665,15 @@ impl Queue {
 
     /// Moves the entry at `at` towards the root until its parent is
     /// earlier, keeping each moved entry's slot pointing at it.
-    fn sift_up(&mut self, mut at: usize) {
+    fn sift_up(&mut self, at: usize) {
         let entry = self.heap[at];
-        while at > 0 {
+        self.rise(at, entry, 0);
+    }
+
+    /// Puts `entry` in the hole at `at`, or above it but no higher than
+    /// `top`: the first place whose parent is earlier.
+    fn rise(&mut self, mut at: usize, entry: Entry, top: usize) {
+        while at > top {
             let parent = parent(at);
             if self.before(self.heap[parent], entry) {
                 break;
@@ -706,15 +712,7 @@ impl Queue {
         }
         // The entry rises no higher than `start`: every entry above it is
         // earlier.
-        while at > start {
-            let parent = parent(at);
-            if self.before(self.heap[parent], entry) {
-                break;
-            }
-            self.put(at, self.heap[parent]);
-            at = parent;
-        }
-        self.put(at, entry);
+        self.rise(at, entry, start);
     }
 
     /// Whether `a` comes before `b`: by deadline, then by registration.
