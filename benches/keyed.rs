@@ -95,6 +95,9 @@ struct Cases {
     plain_timed: Bulkhead,
     by_id: KeyedBulkhead<u64>,
     by_name: KeyedBulkhead<String>,
+    /// The same two with foldhash (seeded per bulkhead) for SipHash.
+    by_id_fold: KeyedBulkhead<u64, foldhash::fast::RandomState>,
+    by_name_fold: KeyedBulkhead<String, foldhash::fast::RandomState>,
     half_full: KeyedBulkhead<u64>,
     timed: KeyedBulkhead<u64>,
 }
@@ -121,6 +124,16 @@ impl Cases {
                 .max_concurrent_calls(8)
                 .build()
                 .unwrap(),
+            by_id_fold: keyed()
+                .hasher(foldhash::fast::RandomState::default())
+                .build()
+                .unwrap(),
+            by_name_fold: KeyedBulkhead::<String>::builder()
+                .name("bench")
+                .max_concurrent_calls(8)
+                .hasher(foldhash::fast::RandomState::default())
+                .build()
+                .unwrap(),
             half_full: keyed().max_keys(1_000).build().unwrap(),
             timed: keyed()
                 .global_limit(64)
@@ -133,7 +146,14 @@ impl Cases {
             for kb in [&cases.by_id, &cases.half_full, &cases.timed] {
                 drop(kb.try_acquire(&key).unwrap());
             }
+            drop(cases.by_id_fold.try_acquire(&key).unwrap());
             drop(cases.by_name.try_acquire(&format!("tenant-{key}")).unwrap());
+            drop(
+                cases
+                    .by_name_fold
+                    .try_acquire(&format!("tenant-{key}"))
+                    .unwrap(),
+            );
         }
         cases
     }
@@ -175,6 +195,12 @@ fn call_on_existing_key(c: &mut Criterion) {
     g.bench_function("existing_str", |b| {
         b.iter(|| keyed_call!(&cases.by_name, "tenant-417"))
     });
+    g.bench_function("existing_u64_foldhash", |b| {
+        b.iter(|| keyed_call!(&cases.by_id_fold, &417u64))
+    });
+    g.bench_function("existing_str_foldhash", |b| {
+        b.iter(|| keyed_call!(&cases.by_name_fold, "tenant-417"))
+    });
     g.bench_function("existing_u64_half_full", |b| {
         b.iter(|| keyed_call!(&cases.half_full, &417u64))
     });
@@ -203,7 +229,7 @@ fn paired_ratios(_: &mut Criterion) {
         start.elapsed() / CALLS
     };
     // (name, the call, the index of the case it is compared with)
-    let runs: [(&str, &dyn Fn(), usize); 6] = [
+    let runs: [(&str, &dyn Fn(), usize); 8] = [
         ("bulkhead", &|| plain_call!(&cases.plain), 0),
         ("existing_u64", &|| keyed_call!(&cases.by_id, &417u64), 0),
         (
@@ -212,15 +238,25 @@ fn paired_ratios(_: &mut Criterion) {
             0,
         ),
         (
+            "existing_u64_foldhash",
+            &|| keyed_call!(&cases.by_id_fold, &417u64),
+            0,
+        ),
+        (
+            "existing_str_foldhash",
+            &|| keyed_call!(&cases.by_name_fold, "tenant-417"),
+            0,
+        ),
+        (
             "existing_u64_half_full",
             &|| keyed_call!(&cases.half_full, &417u64),
             0,
         ),
-        ("bulkhead_timed", &|| plain_call!(&cases.plain_timed), 4),
+        ("bulkhead_timed", &|| plain_call!(&cases.plain_timed), 6),
         (
             "existing_u64_timed",
             &|| keyed_call!(&cases.timed, &417u64),
-            4,
+            6,
         ),
     ];
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); runs.len()];

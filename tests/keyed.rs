@@ -303,6 +303,66 @@ fn the_key_idle_longest_is_evicted_first() {
     assert_eq!(keys, [1, 3, 4]);
 }
 
+/// A `BuildHasher` that counts the hashers it makes and hashes a `u32` to
+/// itself (so that every key's hash is known and small).
+#[derive(Clone, Default)]
+struct CountingIdentity(Arc<AtomicUsize>);
+
+struct Identity(u64);
+
+impl std::hash::Hasher for Identity {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("only u32 keys")
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n);
+    }
+}
+
+impl std::hash::BuildHasher for CountingIdentity {
+    type Hasher = Identity;
+    fn build_hasher(&self) -> Identity {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Identity(0)
+    }
+}
+
+/// The builder's hasher is the one keys are hashed with; with a hash as
+/// weak as the identity, limits, the cap and eviction behave as with the
+/// default.
+#[test]
+fn a_custom_hasher_hashes_the_keys_and_the_bulkhead_behaves_the_same() {
+    let hashed = CountingIdentity::default();
+    let kb: KeyedBulkhead<u32, CountingIdentity> = KeyedBulkhead::builder()
+        .max_concurrent_calls(2)
+        .max_keys(100)
+        .hasher(hashed.clone())
+        .build()
+        .unwrap();
+    let before = hashed.0.load(Ordering::Relaxed);
+    let _a = kb.try_acquire(&7).unwrap();
+    let _b = kb.try_acquire(&7).unwrap();
+    assert_eq!(reason(kb.try_acquire(&7)), KeyedRejectReason::KeyFull);
+    assert!(
+        hashed.0.load(Ordering::Relaxed) >= before + 3,
+        "the hasher hashed every lookup"
+    );
+    for key in 1_000..2_000 {
+        drop(kb.try_acquire(&key).unwrap());
+    }
+    // Key 7 is in use, so it stayed; the rest are the 99 most recent.
+    let mut keys = kb.keys();
+    keys.sort_unstable();
+    let mut expected: Vec<u32> = vec![7];
+    expected.extend(1_901..2_000);
+    assert_eq!(keys, expected);
+    assert_eq!(kb.stats().keys_evicted(), 901);
+    assert_eq!(reason(kb.try_acquire(&7)), KeyedRejectReason::KeyFull);
+}
+
 /// Waits until the clock has moved on, so that the next key to go idle
 /// goes idle strictly later than the last (on a clock of any resolution).
 fn tick() {

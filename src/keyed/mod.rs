@@ -75,7 +75,10 @@
 //! or from half of `max_keys` on), so that a new key at the `max_keys` cap
 //! evicts the key idle longest in constant time, however many keys are
 //! tracked. The first call for a key builds its bulkhead, with no lock
-//! held. See `docs/keyed.md` for the numbers.
+//! held. Keys are hashed with SipHash (std's `RandomState`), which resists
+//! keys crafted by clients to collide and is about half of a tracked key's
+//! cost over a plain bulkhead; [`KeyedBulkheadBuilder::hasher`] swaps it
+//! for a faster one. See `docs/keyed.md` for the numbers.
 
 mod builder;
 mod entry;
@@ -94,9 +97,10 @@ pub use permit::KeyedPermit;
 use core::borrow::Borrow;
 use core::fmt;
 use core::future::{Future, poll_fn};
-use core::hash::Hash;
+use core::hash::{BuildHasher, Hash};
 use core::pin::pin;
 use core::task::Poll;
+use std::hash::RandomState;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -120,7 +124,8 @@ type LabelFn<K> = Arc<dyn Fn(&K) -> String + Send + Sync>;
 ///
 /// A `KeyedBulkhead` is cheap to clone; clones share one state. Keys are
 /// looked up by any borrowed form (`&str` for `String` keys), and a key is
-/// only cloned when it starts being tracked.
+/// only cloned when it starts being tracked. `S` is the keys' hasher
+/// (std's SipHash unless [`KeyedBulkheadBuilder::hasher`] says otherwise).
 ///
 /// # Examples
 ///
@@ -147,11 +152,11 @@ type LabelFn<K> = Arc<dyn Fn(&K) -> String + Send + Sync>;
 /// # Ok::<(), bulkhead::BuildError>(())
 /// # }).unwrap();
 /// ```
-pub struct KeyedBulkhead<K> {
-    inner: Arc<Inner<K>>,
+pub struct KeyedBulkhead<K, S = RandomState> {
+    inner: Arc<Inner<K, S>>,
 }
 
-impl<K> Clone for KeyedBulkhead<K> {
+impl<K, S> Clone for KeyedBulkhead<K, S> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -160,7 +165,7 @@ impl<K> Clone for KeyedBulkhead<K> {
 }
 
 /// What the builder decided.
-struct Config<K> {
+struct Config<K, S> {
     name: Arc<str>,
     template: BulkheadBuilder,
     default_limit: usize,
@@ -174,10 +179,11 @@ struct Config<K> {
     global_owned: bool,
     max_keys: usize,
     idle_timeout: Option<Duration>,
+    hasher: S,
 }
 
 /// The state every clone shares.
-struct Inner<K> {
+struct Inner<K, S> {
     name: Arc<str>,
     /// `name`, interned, for rejections (see [`KeyedRejected`]).
     interned: Name,
@@ -203,7 +209,7 @@ struct Inner<K> {
     /// `key_label`, observers and metrics recorders, all called by a key's
     /// bulkhead's construction); only `K`'s own `Hash`, `Eq`, `Clone` and
     /// `Drop` run under one.
-    registry: Registry<K>,
+    registry: Registry<K, S>,
     /// Serialises `set_limit_for` and `clear_limit_for`, so the last one to
     /// record an override is the last one to apply it.
     limits: Mutex<()>,
@@ -259,7 +265,13 @@ where
     pub fn builder() -> KeyedBulkheadBuilder<K> {
         KeyedBulkheadBuilder::new()
     }
+}
 
+impl<K, S> KeyedBulkhead<K, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher,
+{
     /// The keyed bulkhead's name, as given to the builder.
     pub fn name(&self) -> &str {
         &self.inner.name
@@ -686,11 +698,12 @@ where
     }
 }
 
-impl<K> Inner<K>
+impl<K, S> Inner<K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher,
 {
-    fn new(config: Config<K>) -> Self {
+    fn new(config: Config<K, S>) -> Self {
         let Config {
             name,
             template,
@@ -705,6 +718,7 @@ where
             global_owned,
             max_keys,
             idle_timeout,
+            hasher,
         } = config;
         Self {
             interned: crate::bulkhead::name::intern(&name),
@@ -719,7 +733,7 @@ where
             clock,
             global,
             global_owned,
-            registry: Registry::new(max_keys, idle_timeout.map(nanos)),
+            registry: Registry::new(max_keys, idle_timeout.map(nanos), hasher),
             limits: Mutex::new(()),
             closed: AtomicBool::new(false),
             closing: Semaphore::new(0),
@@ -1104,7 +1118,7 @@ impl Drop for Counted<'_> {
     }
 }
 
-impl<K> fmt::Debug for KeyedBulkhead<K> {
+impl<K, S> fmt::Debug for KeyedBulkhead<K, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let inner = &*self.inner;
         f.debug_struct("KeyedBulkhead")

@@ -56,7 +56,6 @@
 
 use core::borrow::Borrow;
 use core::hash::{BuildHasher, Hash};
-use std::collections::hash_map::RandomState;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -78,6 +77,16 @@ pub(super) const SHARDS: usize = 16;
 /// shard shares are bits that its table does not use.
 const SHARD_SHIFT: u32 = 48;
 
+/// An odd constant with its bits spread (2^64 over the golden ratio):
+/// see [`Registry::hash`].
+const SPREAD: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// [`Registry::hash`], also for the tables' rehashing as they grow.
+#[inline]
+fn spread_hash<S: BuildHasher, Q: Hash + ?Sized>(hasher: &S, key: &Q) -> u64 {
+    hasher.hash_one(key).wrapping_mul(SPREAD)
+}
+
 /// Why a new key was not tracked.
 pub(super) enum Refused {
     Closed,
@@ -85,8 +94,8 @@ pub(super) enum Refused {
 }
 
 /// The tracked keys. See the [module notes](self).
-pub(super) struct Registry<K> {
-    hasher: RandomState,
+pub(super) struct Registry<K, S> {
+    hasher: S,
     shards: Box<[Shard<K>]>,
     max_keys: usize,
     /// Keys in the maps plus places taken by inserts under way; at most
@@ -144,7 +153,7 @@ impl<K> Map<K> {
     }
 }
 
-impl<K> Registry<K> {
+impl<K, S> Registry<K, S> {
     pub(super) fn max_keys(&self) -> usize {
         self.max_keys
     }
@@ -166,14 +175,15 @@ impl<K> Registry<K> {
     }
 }
 
-impl<K> Registry<K>
+impl<K, S> Registry<K, S>
 where
     K: Hash + Eq + Clone,
+    S: BuildHasher,
 {
-    pub(super) fn new(max_keys: usize, idle_timeout_ns: Option<u64>) -> Self {
+    pub(super) fn new(max_keys: usize, idle_timeout_ns: Option<u64>, hasher: S) -> Self {
         let clock = Arc::new(IdleClock::new(precise(idle_timeout_ns, 0, max_keys)));
         Self {
-            hasher: RandomState::new(),
+            hasher,
             shards: (0..SHARDS)
                 .map(|_| Shard {
                     map: RwLock::new(Map {
@@ -193,10 +203,14 @@ where
         }
     }
 
-    /// The hash that picks `key`'s shard and finds it there.
+    /// The hash that picks `key`'s shard and finds it there: the hasher's,
+    /// times an odd constant. That is a bijection (no new collisions) that
+    /// carries the low bits up to the shard's bits and the tables' tags, so
+    /// a hasher whose top bits are weak (an identity hash of small
+    /// integers) still spreads keys over every shard. One multiplication.
     #[inline]
     pub(super) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
-        self.hasher.hash_one(key)
+        spread_hash(&self.hasher, key)
     }
 
     #[inline]
@@ -301,7 +315,7 @@ where
         let entry = Arc::new(Entry::new(bulkhead, label, slot, shard.idle.clone()));
         let hasher = &self.hasher;
         map.keys
-            .insert_unique(hash, (key, entry.clone()), |(k, _)| hasher.hash_one(k));
+            .insert_unique(hash, (key, entry.clone()), |(k, _)| spread_hash(hasher, k));
         self.keys_created.fetch_add(1, Ordering::Relaxed);
         Ok(User::adopt(entry))
     }
@@ -457,7 +471,9 @@ where
             (Err(_), Some(limit)) => {
                 let hasher = &self.hasher;
                 map.overrides
-                    .insert_unique(hash, (key.to_owned(), limit), |(k, _)| hasher.hash_one(k));
+                    .insert_unique(hash, (key.to_owned(), limit), |(k, _)| {
+                        spread_hash(hasher, k)
+                    });
             }
             (Err(_), None) => {}
         }
@@ -538,11 +554,29 @@ fn write<K>(shard: &Shard<K>) -> RwLockWriteGuard<'_, Map<K>> {
 mod tests {
     use super::*;
 
-    fn registry(max_keys: usize) -> Registry<u32> {
-        Registry::new(max_keys, None)
+    use std::hash::{BuildHasherDefault, Hasher, RandomState};
+
+    fn registry(max_keys: usize) -> Registry<u32, RandomState> {
+        Registry::new(max_keys, None, RandomState::new())
     }
 
-    fn track(registry: &Registry<u32>, key: u32) -> Result<User, Refused> {
+    /// Hashes a `u32` to itself: all its bits are in the low 32.
+    #[derive(Default)]
+    struct Identity(u64);
+
+    impl Hasher for Identity {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+        fn write(&mut self, _: &[u8]) {
+            unreachable!("only u32 keys")
+        }
+        fn write_u32(&mut self, n: u32) {
+            self.0 = u64::from(n);
+        }
+    }
+
+    fn track<S: BuildHasher>(registry: &Registry<u32, S>, key: u32) -> Result<User, Refused> {
         let hash = registry.hash(&key);
         if let Some(user) = registry.enter(hash, &key) {
             return Ok(user);
@@ -552,10 +586,45 @@ mod tests {
         registry.insert(hash, key, bulkhead, None, 1, &closed)
     }
 
-    fn sorted_keys(registry: &Registry<u32>) -> Vec<u32> {
+    fn sorted_keys<S: BuildHasher>(registry: &Registry<u32, S>) -> Vec<u32> {
         let mut keys = registry.keys();
         keys.sort_unstable();
         keys
+    }
+
+    #[test]
+    fn a_hasher_with_empty_top_bits_still_uses_every_shard() {
+        let r = Registry::new(256, None, BuildHasherDefault::<Identity>::default());
+        for key in 0..256 {
+            drop(track(&r, key).ok().unwrap());
+        }
+        r.assert_valid();
+        let sizes: Vec<usize> = r
+            .shards
+            .iter()
+            .map(|shard| read(shard).keys.len())
+            .collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 256);
+        // 16 each if spread perfectly; without the spreading, all in one.
+        for (i, &n) in sizes.iter().enumerate() {
+            assert!((4..=48).contains(&n), "shard {i} has {n} keys: {sizes:?}");
+        }
+    }
+
+    #[test]
+    fn keys_are_found_after_their_tables_grew_and_at_the_cap() {
+        // The tables rehash as they grow, with the same hash as lookups
+        // (an idle key found by its stored hash when it is evicted).
+        let r = Registry::new(100, None, BuildHasherDefault::<Identity>::default());
+        for key in 0..300 {
+            drop(track(&r, key).ok().unwrap());
+        }
+        r.assert_valid();
+        assert_eq!((r.len(), r.keys_evicted()), (100, 200));
+        assert_eq!(sorted_keys(&r), (200..300).collect::<Vec<_>>());
+        for key in 200..300 {
+            assert!(r.get(&key).is_some(), "{key} is tracked");
+        }
     }
 
     #[test]
