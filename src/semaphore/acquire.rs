@@ -489,13 +489,25 @@ impl Semaphore {
                 let mut list = lock(&self.waiters);
                 match waiter.status() {
                     Status::Waiting(owed) => {
+                        let node = NonNull::from(waiter);
+                        let was_head = list.front() == Some(node);
                         // SAFETY: the status is read under the lock, and a
                         // `Waiting` node is linked in this semaphore's list.
-                        unsafe { list.remove(NonNull::from(waiter)) };
+                        unsafe { list.remove(node) };
                         self.queued.store(list.len(), Ordering::Relaxed);
                         // SAFETY: we hold the lock.
                         let waker = unsafe { waiter.take_waker() };
                         let handed = n - owed;
+                        if handed == 0 && !was_head {
+                            // Nothing came back and the head is the same, so
+                            // nobody can be served who could not be before
+                            // (and the line is not empty: the head is in
+                            // it). The common cancellation, in a long line:
+                            // no distribution pass.
+                            drop(list);
+                            drop(waker);
+                            return;
+                        }
                         let overflow = handed != 0 && self.add_balance(handed).is_err();
                         // The head may have changed, or permits come back:
                         // serve the next waiters (and clear `WAITERS` if the

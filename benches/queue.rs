@@ -1,0 +1,279 @@
+//! The semaphore's line when it is long: with `N` acquires queued, what it
+//! costs to cancel one of them (drop a queued, never-granted acquire chosen
+//! at random, so its neighbours are cold in cache) and to hand a permit to
+//! the oldest (give one permit back; the head is granted and woken). Issue
+//! 13's targets: at or below the best fair peer, and flat (`N` = 1,000,000
+//! within 1.1x of `N` = 16).
+//!
+//! Each acquire future is boxed and pinned once, polled once with a no-op
+//! waker (so the waker costs nothing, and the same for every crate), and
+//! kept in a slot. One sample times `BATCH` operations (fewer at `N` = 16);
+//! between samples, untimed, the slots are refilled so `N` stays the same.
+//! The crates are interleaved, one sample each in turn, and the median per
+//! operation over the samples is reported.
+//!
+//! Usage: `cargo bench -p bulkhead-benches --bench queue -- run [REPS]`
+//! (markdown on stdout; without `run` it prints this usage).
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+const SIZES: [usize; 2] = [16, 1_000_000];
+const BATCH: usize = 4_000;
+
+/// One crate's long line: the queued acquires, in slots, and the order they
+/// joined the line in.
+struct Queue<F: Future> {
+    slots: Vec<Pin<Box<Option<F>>>>,
+    /// Slot indices in line order; a cancelled slot's index stays until it
+    /// reaches the front, and is skipped there.
+    order: VecDeque<usize>,
+    /// Incremented per slot refill, so a stale index in `order` is known.
+    generation: Vec<u64>,
+    order_gen: VecDeque<u64>,
+    make: Box<dyn Fn() -> F>,
+    add_one: Box<dyn Fn()>,
+    forget: fn(F::Output),
+    rng: u64,
+}
+
+impl<F: Future> Queue<F> {
+    fn new(
+        n: usize,
+        make: Box<dyn Fn() -> F>,
+        add_one: Box<dyn Fn()>,
+        forget: fn(F::Output),
+    ) -> Self {
+        let mut q = Queue {
+            slots: (0..n).map(|_| Box::pin(None)).collect(),
+            order: VecDeque::with_capacity(n * 2),
+            generation: vec![0; n],
+            order_gen: VecDeque::with_capacity(n * 2),
+            make,
+            add_one,
+            forget,
+            rng: 0x9e37_79b9_7f4a_7c15,
+        };
+        for i in 0..n {
+            q.fill(i);
+        }
+        q
+    }
+
+    /// A new acquire in slot `i`, polled once: it joins the back of the line.
+    fn fill(&mut self, i: usize) {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut slot = self.slots[i].as_mut();
+        slot.set(Some((self.make)()));
+        let fut = slot.as_pin_mut().unwrap();
+        assert!(fut.poll(&mut cx).is_pending(), "no permit is free");
+        self.generation[i] += 1;
+        self.order.push_back(i);
+        self.order_gen.push_back(self.generation[i]);
+    }
+
+    fn random(&mut self) -> usize {
+        // xorshift64*
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        (self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as usize % self.slots.len()
+    }
+
+    /// Cancels `count` random queued acquires (timed), then refills them.
+    fn cancel_sample(&mut self, count: usize) -> Duration {
+        let picks: Vec<usize> = {
+            let mut seen = std::collections::HashSet::new();
+            let mut picks = Vec::with_capacity(count);
+            while picks.len() < count {
+                let i = self.random();
+                if seen.insert(i) {
+                    picks.push(i);
+                }
+            }
+            picks
+        };
+        let took = self.cancel_batch(&picks);
+        for &i in &picks {
+            self.fill(i);
+        }
+        took / count as u32
+    }
+
+    /// The timed part of a cancel sample (a function of its own, for a
+    /// profiler to pick out).
+    #[inline(never)]
+    fn cancel_batch(&mut self, picks: &[usize]) -> Duration {
+        let start = Instant::now();
+        for &i in picks {
+            self.slots[i].set(None);
+        }
+        start.elapsed()
+    }
+
+    /// Gives `count` permits back one at a time (timed): each goes to the
+    /// oldest acquire. Then takes the granted ones' permits, forgets them and
+    /// queues new acquires.
+    fn hand_off_sample(&mut self, count: usize) -> Duration {
+        let start = Instant::now();
+        for _ in 0..count {
+            (self.add_one)();
+        }
+        let took = start.elapsed();
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut granted = 0;
+        while granted < count {
+            let i = self.order.pop_front().unwrap();
+            let generation = self.order_gen.pop_front().unwrap();
+            if generation != self.generation[i] || self.slots[i].is_none() {
+                continue;
+            }
+            let fut = self.slots[i].as_mut().as_pin_mut().unwrap();
+            match fut.poll(&mut cx) {
+                Poll::Ready(out) => (self.forget)(out),
+                Poll::Pending => panic!("the oldest acquire was not granted"),
+            }
+            self.slots[i].set(None);
+            self.fill(i);
+            granted += 1;
+        }
+        took / count as u32
+    }
+}
+
+/// Object-safe face of a `Queue`, so the crates sit in one list.
+trait Sampled {
+    fn cancel_sample(&mut self, count: usize) -> Duration;
+    fn hand_off_sample(&mut self, count: usize) -> Duration;
+}
+
+impl<F: Future> Sampled for Queue<F> {
+    fn cancel_sample(&mut self, count: usize) -> Duration {
+        Queue::cancel_sample(self, count)
+    }
+    fn hand_off_sample(&mut self, count: usize) -> Duration {
+        Queue::hand_off_sample(self, count)
+    }
+}
+
+fn leak<T>(t: T) -> &'static T {
+    Box::leak(Box::new(t))
+}
+
+fn queues(n: usize) -> Vec<(&'static str, Box<dyn Sampled>)> {
+    let bh = leak(bulkhead::Semaphore::new(0));
+    let tokio = leak(tokio::sync::Semaphore::new(0));
+    let fi = leak(futures_intrusive::sync::Semaphore::new(true, 0));
+    let maitake = leak(maitake_sync::Semaphore::new(0));
+    vec![
+        (
+            "bulkhead",
+            Box::new(Queue::new(
+                n,
+                Box::new(move || bh.acquire()),
+                Box::new(move || bh.add_permits(1)),
+                |out| out.unwrap().forget(),
+            )),
+        ),
+        (
+            "tokio",
+            Box::new(Queue::new(
+                n,
+                Box::new(move || tokio.acquire()),
+                Box::new(move || tokio.add_permits(1)),
+                |out| out.unwrap().forget(),
+            )),
+        ),
+        (
+            "futures-intrusive (fair)",
+            Box::new(Queue::new(
+                n,
+                Box::new(move || fi.acquire(1)),
+                Box::new(move || fi.release(1)),
+                |mut out| {
+                    out.disarm();
+                },
+            )),
+        ),
+        (
+            "maitake-sync",
+            Box::new(Queue::new(
+                n,
+                Box::new(move || maitake.acquire(1)),
+                Box::new(move || maitake.add_permits(1)),
+                |out| out.unwrap().forget(),
+            )),
+        ),
+    ]
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(at) = args.iter().position(|a| a == "run") else {
+        println!("usage: cargo bench -p bulkhead-benches --bench queue -- run [REPS]");
+        return;
+    };
+    fn size<F>(_: &dyn Fn() -> F) -> usize {
+        std::mem::size_of::<Option<F>>()
+    }
+    if std::env::var_os("QUEUE_SIZES").is_some() {
+        let bh = leak(bulkhead::Semaphore::new(0));
+        let tokio = leak(tokio::sync::Semaphore::new(0));
+        let fi = leak(futures_intrusive::sync::Semaphore::new(true, 0));
+        let maitake = leak(maitake_sync::Semaphore::new(0));
+        eprintln!(
+            "sizes: bulkhead {} tokio {} fi {} maitake {}",
+            size(&|| bh.acquire()),
+            size(&|| tokio.acquire()),
+            size(&|| fi.acquire(1)),
+            size(&|| maitake.acquire(1))
+        );
+    }
+    let reps: usize = args.get(at + 1).and_then(|n| n.parse().ok()).unwrap_or(21);
+    let mut results: Vec<(usize, &str, Duration, Duration)> = Vec::new();
+    for n in SIZES {
+        let count = BATCH.min(n / 2);
+        let mut qs = queues(n);
+        // For a profiler: one crate only.
+        if let Ok(only) = std::env::var("QUEUE_ONLY") {
+            qs.retain(|(name, _)| name.starts_with(only.as_str()));
+        }
+        let mut cancel = vec![Vec::new(); qs.len()];
+        let mut hand = vec![Vec::new(); qs.len()];
+        for rep in 0..reps {
+            // A rotating order, so no crate always goes first.
+            for k in 0..qs.len() {
+                let i = (k + rep) % qs.len();
+                cancel[i].push(qs[i].1.cancel_sample(count));
+                hand[i].push(qs[i].1.hand_off_sample(count));
+            }
+        }
+        for (i, (name, _)) in qs.iter().enumerate() {
+            results.push((n, name, median(cancel[i].clone()), median(hand[i].clone())));
+        }
+    }
+    println!("| queued | crate | cancel a random queued acquire | hand a permit to the oldest |");
+    println!("|---|---|---|---|");
+    for (n, name, cancel, hand) in &results {
+        println!("| {n} | {name} | {cancel:.1?} | {hand:.1?} |");
+    }
+    let of = |n: usize, name: &str| results.iter().find(|r| r.0 == n && r.1 == name);
+    let (Some(big), Some(small)) = (of(1_000_000, "bulkhead"), of(16, "bulkhead")) else {
+        return;
+    };
+    println!();
+    println!("bulkhead, 1,000,000 against 16 queued:");
+    println!(
+        "  cancel {:.2}x, hand-off {:.2}x",
+        big.2.as_secs_f64() / small.2.as_secs_f64(),
+        big.3.as_secs_f64() / small.3.as_secs_f64()
+    );
+}
