@@ -135,6 +135,8 @@ pub mod keyed;
 #[allow(unsafe_code)]
 mod list;
 mod loom;
+#[cfg(not(loom))]
+mod overload;
 #[cfg(all(not(loom), feature = "redis", any(feature = "tokio", feature = "smol")))]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;

@@ -1,0 +1,51 @@
+//! Overload control: the decisions a bulkhead makes when more callers want
+//! seats than it has (issue 14). Each is a small state machine with no
+//! clock and no lock, that the bulkhead's policy will own and drive:
+//!
+//! - [`QueueDelay`] (`queue_delay.rs`): controlled delay on the waiting
+//!   line, and adaptive LIFO. A line whose waits have stood at or above a
+//!   target for a whole interval is overloaded: its wait budget drops to
+//!   the target and, with adaptive LIFO, the newest waiter is served
+//!   first, until the line empties.
+//! - [`HoldEstimate`] (`deadline.rs`): deadline-aware admission. A call
+//!   that carries its deadline is rejected at once when the retry hint's
+//!   expected wait plus the expected hold time exceeds the time it has
+//!   left, and waits no longer than it could still finish in.
+//! - [`Seats`] (`seats.rs`): priority classes with reserved seats that
+//!   are lent while idle, returned to their owners first when they free,
+//!   and borrowed by importance; the least important shed first.
+//! - [`Drr`] (`drr.rs`): deficit round robin over keys with weights, for
+//!   the keyed bulkhead's global line.
+//!
+//! All take time, where they need it, as nanoseconds since an origin the
+//! caller picks (the line timer's convention); none reads a clock, so the
+//! simulation (`sim.rs`, test builds only) drives exactly these pieces in
+//! virtual time, deterministically. `docs/overload.md` shows what it
+//! measures.
+//!
+//! # Implementation notes
+//!
+//! The bulkhead does not call these yet (phase 1 of issue 14 builds and
+//! proves the pieces; wiring them into `Policy` and the keyed global stage
+//! comes next), hence the `dead_code` (and, for the re-exports below,
+//! `unused_imports`) allowance outside test builds. Each counts and
+//! decides; none owns the waiters. The line itself (who waits,
+//! in what order inside a class or key, whose deadline is when) stays with
+//! its owner, so that a cancelled waiter costs one call (`leave`) and no
+//! search, and a hand-off to a waiter that is gone meanwhile is undone by
+//! giving the seat back and picking again.
+#![cfg_attr(not(test), allow(dead_code, unused_imports))]
+
+mod deadline;
+mod drr;
+#[cfg(test)]
+mod plot;
+mod queue_delay;
+mod seats;
+#[cfg(test)]
+mod sim;
+
+pub(crate) use deadline::{HoldEstimate, Verdict};
+pub(crate) use drr::Drr;
+pub(crate) use queue_delay::{Change, QueueDelay};
+pub(crate) use seats::{Join, Seats};
