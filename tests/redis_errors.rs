@@ -419,3 +419,30 @@ async fn a_black_hole_ends_at_the_outage_tolerance() {
         "gave up after {took:?}, with an outage tolerance of {TOLERANCE:?}"
     );
 }
+
+/// The same black hole under a bulkhead whose `max_wait` is shorter than
+/// the tolerance: its first attempt gets no answer, and it is rejected as
+/// `Unavailable` at `max_wait`, not at the tolerance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_hole_rejects_a_bulkhead_at_max_wait() {
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let sem = builder(&server.url(), "jobs").build().await.unwrap();
+    let bh = RedisBulkhead::builder(sem)
+        .max_wait(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    bh.acquire().await.unwrap().release().await.unwrap();
+    server.freeze();
+    let start = Instant::now();
+    let rejected = timeout(PATIENCE, bh.acquire()).await;
+    let took = start.elapsed();
+    server.thaw();
+    let rejected = rejected.expect("acquire hung").unwrap_err();
+    assert_eq!(rejected.reason(), RejectReason::Unavailable, "{rejected}");
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_millis(1500),
+        "rejected after {took:?}: max_wait is 500 ms"
+    );
+}

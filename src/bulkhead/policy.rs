@@ -148,6 +148,13 @@ impl Policy {
         self.max_wait == Some(Duration::ZERO)
     }
 
+    /// The longest a caller waits for a permit (`None`: no limit).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    #[inline]
+    pub(crate) fn max_wait(&self) -> Option<Duration> {
+        self.max_wait
+    }
+
     /// Lets `sem`'s queue length stand for the waiting line, if that is
     /// exact: `sem` is fair, only this policy's callers wait on it, and no
     /// `max_queue` needs a place reserved before the caller queues.

@@ -14,6 +14,7 @@ use crate::bulkhead::guard::{Guard, Source};
 use crate::bulkhead::observer::{CallOutcome, Observer};
 use crate::bulkhead::policy::{Policy, Waited};
 use crate::timer::Timer;
+use crate::timer::timeout::Timeout;
 use crate::{BuildError, BulkheadBuilder, BulkheadError, Metrics, RejectReason, Rejected};
 
 /// A [`Bulkhead`](crate::Bulkhead) whose permits are leases in Redis,
@@ -195,7 +196,21 @@ impl RedisBulkhead {
                 Err(e) => Err(s.policy.reject_now(reason_of(&e))),
             };
         }
-        let first = s.sem.first_attempt().await;
+        // The first attempt is bounded by `max_wait` too: against a Redis
+        // that does not answer (a black hole) it could take up to the
+        // outage tolerance. No answer by then is `Unavailable`.
+        let first = match s.policy.max_wait() {
+            Some(limit) => {
+                let sleep = s.sem.inner.timer.sleep(limit);
+                match Timeout::new(s.sem.first_attempt(), sleep).await {
+                    Ok(first) => first,
+                    Err(_elapsed) => {
+                        return Err(s.policy.reject(RejectReason::Unavailable, limit));
+                    }
+                }
+            }
+            None => s.sem.first_attempt().await,
+        };
         self.note_limit();
         let (lease, waited) = match first {
             Ok(Attempt::Granted(lease)) => {
