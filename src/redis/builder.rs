@@ -111,10 +111,12 @@ impl RedisSemaphoreBuilder {
         self
     }
 
-    /// How many times a grant whose outcome is unknown (a timeout or a
-    /// dropped connection) is retried with the same permit id before the
-    /// call fails with [`LeaseError::Unavailable`](super::LeaseError::Unavailable)
-    /// (default 2).
+    /// How many times a grant that failed for a transient reason (a
+    /// timeout, a dropped connection, Redis loading or failing over: its
+    /// outcome may be unknown) is retried with the same permit id before
+    /// the call fails with [`LeaseError::Unavailable`](super::LeaseError::Unavailable)
+    /// (default 2). A refusal (`Denied`, `Auth`, `Script`) is never
+    /// retried.
     pub fn retries(mut self, retries: usize) -> Self {
         self.retries = retries;
         self
@@ -124,6 +126,11 @@ impl RedisSemaphoreBuilder {
     /// trying while Redis is unreachable (a restart, a failover) before it
     /// fails with [`LeaseError::Unavailable`](super::LeaseError::Unavailable)
     /// (default 5 s). Zero fails at the first unanswered attempt.
+    /// The outage is counted from when the first failed call was sent, and
+    /// no call or back-off runs past its end: a call still unanswered then
+    /// is cut short. Only the call that opened the outage gets its whole
+    /// [`response_timeout`](Self::response_timeout), so the acquire fails
+    /// after at most the longer of the two.
     /// [`try_acquire`](RedisSemaphore::try_acquire) never waits: it fails
     /// once its `retries` are used up.
     pub fn outage_tolerance(mut self, tolerance: Duration) -> Self {
