@@ -148,6 +148,13 @@ impl Policy {
         self.max_wait == Some(Duration::ZERO)
     }
 
+    /// The longest a caller waits for a permit (`None`: no limit).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    #[inline]
+    pub(crate) fn max_wait(&self) -> Option<Duration> {
+        self.max_wait
+    }
+
     /// Lets `sem`'s queue length stand for the waiting line, if that is
     /// exact: `sem` is fair, only this policy's callers wait on it, and no
     /// `max_queue` needs a place reserved before the caller queues.
@@ -246,12 +253,25 @@ impl Policy {
     /// permit and the time waited. The timer is armed only if `acquire`
     /// is still pending after its first poll.
     #[inline]
-    pub(crate) fn wait<A>(&self, acquire: A) -> Wait<'_, A> {
+    pub(crate) fn wait<A>(&self, acquire: A) -> Wait<'_, A, impl Fn() -> RejectReason> {
+        self.wait_or(acquire, || RejectReason::Timeout)
+    }
+
+    /// [`wait`](Self::wait), where a wait that runs out of `max_wait` is
+    /// rejected for the reason `timed_out` gives then, rather than always
+    /// `Timeout`: the Redis bulkhead's is `Unavailable` while Redis is out
+    /// of reach.
+    #[inline]
+    pub(crate) fn wait_or<A, T>(&self, acquire: A, timed_out: T) -> Wait<'_, A, T>
+    where
+        T: Fn() -> RejectReason,
+    {
         Wait {
             policy: self,
             acquire,
             deadline: Deadline::new(),
             line: Line::default(),
+            timed_out,
         }
     }
 
@@ -489,16 +509,18 @@ impl Policy {
 pin_project! {
     /// The future of [`Policy::wait`]: [`Waiting`] with its policy, as its
     /// own fields (see [`Run`]).
-    pub(crate) struct Wait<'a, A> {
+    pub(crate) struct Wait<'a, A, T> {
         policy: &'a Policy,
         #[pin]
         acquire: A,
         #[pin]
         deadline: Deadline,
         line: Line,
+        // The reason for a wait that ran out of time (see `wait_or`).
+        timed_out: T,
     }
 
-    impl<A> PinnedDrop for Wait<'_, A> {
+    impl<A, T> PinnedDrop for Wait<'_, A, T> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             this.policy.leave_line(&mut this.line.placed);
@@ -506,16 +528,25 @@ pin_project! {
     }
 }
 
-impl<A, P> Future for Wait<'_, A>
+impl<A, P, T> Future for Wait<'_, A, T>
 where
     A: Future<Output = Result<P, RejectReason>>,
+    T: Fn() -> RejectReason,
 {
     type Output = Result<(P, Waited), Rejected>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        poll_wait(this.acquire, this.deadline, this.line, this.policy, cx)
+        let timed_out = &*this.timed_out;
+        poll_wait_or(
+            this.acquire,
+            this.deadline,
+            this.line,
+            this.policy,
+            cx,
+            timed_out,
+        )
     }
 }
 
@@ -626,6 +657,25 @@ pub(crate) fn poll_wait<A, P>(
 where
     A: Future<Output = Result<P, RejectReason>>,
 {
+    poll_wait_or(acquire, deadline, line, policy, cx, &|| {
+        RejectReason::Timeout
+    })
+}
+
+/// [`poll_wait`], rejecting a wait that ran out of `max_wait` for the
+/// reason `timed_out` gives then (see [`Policy::wait_or`]).
+#[inline]
+fn poll_wait_or<A, P>(
+    acquire: Pin<&mut A>,
+    deadline: Pin<&mut Deadline>,
+    line: &mut Line,
+    policy: &Policy,
+    cx: &mut Context<'_>,
+    timed_out: &impl Fn() -> RejectReason,
+) -> Poll<Result<(P, Waited), Rejected>>
+where
+    A: Future<Output = Result<P, RejectReason>>,
+{
     if !line.started {
         if policy.fails_fast() {
             return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
@@ -662,7 +712,7 @@ where
                     Ok(true) => {
                         policy.leave_line(&mut line.placed);
                         let waited = start.map_or(limit, |start| start.elapsed());
-                        Poll::Ready(Err(policy.reject(RejectReason::Timeout, waited)))
+                        Poll::Ready(Err(policy.reject(timed_out(), waited)))
                     }
                     Err(_gone) => {
                         policy.leave_line(&mut line.placed);
@@ -677,7 +727,7 @@ where
                     policy.leave_line(&mut line.placed);
                     // The timer's own measure, unless it was read.
                     let waited = start.map_or(limit, |start| start.elapsed());
-                    return Poll::Ready(Err(policy.reject(RejectReason::Timeout, waited)));
+                    return Poll::Ready(Err(policy.reject(timed_out(), waited)));
                 }
                 Poll::Ready(Err(_gone)) => {
                     policy.leave_line(&mut line.placed);

@@ -4,12 +4,12 @@
 //! grant may exist.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use event_listener::EventListener;
 
-use super::error::LeaseError;
+use super::error::{Failure, LeaseError, classify};
 use super::permit::{Lease, LeasedPermit};
 use super::semaphore::{Inner, RedisSemaphore};
 use crate::timer::timeout::Timeout;
@@ -95,7 +95,16 @@ impl RedisSemaphore {
         }
         let listener = self.inner.signals.wake.listen();
         let attempt_start = Instant::now();
-        match self.inner.grant(pending).await {
+        // The outage began when the first failed attempt did; it may last
+        // until `outage_tolerance` after that, and no call runs past it
+        // (but the first call of an outage, which nobody knew of when it
+        // was sent, gets its whole response timeout).
+        let since = down_since.unwrap_or(attempt_start);
+        let bound = tolerate.then(|| Bound {
+            end: since + self.inner.outage_tolerance,
+            cut_first: down_since.is_some(),
+        });
+        match self.inner.grant(pending, bound).await {
             Ok(Grant::Granted(permit)) => Ok(Found::Granted(permit)),
             Ok(Grant::Busy { retry_after, limit }) => Ok(Found::Wait {
                 listener,
@@ -107,9 +116,7 @@ impl RedisSemaphore {
             Err(LeaseError::Unavailable(e)) if tolerate => {
                 // `pending` keeps its id (a grant may have landed): the
                 // next attempt returns that grant, or the id is released
-                // when its owner ends. The outage began when the first
-                // failed attempt did.
-                let since = down_since.unwrap_or(attempt_start);
+                // when its owner ends.
                 if since.elapsed() >= self.inner.outage_tolerance {
                     return Err(LeaseError::Unavailable(e));
                 }
@@ -126,17 +133,38 @@ impl RedisSemaphore {
     }
 
     /// Goes on waiting after a busy [`attempt`](Self::attempt), as
-    /// [`acquire`](Self::acquire) does after its first one.
-    pub(super) async fn wait_from(&self, busy: Busy) -> Result<LeasedPermit, LeaseError> {
+    /// [`acquire`](Self::acquire) does after its first one. `down` says,
+    /// after each attempt, whether that attempt failed to reach Redis
+    /// (rather than finding every permit leased): the Redis bulkhead's
+    /// reason for a wait that runs out of `max_wait`.
+    pub(super) async fn wait_from(
+        &self,
+        busy: Busy,
+        down: &AtomicBool,
+    ) -> Result<LeasedPermit, LeaseError> {
         let Busy {
             mut pending,
             mut listener,
             mut pause,
             mut down_since,
         } = busy;
+        down.store(down_since.is_some(), Ordering::Relaxed);
         loop {
             let _ = Timeout::new(listener, self.inner.timer.sleep(pause)).await;
-            match self.attempt_with(&mut pending, down_since, true).await? {
+            let found = self.attempt_with(&mut pending, down_since, true).await;
+            // An attempt that failed for good (denied, refused) is no
+            // outage; the wait ends with its error anyway.
+            down.store(
+                matches!(
+                    found,
+                    Ok(Found::Wait {
+                        down_since: Some(_),
+                        ..
+                    })
+                ),
+                Ordering::Relaxed,
+            );
+            match found? {
                 Found::Granted(permit) => return Ok(permit),
                 Found::Wait {
                     listener: next,
@@ -183,18 +211,22 @@ impl Inner {
         base + Duration::from_millis(jitter_ms + 1)
     }
 
-    /// Runs the acquire script for `pending`'s id, retrying an ambiguous
+    /// Runs the acquire script for `pending`'s id, retrying a transient
     /// failure with the same id (a retry of a grant that did happen returns
-    /// that same grant).
-    async fn grant(self: &Arc<Self>, pending: &mut Pending) -> Result<Grant, LeaseError> {
+    /// that same grant). With a `bound`, no call or back-off runs past its
+    /// end. Any other failure (a denied call, refused credentials, a
+    /// failed script) is returned at once.
+    async fn grant(
+        self: &Arc<Self>,
+        pending: &mut Pending,
+        bound: Option<Bound>,
+    ) -> Result<Grant, LeaseError> {
         let mut attempt = 0;
         loop {
             pending.maybe_granted = true;
             let sent = Instant::now();
-            let answer: redis::RedisResult<(i64, u64, i64, i64, i64)> = self
-                .scripts
-                .acquire
-                .key(&self.keys.leases)
+            let mut call = self.scripts.acquire.prepare_invoke();
+            call.key(&self.keys.leases)
                 .key(&self.keys.info)
                 .key(&self.keys.fence)
                 .key(&self.keys.limit)
@@ -202,9 +234,19 @@ impl Inner {
                 .arg(&pending.id)
                 .arg(self.ttl.as_millis() as u64)
                 .arg(self.default_limit)
-                .arg(&self.label)
-                .invoke_async(&mut self.conn.clone())
-                .await;
+                .arg(&self.label);
+            let mut conn = self.conn.clone();
+            let script = call.invoke_async(&mut conn);
+            let cut = bound.and_then(|b| (attempt > 0 || b.cut_first).then_some(b.end));
+            let answer: redis::RedisResult<(i64, u64, i64, i64, i64)> = match cut {
+                None => script.await,
+                Some(end) => {
+                    let left = end.saturating_duration_since(sent);
+                    Timeout::new(script, self.timer.sleep(left))
+                        .await
+                        .unwrap_or_else(|_elapsed| Err(outage_over()))
+                }
+            };
             match answer {
                 Ok((granted, fence, ms, limit, _holders)) => {
                     let limit = usize::try_from(limit).unwrap_or(0);
@@ -230,16 +272,43 @@ impl Inner {
                         done: false,
                     }));
                 }
-                Err(e) if attempt < self.retries && is_ambiguous(&e) => {
+                Err(e) if attempt < self.retries && classify(&e) == Failure::Transient => {
                     attempt += 1;
-                    let backoff = Duration::from_millis(20 << attempt.min(6));
+                    let mut backoff = Duration::from_millis(20 << attempt.min(6));
+                    if let Some(b) = bound {
+                        let left = b.end.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            return Err(LeaseError::Unavailable(e));
+                        }
+                        backoff = backoff.min(left);
+                    }
                     self.timer.sleep(backoff).await;
                 }
-                // `pending` is still marked: its drop releases the id.
-                Err(e) => return Err(LeaseError::Unavailable(e)),
+                // `pending` is still marked: its drop releases the id (a
+                // script that failed half-way may have granted it).
+                Err(e) => return Err(LeaseError::of(e)),
             }
         }
     }
+}
+
+/// Where an outage tolerance ends, for [`Inner::grant`]'s calls.
+#[derive(Clone, Copy)]
+struct Bound {
+    end: Instant,
+    /// Whether the first call is cut at `end` too: not when it opens the
+    /// outage (it gets its whole response timeout, as nobody knew Redis
+    /// was down when it was sent).
+    cut_first: bool,
+}
+
+/// The error of a call cut short because the outage tolerance ran out.
+fn outage_over() -> redis::RedisError {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "no answer from redis within the outage tolerance",
+    )
+    .into()
 }
 
 /// A permit id on its way to becoming a grant. If the future that owns it
@@ -258,9 +327,4 @@ impl Drop for Pending {
                 .release_in_background(core::mem::take(&mut self.id));
         }
     }
-}
-
-/// Whether a failed call may still have run on the server.
-fn is_ambiguous(e: &redis::RedisError) -> bool {
-    e.is_timeout() || e.is_connection_dropped() || e.is_io_error() || e.is_unrecoverable_error()
 }

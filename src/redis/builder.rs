@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::ConnectionManagerConfig;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::error::ConfigError;
 use super::id::IdSource;
@@ -16,6 +16,7 @@ use super::semaphore::{Inner, Keys, RedisSemaphore};
 use super::spawn::Spawner;
 use crate::semaphore::Semaphore;
 use crate::timer::Timer;
+use crate::timer::timeout::Timeout;
 
 /// Configures a [`RedisSemaphore`].
 #[derive(Debug)]
@@ -33,6 +34,7 @@ pub struct RedisSemaphoreBuilder {
     retries: usize,
     outage_tolerance: Duration,
     timer: Option<Arc<dyn Timer>>,
+    pubsub: bool,
 }
 
 impl RedisSemaphoreBuilder {
@@ -51,6 +53,7 @@ impl RedisSemaphoreBuilder {
             retries: 2,
             outage_tolerance: Duration::from_secs(5),
             timer: None,
+            pubsub: true,
         }
     }
 
@@ -108,10 +111,12 @@ impl RedisSemaphoreBuilder {
         self
     }
 
-    /// How many times a grant whose outcome is unknown (a timeout or a
-    /// dropped connection) is retried with the same permit id before the
-    /// call fails with [`LeaseError::Unavailable`](super::LeaseError::Unavailable)
-    /// (default 2).
+    /// How many times a grant that failed for a transient reason (a
+    /// timeout, a dropped connection, Redis loading or failing over: its
+    /// outcome may be unknown) is retried with the same permit id before
+    /// the call fails with [`LeaseError::Unavailable`](super::LeaseError::Unavailable)
+    /// (default 2). A refusal (`Denied`, `Auth`, `Script`) is never
+    /// retried.
     pub fn retries(mut self, retries: usize) -> Self {
         self.retries = retries;
         self
@@ -121,6 +126,11 @@ impl RedisSemaphoreBuilder {
     /// trying while Redis is unreachable (a restart, a failover) before it
     /// fails with [`LeaseError::Unavailable`](super::LeaseError::Unavailable)
     /// (default 5 s). Zero fails at the first unanswered attempt.
+    /// The outage is counted from when the first failed call was sent, and
+    /// no call or back-off runs past its end: a call still unanswered then
+    /// is cut short. Only the call that opened the outage gets its whole
+    /// [`response_timeout`](Self::response_timeout), so the acquire fails
+    /// after at most the longer of the two.
     /// [`try_acquire`](RedisSemaphore::try_acquire) never waits: it fails
     /// once its `retries` are used up.
     pub fn outage_tolerance(mut self, tolerance: Duration) -> Self {
@@ -135,14 +145,37 @@ impl RedisSemaphoreBuilder {
         self
     }
 
-    /// Connects, subscribes to wake-ups and starts the lease keeper on the
-    /// current runtime (tokio if called inside one, else smol's global
-    /// executor).
+    /// Whether waiters are woken through pub/sub (default `true`). With
+    /// `false`, this process does not subscribe to the semaphore's channel,
+    /// and `build` does not check that the user may: a waiter then looks
+    /// again at the earliest lease deadline and at least every
+    /// [`max_poll`](Self::max_poll), so a release elsewhere reaches it up
+    /// to `max_poll` later. For a Redis user without rights on the channel
+    /// (Redis 7 gives new ACL users none) who cannot be granted them.
+    pub fn pubsub(mut self, enabled: bool) -> Self {
+        self.pubsub = enabled;
+        self
+    }
+
+    /// Connects, checks that the user may run the semaphore's scripts and
+    /// use its channel, subscribes to wake-ups and starts the lease keeper
+    /// on the current runtime (tokio if called inside one, else smol's
+    /// global executor).
+    ///
+    /// The checks cost a few round trips: a probe script, sent as the
+    /// scripts are (`EVALSHA`, then `SCRIPT LOAD` and `EVALSHA` again) with
+    /// all the semaphore's keys, and, unless [`pubsub(false)`](Self::pubsub),
+    /// on a connection of their own, a `PUBLISH` of a wake-up for no one
+    /// (`free 0`) and a `SUBSCRIBE`. Nothing is written.
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] for a setting that cannot work or a failed first
-    /// connection.
+    /// [`ConfigError`] for a setting that cannot work, a failed first
+    /// connection ([`Connect`](ConfigError::Connect)), credentials Redis
+    /// refuses ([`Auth`](ConfigError::Auth)), a user who may not run the
+    /// scripts on the keys ([`Denied`](ConfigError::Denied)) or use the
+    /// channel ([`ChannelDenied`](ConfigError::ChannelDenied)). None of
+    /// them is retried.
     pub async fn build(self) -> Result<RedisSemaphore, ConfigError> {
         // Both are checked alike: the keys are `{prefix}:{{name}}:...`, and
         // the name in braces must be the first hash tag, so that one
@@ -179,21 +212,31 @@ impl RedisSemaphoreBuilder {
             .client
             .get_connection_manager_with_config(config)
             .await
-            .map_err(ConfigError::Connect)?;
+            .map_err(ConfigError::of)?;
         let base = format!("{}:{{{}}}", self.key_prefix, self.name);
+        let keys = Keys {
+            leases: format!("{base}:leases"),
+            info: format!("{base}:info"),
+            fence: format!("{base}:fence"),
+            limit: format!("{base}:limit"),
+            channel: format!("{base}:wake"),
+        };
+        let scripts = Scripts::new();
+        check_scripts(&conn, &scripts, &keys).await?;
+        if self.pubsub {
+            let within = timer.sleep(self.response_timeout);
+            let check = check_channel(&self.client, &keys.channel);
+            Timeout::new(check, within)
+                .await
+                .unwrap_or_else(|_elapsed| Err(ConfigError::Connect(no_answer())))?;
+        }
         let label = self.label.unwrap_or_else(default_label);
         let signals = Arc::new(keeper::Signals::default());
         let inner = Arc::new(Inner {
             name: self.name.into(),
-            keys: Keys {
-                leases: format!("{base}:leases"),
-                info: format!("{base}:info"),
-                fence: format!("{base}:fence"),
-                limit: format!("{base}:limit"),
-                channel: format!("{base}:wake"),
-            },
+            keys,
             conn,
-            scripts: Scripts::new(),
+            scripts,
             ttl: self.lease_ttl,
             renew_every,
             max_poll: self.max_poll,
@@ -209,9 +252,67 @@ impl RedisSemaphoreBuilder {
             limit_seen: AtomicUsize::new(self.limit),
             ids: IdSource::new(),
         });
-        keeper::start(&inner, self.client);
+        keeper::start(&inner, self.client, self.pubsub);
         Ok(RedisSemaphore { inner })
     }
+}
+
+/// Runs the probe script: the user may run `EVALSHA` and `SCRIPT LOAD`,
+/// and read and write the semaphore's keys.
+async fn check_scripts(
+    conn: &ConnectionManager,
+    scripts: &Scripts,
+    keys: &Keys,
+) -> Result<(), ConfigError> {
+    let _one: i64 = scripts
+        .probe
+        .key(&keys.leases)
+        .key(&keys.info)
+        .key(&keys.fence)
+        .key(&keys.limit)
+        .key(&keys.channel)
+        .invoke_async(&mut conn.clone())
+        .await
+        .map_err(ConfigError::of)?;
+    Ok(())
+}
+
+/// Checks that the user may publish on the channel (a wake-up for no one:
+/// `free 0`) and subscribe to it, on a connection of its own that is
+/// closed afterwards: `redis::aio::PubSub::subscribe` does not report a
+/// refused `SUBSCRIBE`, and the shared connection must not be left
+/// subscribed.
+async fn check_channel(client: &redis::Client, channel: &str) -> Result<(), ConfigError> {
+    let on_channel = |e: redis::RedisError| match ConfigError::of(e) {
+        ConfigError::Denied(e) => ConfigError::ChannelDenied(e),
+        other => other,
+    };
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(on_channel)?;
+    let _receivers: i64 = redis::cmd("PUBLISH")
+        .arg(channel)
+        .arg("free 0")
+        .query_async(&mut conn)
+        .await
+        .map_err(on_channel)?;
+    let _subscribed: redis::Value = redis::cmd("SUBSCRIBE")
+        .arg(channel)
+        .query_async(&mut conn)
+        .await
+        .map_err(on_channel)?;
+    Ok(())
+}
+
+/// The error of a check that Redis did not answer within the response
+/// timeout.
+fn no_answer() -> redis::RedisError {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "no answer from redis within the response timeout",
+    )
+    .into()
 }
 
 /// The label of a lease when none is set: host name and process id.

@@ -3,7 +3,7 @@
 use core::fmt;
 use core::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use event_listener::Event;
@@ -14,6 +14,7 @@ use crate::bulkhead::guard::{Guard, Source};
 use crate::bulkhead::observer::{CallOutcome, Observer};
 use crate::bulkhead::policy::{Policy, Waited};
 use crate::timer::Timer;
+use crate::timer::timeout::Timeout;
 use crate::{BuildError, BulkheadBuilder, BulkheadError, Metrics, RejectReason, Rejected};
 
 /// A [`Bulkhead`](crate::Bulkhead) whose permits are leases in Redis,
@@ -195,7 +196,21 @@ impl RedisBulkhead {
                 Err(e) => Err(s.policy.reject_now(reason_of(&e))),
             };
         }
-        let first = s.sem.first_attempt().await;
+        // The first attempt is bounded by `max_wait` too: against a Redis
+        // that does not answer (a black hole) it could take up to the
+        // outage tolerance. No answer by then is `Unavailable`.
+        let first = match s.policy.max_wait() {
+            Some(limit) => {
+                let sleep = s.sem.inner.timer.sleep(limit);
+                match Timeout::new(s.sem.first_attempt(), sleep).await {
+                    Ok(first) => first,
+                    Err(_elapsed) => {
+                        return Err(s.policy.reject(RejectReason::Unavailable, limit));
+                    }
+                }
+            }
+            None => s.sem.first_attempt().await,
+        };
         self.note_limit();
         let (lease, waited) = match first {
             Ok(Attempt::Granted(lease)) => {
@@ -204,9 +219,26 @@ impl RedisBulkhead {
             // Busy, or Redis briefly out of reach: wait within the policy's
             // bounds, going on from this attempt (same id, a listener
             // registered before it) rather than asking Redis again at once.
+            //
+            // Out of `max_wait` while the latest attempt could not reach
+            // Redis is `Unavailable`, not `Timeout`: nobody knows whether a
+            // permit was free.
             Ok(Attempt::Busy(busy)) => {
-                let acquire = async { s.sem.wait_from(busy).await.map_err(|e| reason_of(&e)) };
-                s.policy.wait(acquire).await?
+                let down = AtomicBool::new(false);
+                let acquire = async {
+                    s.sem
+                        .wait_from(busy, &down)
+                        .await
+                        .map_err(|e| reason_of(&e))
+                };
+                let timed_out = || {
+                    if down.load(Ordering::Relaxed) {
+                        RejectReason::Unavailable
+                    } else {
+                        RejectReason::Timeout
+                    }
+                };
+                s.policy.wait_or(acquire, timed_out).await?
             }
             Err(e) => return Err(s.policy.reject_now(reason_of(&e))),
         };
@@ -302,7 +334,12 @@ fn reason_of(e: &LeaseError) -> RejectReason {
     match e {
         LeaseError::NoPermits { .. } => RejectReason::Full,
         LeaseError::Closed => RejectReason::Closed,
-        LeaseError::Unavailable(_) => RejectReason::Unavailable,
+        // Refused by Redis (rights, credentials, a failed script): the
+        // permits cannot be reached either, and the bulkhead fails closed.
+        LeaseError::Unavailable(_)
+        | LeaseError::Denied(_)
+        | LeaseError::Auth(_)
+        | LeaseError::Script(_) => RejectReason::Unavailable,
     }
 }
 

@@ -20,11 +20,25 @@ pub enum LeaseError {
         /// The limit every client obeys, as stored in Redis.
         limit: usize,
     },
-    /// Redis could not be reached, timed out or answered with an error.
-    /// The semaphore fails closed: no permit is granted without Redis.
+    /// Redis could not be reached, timed out, or is not serving for now
+    /// (loading its data, failing over, busy with a script, out of
+    /// memory): the errors a waiting `acquire` rides out for up to the
+    /// builder's `outage_tolerance`. The semaphore fails closed: no permit
+    /// is granted without Redis.
     Unavailable(redis::RedisError),
     /// [`close`](super::RedisSemaphore::close) was called on this handle.
     Closed,
+    /// Redis refused the call for lack of rights (`NOPERM`): the user may
+    /// not run `EVALSHA` or `SCRIPT LOAD`, a command the scripts use, or
+    /// the semaphore's keys. Returned at once, never retried.
+    Denied(redis::RedisError),
+    /// Redis did not accept the credentials (`WRONGPASS`), or wants some
+    /// and got none (`NOAUTH`). Returned at once, never retried.
+    Auth(redis::RedisError),
+    /// A script failed on the server (a runtime error, a key of the wrong
+    /// type) or answered what this version does not expect. Returned at
+    /// once, never retried.
+    Script(redis::RedisError),
 }
 
 impl fmt::Display for LeaseError {
@@ -35,6 +49,9 @@ impl fmt::Display for LeaseError {
             }
             Self::Unavailable(_) => f.write_str("redis is unavailable, no permit granted"),
             Self::Closed => f.write_str("the semaphore was closed"),
+            Self::Denied(_) => f.write_str("redis denied the semaphore's script call"),
+            Self::Auth(_) => f.write_str("redis refused the credentials"),
+            Self::Script(_) => f.write_str("the semaphore's script failed in redis"),
         }
     }
 }
@@ -42,8 +59,20 @@ impl fmt::Display for LeaseError {
 impl std::error::Error for LeaseError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Unavailable(e) => Some(e),
-            _ => None,
+            Self::Unavailable(e) | Self::Denied(e) | Self::Auth(e) | Self::Script(e) => Some(e),
+            Self::NoPermits { .. } | Self::Closed => None,
+        }
+    }
+}
+
+impl LeaseError {
+    /// The error for a failed script call, by [`classify`].
+    pub(super) fn of(e: redis::RedisError) -> Self {
+        match classify(&e) {
+            Failure::Transient => Self::Unavailable(e),
+            Failure::Denied => Self::Denied(e),
+            Failure::Auth => Self::Auth(e),
+            Failure::Script => Self::Script(e),
         }
     }
 }
@@ -63,6 +92,16 @@ pub enum ReleaseError {
     /// Redis could not be reached; the lease expires on its own within its
     /// time to live.
     Unavailable(redis::RedisError),
+    /// Redis refused the release for lack of rights (`NOPERM`); the lease
+    /// expires on its own within its time to live.
+    Denied(redis::RedisError),
+    /// Redis refused the credentials (`WRONGPASS`, `NOAUTH`); the lease
+    /// expires on its own within its time to live.
+    Auth(redis::RedisError),
+    /// The release script failed on the server or answered what this
+    /// version does not expect: whether the lease was removed is unknown
+    /// (if not, it expires on its own within its time to live).
+    Script(redis::RedisError),
 }
 
 impl fmt::Display for ReleaseError {
@@ -73,6 +112,9 @@ impl fmt::Display for ReleaseError {
             }
             Self::Overrun { by: None } => f.write_str("the lease was lost before it was released"),
             Self::Unavailable(_) => f.write_str("redis is unavailable, lease not released"),
+            Self::Denied(_) => f.write_str("redis denied the release, lease not released"),
+            Self::Auth(_) => f.write_str("redis refused the credentials, lease not released"),
+            Self::Script(_) => f.write_str("the release script failed in redis"),
         }
     }
 }
@@ -80,8 +122,20 @@ impl fmt::Display for ReleaseError {
 impl std::error::Error for ReleaseError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Unavailable(e) => Some(e),
+            Self::Unavailable(e) | Self::Denied(e) | Self::Auth(e) | Self::Script(e) => Some(e),
             Self::Overrun { .. } => None,
+        }
+    }
+}
+
+impl ReleaseError {
+    /// The error for a failed release call, by [`classify`].
+    pub(super) fn of(e: redis::RedisError) -> Self {
+        match classify(&e) {
+            Failure::Transient => Self::Unavailable(e),
+            Failure::Denied => Self::Denied(e),
+            Failure::Auth => Self::Auth(e),
+            Failure::Script => Self::Script(e),
         }
     }
 }
@@ -133,6 +187,20 @@ pub enum ConfigError {
     NoRuntime,
     /// The first connection to Redis failed.
     Connect(redis::RedisError),
+    /// Redis did not accept the credentials (`WRONGPASS`), or wants some
+    /// and got none (`NOAUTH`).
+    Auth(redis::RedisError),
+    /// The user may not run the semaphore's scripts: `EVALSHA`, `SCRIPT
+    /// LOAD`, or read and write the semaphore's keys (`NOPERM`).
+    Denied(redis::RedisError),
+    /// The user may not `PUBLISH` or `SUBSCRIBE` on the semaphore's
+    /// channel, `{prefix}:{{name}}:wake` (Redis 7 gives new ACL users no
+    /// channels). Grant it (`&bulkhead:*`), or build with
+    /// [`pubsub(false)`](super::RedisSemaphoreBuilder::pubsub) to have
+    /// waiters poll instead.
+    ChannelDenied(redis::RedisError),
+    /// The probe script failed on the server for another reason.
+    Script(redis::RedisError),
 }
 
 impl fmt::Display for ConfigError {
@@ -152,6 +220,16 @@ impl fmt::Display for ConfigError {
                 "no runtime for the lease keeper: build inside a tokio runtime or enable `smol`",
             ),
             Self::Connect(_) => f.write_str("could not connect to redis"),
+            Self::Auth(_) => f.write_str("redis refused the credentials"),
+            Self::Denied(_) => f.write_str(
+                "the redis user may not run the semaphore's scripts (EVALSHA, SCRIPT LOAD) \
+                 on its keys",
+            ),
+            Self::ChannelDenied(_) => f.write_str(
+                "the redis user may not publish or subscribe on the semaphore's channel: \
+                 grant it, or build with pubsub(false) to poll",
+            ),
+            Self::Script(_) => f.write_str("the semaphore's probe script failed in redis"),
         }
     }
 }
@@ -159,8 +237,91 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Connect(e) => Some(e),
+            Self::Connect(e)
+            | Self::Auth(e)
+            | Self::Denied(e)
+            | Self::ChannelDenied(e)
+            | Self::Script(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+impl ConfigError {
+    /// The error for a failed call of `build`'s checks, by [`classify`]
+    /// (`Connect` for one that did not reach Redis).
+    pub(super) fn of(e: redis::RedisError) -> Self {
+        match classify(&e) {
+            Failure::Transient => Self::Connect(e),
+            Failure::Denied => Self::Denied(e),
+            Failure::Auth => Self::Auth(e),
+            Failure::Script => Self::Script(e),
+        }
+    }
+}
+
+/// What a failed Redis call means for whoever made it (see [`classify`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Failure {
+    /// Redis is out of reach or not serving for now: retried, within the
+    /// outage tolerance.
+    Transient,
+    /// The user lacks a right: fails at once.
+    Denied,
+    /// The credentials were refused or missing: fails at once.
+    Auth,
+    /// Anything else Redis answered: fails at once.
+    Script,
+}
+
+/// Sorts a failed call into what is worth retrying and what is not.
+///
+/// | Redis said | `Failure` |
+/// |---|---|
+/// | no answer: I/O errors, dropped connections, timeouts, parse errors | `Transient` |
+/// | `LOADING`, `BUSY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`, `READONLY`, `MOVED`, `ASK`, `OOM`, `MISCONF`, `NOREPLICAS`, `ERR max number of clients reached` | `Transient` |
+/// | `NOPERM`, `ERR The user executing the script can't …` | `Denied` |
+/// | `WRONGPASS`, `NOAUTH`, a failed `AUTH` | `Auth` |
+/// | anything else (`ERR` from a script, `WRONGTYPE`, an unexpected reply) | `Script` |
+pub(super) fn classify(e: &redis::RedisError) -> Failure {
+    use redis::{ErrorKind, ServerErrorKind};
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+        return Failure::Transient;
+    }
+    match e.kind() {
+        ErrorKind::AuthenticationFailed => Failure::Auth,
+        ErrorKind::Server(ServerErrorKind::NoPerm) => Failure::Denied,
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::Moved
+            | ServerErrorKind::Ask,
+        )
+        | ErrorKind::Io
+        | ErrorKind::Parse
+        | ErrorKind::ClusterConnectionNotFound
+        | ErrorKind::MasterNameNotFoundBySentinel
+        | ErrorKind::NoValidReplicasFoundBySentinel => Failure::Transient,
+        ErrorKind::Server(ServerErrorKind::ResponseError) => {
+            let detail = e.detail().unwrap_or("");
+            if detail.starts_with("The user executing the script can't") {
+                Failure::Denied
+            } else if detail.starts_with("max number of clients reached") {
+                Failure::Transient
+            } else {
+                Failure::Script
+            }
+        }
+        ErrorKind::Extension => match e.code() {
+            Some("NOAUTH" | "WRONGPASS") => Failure::Auth,
+            Some("BUSY" | "OOM" | "MISCONF" | "NOREPLICAS" | "LOADING" | "MASTERDOWN") => {
+                Failure::Transient
+            }
+            _ => Failure::Script,
+        },
+        _ => Failure::Script,
     }
 }

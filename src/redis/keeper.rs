@@ -41,7 +41,9 @@ impl Drop for Inner {
     }
 }
 
-pub(super) fn start(inner: &Arc<Inner>, client: redis::Client) {
+/// Starts the renewer, and the subscriber unless `pubsub` is off (then
+/// waiters poll).
+pub(super) fn start(inner: &Arc<Inner>, client: redis::Client, pubsub: bool) {
     let weak = Arc::downgrade(inner);
     inner.spawner.spawn(renew_loop(
         weak,
@@ -49,12 +51,14 @@ pub(super) fn start(inner: &Arc<Inner>, client: redis::Client) {
         inner.renew_every,
         inner.signals.clone(),
     ));
-    inner.spawner.spawn(pubsub_loop(
-        client,
-        inner.keys.channel.clone(),
-        inner.signals.clone(),
-        inner.timer.clone(),
-    ));
+    if pubsub {
+        inner.spawner.spawn(pubsub_loop(
+            client,
+            inner.keys.channel.clone(),
+            inner.signals.clone(),
+            inner.timer.clone(),
+        ));
+    }
 }
 
 /// How long past a lease's local deadline a renewal may still take before

@@ -154,7 +154,9 @@ impl LeasedPermit {
     ///
     /// [`ReleaseError::Overrun`] if the lease had expired or was lost
     /// first; [`ReleaseError::Unavailable`] if Redis could not be reached
-    /// (the lease then expires by itself).
+    /// (the lease then expires by itself); [`ReleaseError::Denied`],
+    /// [`ReleaseError::Auth`] or [`ReleaseError::Script`] if Redis refused
+    /// the call.
     pub async fn release(mut self) -> Result<(), ReleaseError> {
         // From here the permit's drop does nothing: until the answer is
         // read, the release itself is guarded (if this future is dropped
@@ -174,7 +176,7 @@ impl LeasedPermit {
             Ok(ReleaseOutcome::InTime) => Err(ReleaseError::Overrun { by: None }),
             Ok(ReleaseOutcome::Late(by)) => Err(ReleaseError::Overrun { by: Some(by) }),
             Ok(ReleaseOutcome::Gone) => Err(ReleaseError::Overrun { by: None }),
-            Err(e) => Err(ReleaseError::Unavailable(e)),
+            Err(e) => Err(ReleaseError::of(e)),
         }
     }
 }

@@ -9,6 +9,10 @@
 //! * `KEYS[3]` `…:fence`: the fence counter (never expires).
 //! * `KEYS[4]` `…:limit`: the limit every client obeys.
 //! * `KEYS[5]` `…:wake`: the pub/sub channel (only published to).
+//!
+//! Every `PUBLISH` is a `redis.pcall`: a wake-up is a hint, and a user who
+//! may not publish on the channel (`pubsub(false)`) must not fail the
+//! script half-way, after its writes (Redis does not roll them back).
 
 use redis::Script;
 
@@ -24,7 +28,7 @@ local function purge()
     for _, id in ipairs(expired) do
       redis.call('HDEL', KEYS[2], id)
     end
-    redis.call('PUBLISH', KEYS[5], 'free ' .. #expired)
+    redis.pcall('PUBLISH', KEYS[5], 'free ' .. #expired)
   end
 end
 local function limit_of(default)
@@ -102,7 +106,7 @@ if not deadline then
   return nil
 end
 if deadline > now then
-  redis.call('PUBLISH', KEYS[5], 'free 1')
+  redis.pcall('PUBLISH', KEYS[5], 'free 1')
 end
 return deadline - now
 ";
@@ -129,10 +133,21 @@ const SET_LIMIT: &str = r"
 local old = tonumber(redis.call('GET', KEYS[4])) or 0
 redis.call('SET', KEYS[4], ARGV[1])
 if tonumber(ARGV[1]) > old then
-  redis.call('PUBLISH', KEYS[5], 'free ' .. (tonumber(ARGV[1]) - old))
+  redis.pcall('PUBLISH', KEYS[5], 'free ' .. (tonumber(ARGV[1]) - old))
 end
 purge()
 return old
+";
+
+/// `build`'s check that the user may run the scripts: sent by SHA like
+/// the others (so `EVALSHA`, then `SCRIPT LOAD` on `NOSCRIPT`), with all
+/// five keys (Redis checks a script's declared keys for read and write
+/// rights before running it), and reads what the scripts read. Changes
+/// nothing. Returns 1.
+const PROBE: &str = r"
+redis.call('ZCARD', KEYS[1])
+redis.call('GET', KEYS[4])
+return 1
 ";
 
 /// The compiled scripts (each is sent by SHA, and re-sent in full when the
@@ -143,6 +158,7 @@ pub(super) struct Scripts {
     pub(super) release: Script,
     pub(super) holders: Script,
     pub(super) set_limit: Script,
+    pub(super) probe: Script,
 }
 
 impl Scripts {
@@ -154,6 +170,7 @@ impl Scripts {
             release: with_prelude(RELEASE),
             holders: with_prelude(HOLDERS),
             set_limit: with_prelude(SET_LIMIT),
+            probe: with_prelude(PROBE),
         }
     }
 }

@@ -125,8 +125,12 @@ impl RedisSemaphore {
     ///
     /// [`LeaseError::Unavailable`] if Redis stays unreachable for the
     /// builder's `outage_tolerance` (fails closed; a shorter outage, such as
-    /// a restart, is ridden out with the same permit id),
-    /// [`LeaseError::Closed`] after [`close`](Self::close).
+    /// a restart, is ridden out with the same permit id; no call runs past
+    /// the tolerance, except the first one of an outage, which may take its
+    /// whole `response_timeout`), [`LeaseError::Closed`] after
+    /// [`close`](Self::close). [`LeaseError::Denied`], [`LeaseError::Auth`]
+    /// and [`LeaseError::Script`] at once, without retrying: Redis
+    /// answered, and asking again would not change its answer.
     ///
     /// # Cancel safety
     ///
@@ -136,7 +140,7 @@ impl RedisSemaphore {
     pub async fn acquire(&self) -> Result<LeasedPermit, LeaseError> {
         match self.first_attempt().await? {
             Attempt::Granted(permit) => Ok(permit),
-            Attempt::Busy(busy) => self.wait_from(busy).await,
+            Attempt::Busy(busy) => self.wait_from(busy, &AtomicBool::new(false)).await,
         }
     }
 

@@ -228,6 +228,23 @@ impl RedisServer {
         assert_eq!(reply, "OK", "CLIENT PAUSE");
     }
 
+    /// Creates the ACL user `user` afresh and returns a URL that logs in
+    /// as it: `ACL SETUSER <user> reset on ><password>`, then `rules`
+    /// (such as `["~*", "&*", "+@all", "-evalsha"]`).
+    pub fn acl_user(&self, user: &str, password: &str, rules: &[&str]) -> String {
+        let pass = format!(">{password}");
+        let mut args = vec!["ACL", "SETUSER", user, "reset", "on", pass.as_str()];
+        args.extend_from_slice(rules);
+        let reply: String = self.cmd(&args);
+        assert_eq!(reply, "OK", "ACL SETUSER {user}");
+        self.url_as(user, password)
+    }
+
+    /// The server's URL with a user name and password in it.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        format!("redis://{user}:{password}@127.0.0.1:{}/", self.port)
+    }
+
     /// A new connection to the server (the `redis` crate's synchronous
     /// one), with `timeout` for connecting and for every read and write.
     pub fn connection(&self, timeout: Duration) -> RedisResult<redis::Connection> {
