@@ -25,6 +25,10 @@ pub enum LeaseError {
     Unavailable(redis::RedisError),
     /// [`close`](super::RedisSemaphore::close) was called on this handle.
     Closed,
+    /// The lease was lost while [`RedisSemaphore::call`](super::RedisSemaphore::call)
+    /// ran its work, which was dropped unfinished. The reason is the
+    /// [`source`](std::error::Error::source).
+    Lost(LostReason),
 }
 
 impl fmt::Display for LeaseError {
@@ -35,6 +39,7 @@ impl fmt::Display for LeaseError {
             }
             Self::Unavailable(_) => f.write_str("redis is unavailable, no permit granted"),
             Self::Closed => f.write_str("the semaphore was closed"),
+            Self::Lost(_) => f.write_str("the lease was lost, the call was dropped"),
         }
     }
 }
@@ -43,6 +48,7 @@ impl std::error::Error for LeaseError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Unavailable(e) => Some(e),
+            Self::Lost(reason) => Some(reason),
             _ => None,
         }
     }
@@ -93,9 +99,16 @@ pub enum LostReason {
     /// A renewal found the lease expired or gone in Redis (the holder was
     /// paused, or its renewals were late, past the time to live).
     Expired,
-    /// Renewals failed (Redis unreachable) until the lease's time to live
-    /// ran out, as measured on this machine from the last renewal sent.
+    /// The lease's local deadline (its time to live less the drift margin,
+    /// from the last renewal sent) passed while a renewal had failed or was
+    /// still unanswered: Redis unreachable or too slow, or this process
+    /// paused while a renewal was in flight.
     Unreachable,
+    /// The lease's local deadline passed before this process sent a
+    /// renewal: it was paused (a stop-the-world pause, `SIGSTOP`), or the
+    /// runtime that runs the lease keeper was blocked. Redis may hold the
+    /// lease a little longer, but no one can count on it.
+    Stalled,
 }
 
 impl fmt::Display for LostReason {
@@ -103,9 +116,12 @@ impl fmt::Display for LostReason {
         f.write_str(match self {
             Self::Expired => "the lease expired in redis",
             Self::Unreachable => "redis was unreachable until the lease ran out",
+            Self::Stalled => "the lease ran out before this process renewed it",
         })
     }
 }
+
+impl std::error::Error for LostReason {}
 
 /// A [`RedisSemaphoreBuilder`](super::RedisSemaphoreBuilder) setting that
 /// cannot work.
@@ -122,7 +138,8 @@ pub enum ConfigError {
     /// milliseconds Redis can store.
     BadLeaseTtl,
     /// The renewal interval is zero or not shorter than the lease's time
-    /// to live.
+    /// to live less the drift margin (the lease would be counted as lost
+    /// before its first renewal).
     BadRenewInterval,
     /// The limit is over [`Semaphore::MAX_PERMITS`](crate::Semaphore::MAX_PERMITS).
     LimitTooLarge,
@@ -133,6 +150,8 @@ pub enum ConfigError {
     NoRuntime,
     /// The first connection to Redis failed.
     Connect(redis::RedisError),
+    /// The drift margin is not shorter than the lease's time to live.
+    BadDriftMargin,
 }
 
 impl fmt::Display for ConfigError {
@@ -144,7 +163,9 @@ impl fmt::Display for ConfigError {
             }
             Self::BadLeaseTtl => f.write_str("the lease time to live must be at least 10 ms"),
             Self::BadRenewInterval => {
-                f.write_str("the renewal interval must be non-zero and shorter than the lease")
+                f.write_str(
+                "the renewal interval must be non-zero and shorter than the lease less the drift margin",
+            )
             }
             Self::LimitTooLarge => f.write_str("the limit exceeds Semaphore::MAX_PERMITS"),
             Self::NoTimer => f.write_str("no timer: enable the `tokio` or `smol` feature"),
@@ -152,6 +173,9 @@ impl fmt::Display for ConfigError {
                 "no runtime for the lease keeper: build inside a tokio runtime or enable `smol`",
             ),
             Self::Connect(_) => f.write_str("could not connect to redis"),
+            Self::BadDriftMargin => {
+                f.write_str("the drift margin must be shorter than the lease time to live")
+            }
         }
     }
 }
