@@ -50,11 +50,13 @@ fn key(name: &str, suffix: &str) -> String {
 /// Forwards every connection to `upstream` until [`black_hole`](Self::black_hole):
 /// from then on it reads and discards whatever either side sends, and
 /// keeps both connections open, as a network partition that drops packets
-/// would. It runs on a runtime of its own, so that the test's runtime
+/// would. It can also [hold replies](Self::hold_replies_until) for a
+/// while. It runs on a runtime of its own, so that the test's runtime
 /// being busy does not slow it down.
 struct Proxy {
     addr: SocketAddr,
     holed: Arc<AtomicBool>,
+    hold_until: Arc<Mutex<Option<Instant>>>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -71,7 +73,9 @@ impl Proxy {
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let holed = Arc::new(AtomicBool::new(false));
+        let hold_until = Arc::new(Mutex::new(None));
         let flag = holed.clone();
+        let hold = hold_until.clone();
         runtime.spawn(async move {
             let listener = TcpListener::from_std(listener).unwrap();
             while let Ok((client, _)) = listener.accept().await {
@@ -82,13 +86,19 @@ impl Proxy {
                 server.set_nodelay(true).unwrap();
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
-                tokio::spawn(pump(client_read, server_write, flag.clone()));
-                tokio::spawn(pump(server_read, client_write, flag.clone()));
+                tokio::spawn(pump(client_read, server_write, flag.clone(), None));
+                tokio::spawn(pump(
+                    server_read,
+                    client_write,
+                    flag.clone(),
+                    Some(hold.clone()),
+                ));
             }
         });
         Proxy {
             addr,
             holed,
+            hold_until,
             runtime: Some(runtime),
         }
     }
@@ -102,6 +112,12 @@ impl Proxy {
     fn black_hole(&self) {
         self.holed.store(true, Ordering::SeqCst);
     }
+
+    /// From now on, what Redis sends reaches the client no sooner than
+    /// `until` (requests still reach Redis at once).
+    fn hold_replies_until(&self, until: Instant) {
+        *self.hold_until.lock().unwrap() = Some(until);
+    }
 }
 
 impl Drop for Proxy {
@@ -114,11 +130,13 @@ impl Drop for Proxy {
     }
 }
 
-/// Copies `from` to `to` until either ends; discards instead once `holed`.
+/// Copies `from` to `to` until either ends; discards instead once `holed`,
+/// and writes nothing before the instant in `hold_until`, if any.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     holed: Arc<AtomicBool>,
+    hold_until: Option<Arc<Mutex<Option<Instant>>>>,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -128,6 +146,10 @@ async fn pump(
         };
         if holed.load(Ordering::SeqCst) {
             continue;
+        }
+        let until = hold_until.as_ref().and_then(|h| *h.lock().unwrap());
+        if let Some(until) = until {
+            tokio::time::sleep_until(until.into()).await;
         }
         if to.write_all(&buf[..n]).await.is_err() {
             break;
@@ -354,6 +376,10 @@ async fn is_lost_turns_true_at_the_deadline_with_no_task_running() {
         if permit.is_lost() {
             break Instant::now();
         }
+        assert!(
+            Instant::now() < deadline + Duration::from_millis(100),
+            "is_lost() still false 100 ms after the deadline"
+        );
     };
     assert!(first_true >= deadline);
     let lag = first_true - deadline;
@@ -378,34 +404,42 @@ async fn is_lost_turns_true_at_the_deadline_with_no_task_running() {
 /// A renewal answered after the lease's local deadline does not bring the
 /// lease back, though Redis did renew it: `is_lost()` never turns false
 /// again, and the lease is no longer renewed.
-#[tokio::test(flavor = "current_thread")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_renewal_does_not_revive_a_lost_lease() {
     let Some(server) = RedisServer::start_or_skip() else {
         return;
     };
-    // Local deadline 240 ms after the grant is sent, Redis's 300 ms after
-    // it arrives; the keeper renews 200 ms after it started (at `build`).
-    let sem = builder(&server.url(), "late")
+    let proxy = Proxy::start(server.addr());
+    // Local deadline 240 ms after a renewal is sent, Redis's 300 ms after
+    // it arrives; renewed every 200 ms.
+    let sem = builder(&proxy.url(), "late")
         .drift_margin(Duration::from_millis(60))
         .renew_every(Duration::from_millis(200))
         .build()
         .await
         .unwrap();
-    let built = Instant::now();
     let permit = sem.acquire().await.unwrap();
     let id = permit.id().to_owned();
-    // Redis holds every command from 185 ms to 270 ms: the renewal is
-    // carried out at about 270 ms, in time for Redis's deadline but after
-    // the local one.
-    tokio::time::sleep_until((built + Duration::from_millis(185)).into()).await;
-    server.pause(Duration::from_millis(85));
+    // The first renewal goes through (and loads the script: a NOSCRIPT
+    // answer held back would keep the second renewal from Redis).
+    let first = permit.deadline();
+    let give_up = Instant::now() + PATIENCE;
+    while permit.deadline() == first {
+        assert!(Instant::now() < give_up, "the lease was never renewed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let deadline = permit.deadline();
+    // The second reaches Redis in time, but its answer reaches the holder
+    // 20 ms after the local deadline.
+    proxy.hold_replies_until(deadline + Duration::from_millis(20));
     let lost = timeout(PATIENCE, permit.lost()).await.unwrap();
     assert_eq!(lost, LostReason::Unreachable);
-    // Past Redis's first deadline: the lease is still there, renewed.
-    tokio::time::sleep_until((built + Duration::from_millis(330)).into()).await;
-    let score: Option<String> = server.cmd(&["ZSCORE", &key("late", "leases"), &id]);
+    tokio::time::sleep_until((deadline + Duration::from_millis(80)).into()).await;
+    // Past Redis's first deadline: Redis holds the lease, renewed (its
+    // deadline is about 200 ms ahead).
+    let in_redis = redis_deadline(&server, "late", &id);
     assert!(
-        score.is_some(),
+        in_redis > Instant::now() + Duration::from_millis(100),
         "Redis did not renew the lease: the test proves nothing"
     );
     assert!(permit.is_lost());
