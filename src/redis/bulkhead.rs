@@ -404,12 +404,13 @@ impl RedisBulkheadPermit {
         self.lease().fence()
     }
 
-    /// Whether the lease is known to be lost.
+    /// Whether the lease is lost (see [`LeasedPermit::is_lost`]: true from
+    /// its local deadline on, without waiting for any task).
     pub fn is_lost(&self) -> bool {
         self.lease().is_lost()
     }
 
-    /// Resolves when the lease is found lost.
+    /// Resolves when the lease is lost (see [`LeasedPermit::lost`]).
     pub fn lost(&self) -> Lost {
         self.lease().lost()
     }
