@@ -419,6 +419,9 @@ where
                             name: permit.bulkhead_name().into(),
                         }
                         .into(),
+                        // Only a Redis lease is lost; this permit is local.
+                        #[cfg(all(feature = "redis", any(feature = "tokio", feature = "smol")))]
+                        BulkheadError::LeaseLost(reason) => reason.into(),
                     });
                     // Drops the call, then gives the permit back.
                     state.set(State::Done);

@@ -262,7 +262,7 @@ impl Inner {
                         core::mem::take(&mut pending.id),
                         fence,
                         sent,
-                        self.ttl,
+                        self.life,
                     ));
                     pending.maybe_granted = false;
                     self.lock_leases().insert(lease.id.clone(), lease.clone());

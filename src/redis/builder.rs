@@ -35,6 +35,7 @@ pub struct RedisSemaphoreBuilder {
     outage_tolerance: Duration,
     timer: Option<Arc<dyn Timer>>,
     pubsub: bool,
+    drift_margin: Option<Duration>,
 }
 
 impl RedisSemaphoreBuilder {
@@ -54,6 +55,7 @@ impl RedisSemaphoreBuilder {
             outage_tolerance: Duration::from_secs(5),
             timer: None,
             pubsub: true,
+            drift_margin: None,
         }
     }
 
@@ -73,7 +75,8 @@ impl RedisSemaphoreBuilder {
     }
 
     /// How often held leases are renewed (default: a third of the time to
-    /// live). All of a process's leases are renewed in one script call.
+    /// live less the [drift margin](Self::drift_margin)). All of a
+    /// process's leases are renewed in one script call.
     pub fn renew_every(mut self, every: Duration) -> Self {
         self.renew_every = Some(every);
         self
@@ -157,6 +160,31 @@ impl RedisSemaphoreBuilder {
         self
     }
 
+    /// How much sooner than Redis this process stops counting on a lease
+    /// (default: 1% of the time to live, at least 10 ms, at most a quarter
+    /// of the time to live).
+    ///
+    /// A lease's local deadline is when the grant or the last successful
+    /// renewal was *sent*, plus the time to live, less this margin; from
+    /// that instant [`LeasedPermit::is_lost`](super::LeasedPermit::is_lost)
+    /// is true. Redis starts the time to live when the call arrives, by its
+    /// own clock rounded down to the millisecond, so the holder knows at
+    /// least `margin - 1 ms` before Redis can grant the permit to anyone
+    /// else, as long as the two clocks run at rates that differ by less
+    /// than that over one time to live (NTP keeps them within 500 ppm: 15
+    /// ms over 30 s) and Redis's wall clock is not stepped. Its
+    /// [`Lost`](super::Lost) future and the work of
+    /// [`RedisSemaphore::call`] are woken by the timer, which may be a
+    /// millisecond or two late: leave room for that too.
+    ///
+    /// Must be shorter than the time to live ([`ConfigError::BadDriftMargin`]),
+    /// and leave room for the renewals: `renew_every` must be shorter than
+    /// the time to live less the margin ([`ConfigError::BadRenewInterval`]).
+    pub fn drift_margin(mut self, margin: Duration) -> Self {
+        self.drift_margin = Some(margin);
+        self
+    }
+
     /// Connects, checks that the user may run the semaphore's scripts and
     /// use its channel, subscribes to wake-ups and starts the lease keeper
     /// on the current runtime (tokio if called inside one, else smol's
@@ -191,8 +219,17 @@ impl RedisSemaphoreBuilder {
         if !(10..=(1 << 50)).contains(&ttl_ms) {
             return Err(ConfigError::BadLeaseTtl);
         }
-        let renew_every = self.renew_every.unwrap_or(self.lease_ttl / 3);
-        if renew_every.is_zero() || renew_every >= self.lease_ttl {
+        let drift_margin = self.drift_margin.unwrap_or_else(|| {
+            (self.lease_ttl / 100)
+                .max(Duration::from_millis(10))
+                .min(self.lease_ttl / 4)
+        });
+        if drift_margin >= self.lease_ttl {
+            return Err(ConfigError::BadDriftMargin);
+        }
+        let life = self.lease_ttl - drift_margin;
+        let renew_every = self.renew_every.unwrap_or(life / 3);
+        if renew_every.is_zero() || renew_every >= life {
             return Err(ConfigError::BadRenewInterval);
         }
         if self.limit > Semaphore::MAX_PERMITS {
@@ -238,6 +275,7 @@ impl RedisSemaphoreBuilder {
             conn,
             scripts,
             ttl: self.lease_ttl,
+            life,
             renew_every,
             max_poll: self.max_poll,
             label,

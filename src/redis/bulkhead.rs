@@ -9,6 +9,7 @@ use std::time::Duration;
 use event_listener::Event;
 
 use super::attempt::Attempt;
+use super::call::{Completed, UntilLost};
 use super::{LeaseError, LeasedPermit, Lost, LostReason, RedisSemaphore, ReleaseError};
 use crate::bulkhead::guard::{Guard, Source};
 use crate::bulkhead::observer::{CallOutcome, Observer};
@@ -32,9 +33,9 @@ use crate::{BuildError, BulkheadBuilder, BulkheadError, Metrics, RejectReason, R
 ///   share. [`RedisSemaphore::holders`] lists every holder.
 /// * **Redis out of reach** rejects with [`RejectReason::Unavailable`]
 ///   (fail closed).
-/// * **A lost lease** does not stop a running [`call`](Self::call); use
-///   [`acquire`](Self::acquire) and race the work against
-///   [`RedisBulkheadPermit::lost`] where it must stop.
+/// * **A lost lease** stops a running [`call`](Self::call) at once
+///   ([`BulkheadError::LeaseLost`]); [`call_to_end`](Self::call_to_end)
+///   lets it finish and says so.
 #[derive(Clone)]
 pub struct RedisBulkhead {
     shared: Arc<Shared>,
@@ -141,23 +142,63 @@ impl RedisBulkhead {
     }
 
     /// Runs `call` once a lease is granted, then releases it. As
-    /// [`Bulkhead::call`](crate::Bulkhead::call).
+    /// [`Bulkhead::call`](crate::Bulkhead::call), and the call is dropped
+    /// unfinished the moment its lease is lost (as
+    /// [`RedisSemaphore::call`] does; the observer sees it
+    /// [`Cancelled`](CallOutcome::Cancelled)). For a call that must not stop
+    /// half-way, use [`call_to_end`](Self::call_to_end).
     ///
     /// # Errors
     ///
     /// [`BulkheadError::Rejected`] if not admitted (including
     /// [`RejectReason::Unavailable`]), [`BulkheadError::CallTimeout`],
-    /// [`BulkheadError::Inner`].
+    /// [`BulkheadError::Inner`], [`BulkheadError::LeaseLost`].
     pub async fn call<F, T, E>(&self, call: F) -> Result<T, BulkheadError<E>>
     where
         F: Future<Output = Result<T, E>>,
     {
         let mut permit = self.acquire_as(CallOutcome::Cancelled).await?;
         let policy = &self.shared.policy;
-        let (result, outcome) = policy.run(policy.traced(call)).await;
+        let run = policy.run(policy.traced(call));
+        match UntilLost::new(run, permit.lost()).await {
+            Ok((result, outcome)) => {
+                permit.set_outcome(outcome);
+                drop(permit);
+                result
+            }
+            // The outcome stays `Cancelled`.
+            Err(reason) => Err(BulkheadError::LeaseLost(reason)),
+        }
+    }
+
+    /// Runs `call` once a lease is granted, lets it finish even if the
+    /// lease is lost meanwhile (`call_timeout` still applies), then
+    /// releases the lease; says what the call returned, as
+    /// [`call`](Self::call) would, and whether the lease was lost before
+    /// the call ended.
+    ///
+    /// For work that must not stop half-way: the caller learns afterwards
+    /// that it may have overlapped with another holder (who holds a higher
+    /// [fence](RedisBulkheadPermit::fence)), and can undo or check it.
+    pub async fn call_to_end<F, T, E>(&self, call: F) -> Completed<Result<T, BulkheadError<E>>>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        let mut permit = match self.acquire_as(CallOutcome::Cancelled).await {
+            Ok(permit) => permit,
+            Err(rejected) => {
+                return Completed {
+                    output: Err(rejected.into()),
+                    lost: None,
+                };
+            }
+        };
+        let policy = &self.shared.policy;
+        let (output, outcome) = policy.run(policy.traced(call)).await;
+        let lost = permit.lost_reason();
         permit.set_outcome(outcome);
         drop(permit);
-        result
+        Completed { output, lost }
     }
 
     /// Waits for a lease under the bulkhead's policy.
@@ -340,6 +381,8 @@ fn reason_of(e: &LeaseError) -> RejectReason {
         | LeaseError::Denied(_)
         | LeaseError::Auth(_)
         | LeaseError::Script(_) => RejectReason::Unavailable,
+        // Not an acquire's error: only `call` reports it.
+        LeaseError::Lost(_) => RejectReason::Unavailable,
     }
 }
 
@@ -398,12 +441,13 @@ impl RedisBulkheadPermit {
         self.lease().fence()
     }
 
-    /// Whether the lease is known to be lost.
+    /// Whether the lease is lost (see [`LeasedPermit::is_lost`]: true from
+    /// its local deadline on, without waiting for any task).
     pub fn is_lost(&self) -> bool {
         self.lease().is_lost()
     }
 
-    /// Resolves when the lease is found lost.
+    /// Resolves when the lease is lost (see [`LeasedPermit::lost`]).
     pub fn lost(&self) -> Lost {
         self.lease().lost()
     }

@@ -39,6 +39,10 @@ pub enum LeaseError {
     /// type) or answered what this version does not expect. Returned at
     /// once, never retried.
     Script(redis::RedisError),
+    /// The lease was lost while [`RedisSemaphore::call`](super::RedisSemaphore::call)
+    /// ran its work, which was dropped unfinished. The reason is the
+    /// [`source`](std::error::Error::source).
+    Lost(LostReason),
 }
 
 impl fmt::Display for LeaseError {
@@ -52,6 +56,7 @@ impl fmt::Display for LeaseError {
             Self::Denied(_) => f.write_str("redis denied the semaphore's script call"),
             Self::Auth(_) => f.write_str("redis refused the credentials"),
             Self::Script(_) => f.write_str("the semaphore's script failed in redis"),
+            Self::Lost(_) => f.write_str("the lease was lost, the call was dropped"),
         }
     }
 }
@@ -60,6 +65,7 @@ impl std::error::Error for LeaseError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Unavailable(e) | Self::Denied(e) | Self::Auth(e) | Self::Script(e) => Some(e),
+            Self::Lost(reason) => Some(reason),
             Self::NoPermits { .. } | Self::Closed => None,
         }
     }
@@ -147,9 +153,16 @@ pub enum LostReason {
     /// A renewal found the lease expired or gone in Redis (the holder was
     /// paused, or its renewals were late, past the time to live).
     Expired,
-    /// Renewals failed (Redis unreachable) until the lease's time to live
-    /// ran out, as measured on this machine from the last renewal sent.
+    /// The lease's local deadline (its time to live less the drift margin,
+    /// from the last renewal sent) passed while a renewal had failed or was
+    /// still unanswered: Redis unreachable or too slow, or this process
+    /// paused while a renewal was in flight.
     Unreachable,
+    /// The lease's local deadline passed before this process sent a
+    /// renewal: it was paused (a stop-the-world pause, `SIGSTOP`), or the
+    /// runtime that runs the lease keeper was blocked. Redis may hold the
+    /// lease a little longer, but no one can count on it.
+    Stalled,
 }
 
 impl fmt::Display for LostReason {
@@ -157,9 +170,12 @@ impl fmt::Display for LostReason {
         f.write_str(match self {
             Self::Expired => "the lease expired in redis",
             Self::Unreachable => "redis was unreachable until the lease ran out",
+            Self::Stalled => "the lease ran out before this process renewed it",
         })
     }
 }
+
+impl std::error::Error for LostReason {}
 
 /// A [`RedisSemaphoreBuilder`](super::RedisSemaphoreBuilder) setting that
 /// cannot work.
@@ -176,7 +192,8 @@ pub enum ConfigError {
     /// milliseconds Redis can store.
     BadLeaseTtl,
     /// The renewal interval is zero or not shorter than the lease's time
-    /// to live.
+    /// to live less the drift margin (the lease would be counted as lost
+    /// before its first renewal).
     BadRenewInterval,
     /// The limit is over [`Semaphore::MAX_PERMITS`](crate::Semaphore::MAX_PERMITS).
     LimitTooLarge,
@@ -201,6 +218,8 @@ pub enum ConfigError {
     ChannelDenied(redis::RedisError),
     /// The probe script failed on the server for another reason.
     Script(redis::RedisError),
+    /// The drift margin is not shorter than the lease's time to live.
+    BadDriftMargin,
 }
 
 impl fmt::Display for ConfigError {
@@ -212,7 +231,9 @@ impl fmt::Display for ConfigError {
             }
             Self::BadLeaseTtl => f.write_str("the lease time to live must be at least 10 ms"),
             Self::BadRenewInterval => {
-                f.write_str("the renewal interval must be non-zero and shorter than the lease")
+                f.write_str(
+                "the renewal interval must be non-zero and shorter than the lease less the drift margin",
+            )
             }
             Self::LimitTooLarge => f.write_str("the limit exceeds Semaphore::MAX_PERMITS"),
             Self::NoTimer => f.write_str("no timer: enable the `tokio` or `smol` feature"),
@@ -230,6 +251,9 @@ impl fmt::Display for ConfigError {
                  grant it, or build with pubsub(false) to poll",
             ),
             Self::Script(_) => f.write_str("the semaphore's probe script failed in redis"),
+            Self::BadDriftMargin => {
+                f.write_str("the drift margin must be shorter than the lease time to live")
+            }
         }
     }
 }

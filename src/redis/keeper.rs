@@ -61,10 +61,6 @@ pub(super) fn start(inner: &Arc<Inner>, client: redis::Client, pubsub: bool) {
     }
 }
 
-/// How long past a lease's local deadline a renewal may still take before
-/// the lease is declared lost as unreachable.
-const LOSS_GRACE: Duration = Duration::from_millis(50);
-
 /// Renews every lease this process holds, every `every`, in one script
 /// call per round (in chunks, for very many leases).
 async fn renew_loop(
@@ -80,8 +76,9 @@ async fn renew_loop(
         }
         let Some(inner) = weak.upgrade() else { return };
         // Renew, then sleep `every` or until the earliest local deadline,
-        // whichever is first: a lease whose renewals keep failing is found
-        // lost at its deadline, not a round later.
+        // whichever is first: a lease whose renewals keep failing is
+        // forgotten at its deadline, not a round later. (It is lost at that
+        // instant whether this task runs or not: see `Lease`.)
         pause = match inner.renew_all().await {
             Some(earliest) => every.min(earliest.saturating_duration_since(Instant::now())),
             None => every,
@@ -94,13 +91,21 @@ impl Inner {
     /// One round of renewals; returns the earliest local deadline of the
     /// leases still held, if any.
     async fn renew_all(&self) -> Option<Instant> {
-        let leases: Vec<_> = self
-            .lock_leases()
-            .values()
-            .filter(|l| l.lost_reason().is_none())
-            .cloned()
-            .collect();
+        // A lease lost meanwhile (its deadline passed) is not renewed, and
+        // no longer kept here.
+        // (Checked outside the map's lock: finding a lease lost wakes its
+        // `lost()` futures.)
+        let held: Vec<_> = self.lock_leases().values().cloned().collect();
+        let (leases, lost): (Vec<_>, Vec<_>) =
+            held.into_iter().partition(|l| l.lost_reason().is_none());
+        for lease in &lost {
+            self.forget_lease(&lease.id);
+        }
         for chunk in leases.chunks(512) {
+            let chunk: Vec<_> = chunk.iter().filter(|l| l.sending()).cloned().collect();
+            if chunk.is_empty() {
+                continue;
+            }
             let sent = Instant::now();
             let mut call = self.scripts.renew.prepare_invoke();
             call.key(&self.keys.leases)
@@ -109,17 +114,14 @@ impl Inner {
                 .key(&self.keys.limit)
                 .key(&self.keys.channel)
                 .arg(self.ttl.as_millis() as u64);
-            for lease in chunk {
+            for lease in &chunk {
                 call.arg(&lease.id);
             }
-            // A renewal may not outlast the earliest lease it renews (plus
-            // a short grace): past that deadline the lease may be someone
-            // else's, and its holder must hear so at once, not after a
-            // response timeout. A lease already past its deadline (this
-            // process was paused) is still asked about, so that Redis says
-            // whether it expired.
+            // A renewal may not outlast the earliest lease it renews: past
+            // that deadline the lease is lost (its holder knew at once),
+            // and an answer read later would not bring it back.
             let earliest = chunk.iter().map(|l| l.deadline()).min().unwrap_or(sent);
-            let budget = earliest.saturating_duration_since(sent) + LOSS_GRACE;
+            let budget = earliest.saturating_duration_since(sent);
             let mut conn = self.conn.clone();
             let renewal = call.invoke_async(&mut conn);
             let answer: Option<redis::RedisResult<Vec<i64>>> =
@@ -128,19 +130,19 @@ impl Inner {
                 Some(Ok(ttls)) => {
                     for (lease, ttl) in chunk.iter().zip(ttls) {
                         if ttl > 0 {
-                            lease.renewed(sent, self.ttl);
+                            lease.renewed(sent, self.life);
                         } else {
                             self.lost(lease, LostReason::Expired);
                         }
                     }
                 }
                 Some(Err(_)) | None => {
-                    // Out of reach: a lease whose local deadline has passed
-                    // may have been granted to someone else by now.
-                    let now = Instant::now();
-                    for lease in chunk {
-                        if lease.deadline() <= now {
-                            self.lost(lease, LostReason::Unreachable);
+                    // Out of reach: each lease stays unanswered, and is
+                    // lost (`Unreachable`) when its deadline passes, unless
+                    // a later round gets through first.
+                    for lease in &chunk {
+                        if lease.lost_reason().is_some() {
+                            self.forget_lease(&lease.id);
                         }
                     }
                 }
@@ -150,9 +152,8 @@ impl Inner {
     }
 
     fn lost(&self, lease: &super::permit::Lease, reason: LostReason) {
-        if lease.mark_lost(reason) {
-            self.forget_lease(&lease.id);
-        }
+        lease.mark_lost(reason);
+        self.forget_lease(&lease.id);
     }
 }
 

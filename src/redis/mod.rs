@@ -17,6 +17,12 @@
 //! * Every grant carries a fencing token that increases per semaphore. A
 //!   holder that stalls past its lease loses it: the permit reports it, and
 //!   the guarded resource can refuse the old token.
+//! * A holder counts its lease lost from its local deadline (the last
+//!   renewal's send time, plus the time to live, less a
+//!   [drift margin](RedisSemaphoreBuilder::drift_margin)), before Redis can
+//!   grant the permit to anyone else, clock drift within the margin.
+//!   [`RedisSemaphore::call`] and [`RedisBulkhead::call`] drop the work at
+//!   that instant; `call_to_end` lets it finish and reports the loss.
 //! * This is a load-protection limit, not mutual exclusion: a Redis
 //!   failover or restart without persistence can forget leases and admit
 //!   more than `limit` for up to one time to live. Where correctness
@@ -48,6 +54,7 @@
 mod attempt;
 mod builder;
 mod bulkhead;
+mod call;
 mod error;
 mod id;
 mod keeper;
@@ -58,6 +65,7 @@ mod spawn;
 
 pub use builder::RedisSemaphoreBuilder;
 pub use bulkhead::{RedisBulkhead, RedisBulkheadBuilder, RedisBulkheadPermit};
+pub use call::Completed;
 pub use error::{ConfigError, LeaseError, LostReason, ReleaseError};
 pub use permit::{LeasedPermit, Lost};
 pub use semaphore::{Holder, RedisSemaphore};

@@ -11,9 +11,16 @@ use event_listener::{Event, EventListener};
 
 use super::error::{LostReason, ReleaseError};
 use super::semaphore::{Inner, ReleaseOutcome};
+use crate::timer::{Sleep, Timer};
 
 /// What this process knows of one lease. Shared by the permit and the
 /// lease keeper that renews it.
+///
+/// The lease is lost from the instant its local deadline passes, whether
+/// or not anyone is looking: [`lost_reason`](Self::lost_reason) compares
+/// the clock against the deadline itself, and a renewal answered after the
+/// deadline does not bring the lease back. So "lost" depends only on time
+/// and on the answers read before it, never on when a task got to run.
 pub(super) struct Lease {
     pub(super) id: String,
     pub(super) fence: u64,
@@ -24,22 +31,46 @@ pub(super) struct Lease {
 }
 
 struct LeaseState {
-    /// When the lease runs out at the latest, measured on this machine from
-    /// the moment the last successful grant or renewal was *sent* (so never
-    /// later than Redis's own deadline, clock drift aside).
+    /// When this process stops counting on the lease: the moment the last
+    /// successful grant or renewal was *sent*, plus the time to live, less
+    /// the drift margin. Redis set its own deadline when the call arrived
+    /// (later), so this is before Redis's by at least the margin, less the
+    /// millisecond Redis's clock rounds down.
     deadline: Instant,
     lost: Option<LostReason>,
+    /// A renewal was sent and not (successfully) answered since the last
+    /// success: a deadline that passes now is `Unreachable`, not `Stalled`.
+    unanswered: bool,
+}
+
+impl LeaseState {
+    /// The loss, marking it if the deadline has passed by `now`. Returns
+    /// whether this call marked it.
+    fn check(&mut self, now: Instant) -> bool {
+        if self.lost.is_none() && now >= self.deadline {
+            self.lost = Some(if self.unanswered {
+                LostReason::Unreachable
+            } else {
+                LostReason::Stalled
+            });
+            return true;
+        }
+        false
+    }
 }
 
 impl Lease {
-    pub(super) fn new(id: String, fence: u64, sent: Instant, ttl: Duration) -> Self {
+    /// A lease granted by a call sent at `sent`; `life` is the time to
+    /// live less the drift margin.
+    pub(super) fn new(id: String, fence: u64, sent: Instant, life: Duration) -> Self {
         Self {
             id,
             fence,
             granted: Instant::now(),
             state: Mutex::new(LeaseState {
-                deadline: sent + ttl,
+                deadline: sent + life,
                 lost: None,
+                unanswered: false,
             }),
             lost: Event::new(),
         }
@@ -49,37 +80,61 @@ impl Lease {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Runs `f` on the state once the deadline is checked, and wakes the
+    /// `lost()` futures if the lease was found lost in between.
+    fn update<T>(&self, f: impl FnOnce(&mut LeaseState) -> T) -> T {
+        let (out, marked) = {
+            let mut state = self.state();
+            let was_lost = state.lost.is_some();
+            state.check(Instant::now());
+            let out = f(&mut state);
+            (out, !was_lost && state.lost.is_some())
+        };
+        if marked {
+            self.lost.notify(usize::MAX);
+        }
+        out
+    }
+
     pub(super) fn deadline(&self) -> Instant {
         self.state().deadline
     }
 
+    /// How the lease was lost, if it was; past the deadline it is, at once.
     pub(super) fn lost_reason(&self) -> Option<LostReason> {
-        self.state().lost
+        self.update(|state| state.lost)
     }
 
-    /// A renewal sent at `sent` succeeded. A lost lease stays lost.
-    pub(super) fn renewed(&self, sent: Instant, ttl: Duration) {
-        let mut state = self.state();
-        if state.lost.is_none() {
-            state.deadline = state.deadline.max(sent + ttl);
-        }
+    /// A renewal is about to be sent. Returns `false` if the lease is lost
+    /// (then it is not to be renewed).
+    pub(super) fn sending(&self) -> bool {
+        self.update(|state| {
+            state.unanswered = true;
+            state.lost.is_none()
+        })
     }
 
-    /// Marks the lease lost (once) and wakes whoever waits for that.
-    /// Returns whether this call was the one that marked it.
-    pub(super) fn mark_lost(&self, reason: LostReason) -> bool {
-        let first = {
-            let mut state = self.state();
-            let first = state.lost.is_none();
-            if first {
+    /// A renewal sent at `sent` succeeded; `life` is the time to live less
+    /// the drift margin. A lost lease stays lost, and so does one whose
+    /// deadline passed before this answer was read.
+    pub(super) fn renewed(&self, sent: Instant, life: Duration) {
+        self.update(|state| {
+            if state.lost.is_none() {
+                state.deadline = state.deadline.max(sent + life);
+                state.unanswered = false;
+            }
+        });
+    }
+
+    /// Marks the lease lost (once: the first reason stays, and a deadline
+    /// that passed before this call comes first) and wakes whoever waits
+    /// for that.
+    pub(super) fn mark_lost(&self, reason: LostReason) {
+        self.update(|state| {
+            if state.lost.is_none() {
                 state.lost = Some(reason);
             }
-            first
-        };
-        if first {
-            self.lost.notify(usize::MAX);
-        }
-        first
+        });
     }
 }
 
@@ -118,7 +173,16 @@ impl LeasedPermit {
         &self.lease.id
     }
 
-    /// Whether the lease is known to be lost.
+    /// Whether the lease is lost: true from the instant its
+    /// [`deadline`](Self::deadline) passes without a renewal answered in
+    /// time (this reads the clock; it does not wait for the lease keeper),
+    /// or once a renewal found it expired. It never turns false again.
+    ///
+    /// Check it before acting on the guarded resource: while it is false,
+    /// no other client has been granted this permit, unless clocks drift
+    /// apart by more than the builder's
+    /// [`drift_margin`](super::RedisSemaphoreBuilder::drift_margin) over one
+    /// time to live (or Redis forgot the lease: see the fence).
     pub fn is_lost(&self) -> bool {
         self.lease.lost_reason().is_some()
     }
@@ -128,8 +192,11 @@ impl LeasedPermit {
         self.lease.lost_reason()
     }
 
-    /// When the lease runs out unless renewed, measured on this machine
-    /// from the last renewal sent (so no later than Redis's deadline).
+    /// When this process stops counting on the lease unless it is renewed
+    /// first: the last successful renewal's (or the grant's) *send* time,
+    /// plus the time to live, less the drift margin. Redis's own deadline
+    /// is later by at least the margin, less the millisecond its clock
+    /// rounds down.
     pub fn deadline(&self) -> Instant {
         self.lease.deadline()
     }
@@ -139,12 +206,17 @@ impl LeasedPermit {
         self.lease.granted.elapsed()
     }
 
-    /// Resolves when the lease is found lost: race the guarded work against
-    /// it to stop work that no longer holds a permit.
+    /// Resolves when the lease is lost: at its [`deadline`](Self::deadline)
+    /// (by the semaphore's timer, not the lease keeper), or when a renewal
+    /// finds it expired. Race the guarded work against it to stop work that
+    /// no longer holds a permit, or let
+    /// [`RedisSemaphore::call`](super::RedisSemaphore::call) do that.
     pub fn lost(&self) -> Lost {
         Lost {
             lease: self.lease.clone(),
+            timer: self.inner.timer.clone(),
             listener: None,
+            sleep: None,
         }
     }
 
@@ -220,28 +292,52 @@ impl fmt::Debug for LeasedPermit {
 /// The future of [`LeasedPermit::lost`]: resolves with how the lease was
 /// lost. It owns its state, so it can be raced against work that borrows
 /// the permit.
+///
+/// # Cancel safety
+///
+/// Dropping it changes nothing: it only watches the lease.
+#[must_use = "futures do nothing unless polled"]
 pub struct Lost {
     lease: Arc<Lease>,
+    timer: Arc<dyn Timer>,
+    /// Registered before the state is read again, so a mark in between is
+    /// not missed.
     listener: Option<EventListener>,
+    /// A sleep until the deadline it was armed for (re-armed when a
+    /// renewal moves the deadline).
+    sleep: Option<(Instant, Sleep)>,
 }
 
 impl Future for Lost {
     type Output = LostReason;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<LostReason> {
+        let this = &mut *self;
         loop {
-            if let Some(reason) = self.lease.lost_reason() {
+            if let Some(reason) = this.lease.lost_reason() {
                 return Poll::Ready(reason);
             }
-            match &mut self.listener {
-                None => self.listener = Some(self.lease.lost.listen()),
-                Some(listener) => {
-                    if Pin::new(listener).poll(cx).is_pending() {
-                        return Poll::Pending;
-                    }
-                    self.listener = None;
-                }
+            let Some(listener) = &mut this.listener else {
+                this.listener = Some(this.lease.lost.listen());
+                continue;
+            };
+            if Pin::new(listener).poll(cx).is_ready() {
+                this.listener = None;
+                continue;
             }
+            let deadline = this.lease.deadline();
+            let sleep = match &mut this.sleep {
+                Some((armed, sleep)) if *armed == deadline => sleep,
+                _ => {
+                    let d = deadline.saturating_duration_since(Instant::now());
+                    &mut this.sleep.insert((deadline, this.timer.sleep(d))).1
+                }
+            };
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // The deadline passed (or the timer woke early): look again.
+            this.sleep = None;
         }
     }
 }

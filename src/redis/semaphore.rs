@@ -37,6 +37,9 @@ pub(super) struct Inner {
     pub(super) conn: ConnectionManager,
     pub(super) scripts: Scripts,
     pub(super) ttl: Duration,
+    /// The time to live less the drift margin: how long after sending a
+    /// grant or renewal this process counts on the lease.
+    pub(super) life: Duration,
     pub(super) renew_every: Duration,
     pub(super) max_poll: Duration,
     pub(super) label: String,

@@ -1,0 +1,155 @@
+//! Work guarded by a lease: [`RedisSemaphore::call`], which drops the work
+//! when the lease is lost, and [`RedisSemaphore::call_to_end`], which lets
+//! it finish and says so ([`Completed`]). `RedisBulkhead` has the same two.
+
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+
+use pin_project_lite::pin_project;
+
+use super::error::{LeaseError, LostReason};
+use super::permit::Lost;
+use super::semaphore::RedisSemaphore;
+
+/// What a call that ran to its end returned, and whether its lease was
+/// lost before it ended: the result of
+/// [`RedisSemaphore::call_to_end`] and
+/// [`RedisBulkhead::call_to_end`](super::RedisBulkhead::call_to_end).
+///
+/// # Examples
+///
+/// ```no_run
+/// use bulkhead::redis::{Completed, RedisSemaphore};
+///
+/// # async fn demo(sem: RedisSemaphore) -> Result<(), Box<dyn std::error::Error>> {
+/// let Completed { output, lost, .. } = sem.call_to_end(async { 42 }).await;
+/// if let Some(reason) = lost {
+///     // Another client may have held the permit for part of the call.
+///     eprintln!("lease lost during the call: {reason}");
+/// }
+/// let answer = output?;
+/// # let _ = answer;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Completed<R> {
+    /// What the call returned (for a call that was not granted a lease,
+    /// the error saying so).
+    pub output: R,
+    /// How the lease was lost before the work ended, if it was: for part
+    /// of the call, another client may have held the permit. `None` also
+    /// when no lease was granted.
+    pub lost: Option<LostReason>,
+}
+
+impl<R> Completed<R> {
+    /// What the call returned, whether or not the lease was lost.
+    pub fn into_output(self) -> R {
+        self.output
+    }
+}
+
+pin_project! {
+    /// Polls the loss first, then the work: once the lease is lost, the
+    /// work is not polled again.
+    pub(super) struct UntilLost<F> {
+        #[pin]
+        work: F,
+        lost: Lost,
+    }
+}
+
+impl<F> UntilLost<F> {
+    pub(super) fn new(work: F, lost: Lost) -> Self {
+        Self { work, lost }
+    }
+}
+
+impl<F: Future> Future for UntilLost<F> {
+    type Output = Result<F::Output, LostReason>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(reason) = Pin::new(this.lost).poll(cx) {
+            return Poll::Ready(Err(reason));
+        }
+        this.work.poll(cx).map(Ok)
+    }
+}
+
+impl RedisSemaphore {
+    /// Waits for a permit as [`acquire`](Self::acquire) does, runs `work`
+    /// while it holds the lease, and drops the work unfinished the moment
+    /// the lease is lost. The permit is then released in the background.
+    ///
+    /// The loss is the lease's local deadline passing (see
+    /// [`LeasedPermit::is_lost`](super::LeasedPermit::is_lost)), found by
+    /// the timer, or a renewal finding the lease gone; it is checked before
+    /// each poll of the work, so the work is not polled once the lease is
+    /// known lost. Work that must not stop half-way: use
+    /// [`call_to_end`](Self::call_to_end).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use bulkhead::redis::{LeaseError, RedisSemaphore};
+    ///
+    /// # async fn demo(sem: RedisSemaphore) {
+    /// match sem.call(async { "report sent" }).await {
+    ///     Ok(done) => println!("{done}"),
+    ///     Err(LeaseError::Lost(reason)) => eprintln!("stopped: {reason}"),
+    ///     Err(e) => eprintln!("no permit: {e}"),
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::Lost`] if the lease was lost before the work ended
+    /// (the work was dropped); otherwise as for [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops the work and releases the lease (or the
+    /// pending grant) in the background.
+    pub async fn call<F: Future>(&self, work: F) -> Result<F::Output, LeaseError> {
+        let permit = self.acquire().await?;
+        UntilLost::new(work, permit.lost())
+            .await
+            .map_err(LeaseError::Lost)
+    }
+
+    /// Waits for a permit as [`acquire`](Self::acquire) does, runs `work`
+    /// to its end while it holds the lease, and says whether the lease was
+    /// lost before the work ended. The permit is then released in the
+    /// background.
+    ///
+    /// For work that must not stop half-way: the caller learns afterwards
+    /// that it may have overlapped with another holder (who holds a higher
+    /// [fence](super::LeasedPermit::fence)), and can undo or check it.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`call`](Self::call).
+    pub async fn call_to_end<F: Future>(
+        &self,
+        work: F,
+    ) -> Completed<Result<F::Output, LeaseError>> {
+        let permit = match self.acquire().await {
+            Ok(permit) => permit,
+            Err(e) => {
+                return Completed {
+                    output: Err(e),
+                    lost: None,
+                };
+            }
+        };
+        let output = work.await;
+        Completed {
+            output: Ok(output),
+            lost: permit.lost_reason(),
+        }
+    }
+}
