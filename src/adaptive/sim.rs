@@ -213,17 +213,18 @@ struct Job {
     work: f64,
 }
 
-/// xorshift64*: small, fast, and the same everywhere.
+/// xorshift64*: small, fast, and the same everywhere. Also the overload
+/// simulation's (`overload/sim.rs`).
 #[derive(Debug, Clone)]
-struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Self(seed.max(1))
     }
 
     /// Uniform in [0, 1).
-    fn next_f64(&mut self) -> f64 {
+    pub(crate) fn next_f64(&mut self) -> f64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;

@@ -31,6 +31,7 @@
 //! Latency is what the caller of an admitted call would have seen: from
 //! arrival to the end of the call, wasted calls included.
 
+use crate::adaptive::sim::Rng;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
@@ -262,43 +263,24 @@ impl Report {
     }
 }
 
-/// xorshift64*: small, fast, and the same everywhere.
-#[derive(Debug, Clone)]
-struct Rng(u64);
+/// Uniform in `lo..=hi` from `rng`, near enough.
+fn between(rng: &mut Rng, (lo, hi): (u64, u64)) -> u64 {
+    lo + ((hi - lo) as f64 * rng.next_f64()) as u64
+}
 
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(seed.max(1))
-    }
-
-    /// Uniform in [0, 1).
-    fn next_f64(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let x = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        (x >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in `lo..=hi`, near enough.
-    fn between(&mut self, (lo, hi): (u64, u64)) -> u64 {
-        lo + ((hi - lo) as f64 * self.next_f64()) as u64
-    }
-
-    /// An index drawn by `weights` (which add up to about 1).
-    fn pick(&mut self, weights: impl Iterator<Item = f64>) -> usize {
-        let u = self.next_f64();
-        let mut sum = 0.0;
-        let mut last = 0;
-        for (i, w) in weights.enumerate() {
-            sum += w;
-            last = i;
-            if u < sum {
-                return i;
-            }
+/// An index drawn from `rng` by `weights` (which add up to about 1).
+fn pick(rng: &mut Rng, weights: impl Iterator<Item = f64>) -> usize {
+    let u = rng.next_f64();
+    let mut sum = 0.0;
+    let mut last = 0;
+    for (i, w) in weights.enumerate() {
+        sum += w;
+        last = i;
+        if u < sum {
+            return i;
         }
-        last
     }
+    last
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -435,10 +417,10 @@ impl Sim<'_> {
                 Event::Arrival => {
                     // Every draw for every call, so that all strategies
                     // see the same calls.
-                    let service = rng.between(self.s.service);
-                    let patience = rng.between(self.s.patience);
-                    let class = rng.pick(self.s.classes.iter().map(|c| c.traffic));
-                    let tenant = rng.pick(self.s.tenants.iter().map(|t| t.traffic));
+                    let service = between(&mut rng, self.s.service);
+                    let patience = between(&mut rng, self.s.patience);
+                    let class = pick(&mut rng, self.s.classes.iter().map(|c| c.traffic));
+                    let tenant = pick(&mut rng, self.s.tenants.iter().map(|t| t.traffic));
                     if self.s.only_class.is_none_or(|only| only == class) {
                         self.arrive(service, patience, class, tenant);
                     }
