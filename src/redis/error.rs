@@ -201,6 +201,16 @@ pub enum ConfigError {
     ChannelDenied(redis::RedisError),
     /// The probe script failed on the server for another reason.
     Script(redis::RedisError),
+    /// Wake-ups on a Redis Cluster are sharded pub/sub pushes, which the
+    /// redis crate's cluster connection receives over RESP3 only: connect
+    /// with `?protocol=3` in the node URLs (or
+    /// `ClusterClientBuilder::use_protocol(ProtocolVersion::RESP3)`), or
+    /// build with [`pubsub(false)`](super::RedisSemaphoreBuilder::pubsub)
+    /// to have waiters poll instead.
+    NeedsResp3(redis::RedisError),
+    /// The server Sentinel named is not a primary: the `SentinelClient` was
+    /// built for replicas (`SentinelServerType::Replica`).
+    NotPrimary,
 }
 
 impl fmt::Display for ConfigError {
@@ -230,6 +240,11 @@ impl fmt::Display for ConfigError {
                  grant it, or build with pubsub(false) to poll",
             ),
             Self::Script(_) => f.write_str("the semaphore's probe script failed in redis"),
+            Self::NeedsResp3(_) => f.write_str(
+                "wake-ups on a redis cluster need RESP3 (`?protocol=3`): connect with it, \
+                 or build with pubsub(false) to poll",
+            ),
+            Self::NotPrimary => f.write_str("the server sentinel named is not a primary"),
         }
     }
 }
@@ -241,7 +256,8 @@ impl std::error::Error for ConfigError {
             | Self::Auth(e)
             | Self::Denied(e)
             | Self::ChannelDenied(e)
-            | Self::Script(e) => Some(e),
+            | Self::Script(e)
+            | Self::NeedsResp3(e) => Some(e),
             _ => None,
         }
     }

@@ -48,6 +48,7 @@
 mod attempt;
 mod builder;
 mod bulkhead;
+mod conn;
 mod error;
 mod id;
 mod keeper;
@@ -58,6 +59,7 @@ mod spawn;
 
 pub use builder::RedisSemaphoreBuilder;
 pub use bulkhead::{RedisBulkhead, RedisBulkheadBuilder, RedisBulkheadPermit};
+pub use conn::Backend;
 pub use error::{ConfigError, LeaseError, LostReason, ReleaseError};
 pub use permit::{LeasedPermit, Lost};
 pub use semaphore::{Holder, RedisSemaphore};
