@@ -178,14 +178,13 @@ impl fmt::Debug for Backend {
 
 /// What `build` needs to connect (the one-server backend reads only the
 /// response timeout).
-#[cfg_attr(
-    not(any(feature = "redis-cluster", feature = "redis-sentinel")),
-    allow(dead_code)
-)]
 pub(super) struct Settings {
     pub(super) response_timeout: Duration,
+    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
     pub(super) pubsub: bool,
+    #[cfg_attr(not(feature = "redis-sentinel"), allow(dead_code))]
     pub(super) timer: std::sync::Arc<dyn Timer>,
+    #[cfg_attr(not(feature = "redis-sentinel"), allow(dead_code))]
     pub(super) spawner: Spawner,
 }
 
@@ -540,20 +539,31 @@ mod cluster {
         settings: &Settings,
     ) -> Result<Connected, ConfigError> {
         let pushes = Arc::new(Pushes::default());
-        let mut config = ClusterConfig::new()
+        let config = ClusterConfig::new()
             .set_connection_timeout(settings.response_timeout)
             .set_response_timeout(settings.response_timeout);
-        if settings.pubsub {
+        let conn = if settings.pubsub {
             let sink = pushes.clone();
-            config = config.set_push_sender(move |info: PushInfo| {
+            let with_pushes = config.clone().set_push_sender(move |info: PushInfo| {
                 sink.push(info);
                 Ok::<(), core::convert::Infallible>(())
             });
-        }
-        let conn = client
-            .get_async_connection_with_config(config)
-            .await
-            .map_err(ConfigError::of)?;
+            match client.get_async_connection_with_config(with_pushes).await {
+                Ok(conn) => conn,
+                // The redis crate refuses a push sender on a RESP2
+                // connection, and reports it as a failed connection: if one
+                // without succeeds, RESP3 is what is missing.
+                Err(e) => match client.get_async_connection_with_config(config).await {
+                    Ok(_) => return Err(ConfigError::NeedsResp3(e)),
+                    Err(_) => return Err(ConfigError::of(e)),
+                },
+            }
+        } else {
+            client
+                .get_async_connection_with_config(config)
+                .await
+                .map_err(ConfigError::of)?
+        };
         Ok(Connected {
             conn: Conn::Cluster(conn.clone()),
             subscriber: Subscriber::Cluster { conn, pushes },
