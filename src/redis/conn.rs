@@ -618,7 +618,7 @@ mod sentinel {
     use core::pin::Pin;
     use core::task::{Context, Poll};
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+    use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
     use std::time::{Duration, Instant};
 
     use event_listener::{Event, EventListener};
@@ -632,8 +632,13 @@ mod sentinel {
     use crate::timer::Timer;
     use crate::timer::timeout::Timeout;
 
-    /// The shortest time between two questions to Sentinel.
+    /// The shortest time between two questions to Sentinel after failed
+    /// calls.
     pub(in crate::redis) const FIND_EVERY: Duration = Duration::from_millis(100);
+
+    /// How often the watcher of `+switch-master` checks that its semaphore
+    /// is still there, and how long it waits before it subscribes again.
+    const WATCH_TICK: Duration = Duration::from_secs(1);
 
     /// The primary as Sentinel last named it.
     pub(in crate::redis) struct Primary {
@@ -695,11 +700,74 @@ mod sentinel {
             timer: settings.timer.clone(),
             spawner: settings.spawner.clone(),
         });
+        settings.spawner.spawn(watch(Arc::downgrade(&primary)));
         Ok(Connected {
             conn: Conn::Sentinel(primary.clone()),
             subscriber: Subscriber::Sentinel(primary),
             publish: "PUBLISH",
         })
+    }
+
+    /// Listens to the Sentinels' `+switch-master` announcements and asks
+    /// for the primary at each, so that a failover is followed at once
+    /// (after a forced failover the old primary goes on accepting writes
+    /// until Sentinel turns it into a replica, so calls to it would not
+    /// fail). Stops within [`WATCH_TICK`] of the semaphore's end.
+    async fn watch(weak: Weak<Primary>) {
+        loop {
+            let Some(primary) = weak.upgrade() else {
+                return;
+            };
+            let timer = primary.timer.clone();
+            let within = timer.sleep(primary.timeout);
+            let subscribed = Timeout::new(primary.subscribe_switches(), within).await;
+            drop(primary);
+            if let Ok(Some(mut switches)) = subscribed {
+                loop {
+                    match Timeout::new(NextMsg(&mut switches), timer.sleep(WATCH_TICK)).await {
+                        Ok(Some(_switch)) => {
+                            let Some(primary) = weak.upgrade() else {
+                                return;
+                            };
+                            primary.switched().await;
+                        }
+                        Ok(None) => break,
+                        Err(_elapsed) => {
+                            if weak.strong_count() == 0 {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+            timer.sleep(WATCH_TICK).await;
+        }
+    }
+
+    /// The next message of a subscription.
+    struct NextMsg<'a>(&'a mut Pin<Box<redis::aio::PubSubStream>>);
+
+    impl Future for NextMsg<'_> {
+        type Output = Option<redis::Msg>;
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<redis::Msg>> {
+            futures_core::Stream::poll_next(self.0.as_mut(), cx)
+        }
+    }
+
+    /// The Sentinel client, lent out of its slot and put back when dropped
+    /// (also when the call that borrowed it is cut short).
+    struct Lent<'a> {
+        slot: &'a Mutex<Option<SentinelClient>>,
+        client: Option<SentinelClient>,
+    }
+
+    impl Drop for Lent<'_> {
+        fn drop(&mut self) {
+            if let Some(client) = self.client.take() {
+                *lock(self.slot) = Some(client);
+            }
+        }
     }
 
     fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -778,12 +846,53 @@ mod sentinel {
             });
         }
 
-        async fn find_now(&self) {
-            let Some(mut sentinel) = lock(&self.sentinel).take() else {
-                return;
+        /// The Sentinel client, unless another task has it.
+        fn lend(&self) -> Option<Lent<'_>> {
+            let client = lock(&self.sentinel).take()?;
+            Some(Lent {
+                slot: &self.sentinel,
+                client: Some(client),
+            })
+        }
+
+        /// A subscription to `+switch-master` on a Sentinel.
+        async fn subscribe_switches(&self) -> Option<Pin<Box<redis::aio::PubSubStream>>> {
+            let client = {
+                let mut lent = self.lend()?;
+                let sentinel = lent.client.as_mut()?;
+                sentinel.async_get_sentinel_client().await.ok()?
             };
-            let found = sentinel.async_get_client().await;
-            *lock(&self.sentinel) = Some(sentinel);
+            let mut pubsub = client.get_async_pubsub().await.ok()?;
+            pubsub.subscribe("+switch-master").await.ok()?;
+            Some(Box::pin(pubsub.into_on_message()))
+        }
+
+        /// Asks Sentinel for the primary after it announced a switch, once
+        /// no other task is asking (for at most a response timeout).
+        async fn switched(&self) {
+            let deadline = Instant::now() + self.timeout;
+            while self.finding.swap(true, Ordering::AcqRel) {
+                if Instant::now() >= deadline {
+                    return;
+                }
+                self.timer.sleep(Duration::from_millis(10)).await;
+            }
+            let within = self.timer.sleep(self.timeout);
+            let _ = Timeout::new(self.find_now(), within).await;
+            lock(&self.current).asked = Instant::now();
+            self.finding.store(false, Ordering::Release);
+        }
+
+        async fn find_now(&self) {
+            let found = {
+                let Some(mut lent) = self.lend() else {
+                    return;
+                };
+                let Some(sentinel) = lent.client.as_mut() else {
+                    return;
+                };
+                sentinel.async_get_client().await
+            };
             let Ok(client) = found else { return };
             let addr = client.get_connection_info().addr().to_string();
             if lock(&self.current)

@@ -611,6 +611,17 @@ impl SentinelSet {
         let primary = RedisServer::start_with(&[]);
         let port = primary.port().to_string();
         let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        // Linked before the Sentinel starts, so that its first look at the
+        // primary (`INFO`, then every 10 s) finds the replica.
+        let linked = eventually(FORM_TIMEOUT, || {
+            replica
+                .try_cmd::<String>(&["INFO", "replication"])
+                .is_ok_and(|i| i.contains("master_link_status:up"))
+        });
+        assert!(
+            linked,
+            "the replica did not link to its primary within {FORM_TIMEOUT:?}"
+        );
         let dir = temp_dir("sentinel");
         let conf = dir.join("sentinel.conf");
         fs::write(
