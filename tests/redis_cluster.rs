@@ -283,3 +283,13 @@ async fn a_lost_subscription_is_made_again() {
         .unwrap();
     assert!(released.elapsed() < Duration::from_millis(500));
 }
+
+/// A cluster backend, and the builder holding it, can move between threads.
+#[test]
+fn a_cluster_backend_is_send_and_sync() {
+    fn send_sync<T: Send + Sync>(_: &T) {}
+    let client = ClusterClient::new(["redis://127.0.0.1:1/?protocol=3"]).unwrap();
+    let backend = bulkhead::redis::Backend::from(client);
+    send_sync(&backend);
+    send_sync(&RedisSemaphore::builder(backend, "api"));
+}

@@ -192,3 +192,16 @@ async fn a_sentinel_client_for_replicas_is_refused() {
         .await;
     assert!(matches!(built, Err(ConfigError::NotPrimary)), "{built:?}");
 }
+
+/// A backend of any kind, and the builder holding it, can move between
+/// threads (a builder is often made on one task and built on another).
+#[test]
+fn backends_and_builders_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>(_: &T) {}
+    let backend = Backend::sentinel(vec!["redis://127.0.0.1:1/"], SERVICE, None).unwrap();
+    send_sync(&backend);
+    send_sync(&RedisSemaphore::builder(backend, "api"));
+    send_sync(&Backend::from(
+        redis::Client::open("redis://127.0.0.1:1/").unwrap(),
+    ));
+}

@@ -5,7 +5,9 @@
 //! partner API that allows 5 connections in total, a job that must not
 //! overlap across servers. [`RedisBulkhead`] puts the bulkhead's policy
 //! (waiting with a time limit, failing fast, a bounded line, call timeouts,
-//! metrics and observers) over it.
+//! metrics and observers) over it. Both run on one Redis server, a Redis
+//! Cluster (feature `redis-cluster`) or the primary that Redis Sentinel
+//! names (feature `redis-sentinel`): see [`Backend`].
 //!
 //! # Guarantees
 //!
