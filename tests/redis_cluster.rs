@@ -293,3 +293,80 @@ fn a_cluster_backend_is_send_and_sync() {
     send_sync(&backend);
     send_sync(&RedisSemaphore::builder(backend, "api"));
 }
+
+/// Moves the slot of `name` from its owner to another primary, keys and
+/// all, as a resharding does (`MIGRATING`/`IMPORTING`, `MIGRATE`, then
+/// `SETSLOT … NODE` on every node). Returns the new owner's port.
+fn move_slot(cluster: &RedisCluster, name: &str) -> u16 {
+    let key = leases_key(name);
+    let slot = cluster.slot(&key).to_string();
+    let src = cluster.owner(&key);
+    let dst = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() != src.port())
+        .unwrap();
+    let src_id: String = src.cmd(&["CLUSTER", "MYID"]);
+    let dst_id: String = dst.cmd(&["CLUSTER", "MYID"]);
+    let _: String = dst.cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]);
+    let _: String = src.cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]);
+    let keys: Vec<String> = src.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot, "100"]);
+    if !keys.is_empty() {
+        let port = dst.port().to_string();
+        let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        args.extend(keys.iter().map(String::as_str));
+        let _: String = src.cmd(&args);
+    }
+    for node in cluster.nodes() {
+        let _: String = node.cmd(&["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]);
+    }
+    dst.port()
+}
+
+/// A resharding moves a name's slot to another primary: script calls
+/// follow `MOVED`, the leases moved with the keys, and the subscription
+/// follows the slot (the old node drops it with `sunsubscribe`, the
+/// semaphore subscribes again and is routed to the new owner), so a release
+/// still wakes a waiter through pub/sub.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_slot_is_followed_by_scripts_and_the_subscription() {
+    let Some(cluster) = RedisCluster::start_or_skip(3) else {
+        return;
+    };
+    let name = NAMES[2];
+    let holder = semaphore(&cluster, name, 2).await;
+    let waiter = semaphore(&cluster, name, 2).await;
+    let kept = holder.acquire().await.unwrap();
+    let new = move_slot(&cluster, name);
+    assert_eq!(cluster.owner(&leases_key(name)).port(), new);
+    // The lease moved with the keys; the second permit is granted there.
+    // (Only the holder calls: the waiter's connection has not heard of the
+    // move from a `MOVED` when its subscription is checked below.)
+    let held = holder.acquire().await.unwrap();
+    assert!(held.fence() > kept.fence());
+    assert!(matches!(
+        holder.try_acquire().await,
+        Err(LeaseError::NoPermits { limit: 2, .. })
+    ));
+    let channel = format!("bulkhead:{{{name}}}:wake");
+    let owner = cluster.owner(&channel);
+    let subscribed = tokio::task::block_in_place(|| {
+        redis_server::eventually(Duration::from_secs(5), || {
+            let n: Vec<redis::Value> = owner.cmd(&["PUBSUB", "SHARDNUMSUB", &channel]);
+            n.get(1) == Some(&redis::Value::Int(2))
+        })
+    });
+    assert!(subscribed, "both clients subscribe on the slot's new node");
+    let task = tokio::spawn(async move { waiter.acquire().await.map(|p| p.fence()) });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!task.is_finished());
+    let released = Instant::now();
+    held.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("woken through pub/sub, long before max_poll")
+        .unwrap()
+        .unwrap();
+    assert!(released.elapsed() < Duration::from_millis(500));
+    kept.release().await.unwrap();
+}
