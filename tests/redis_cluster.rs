@@ -370,3 +370,40 @@ async fn a_moved_slot_is_followed_by_scripts_and_the_subscription() {
     assert!(released.elapsed() < Duration::from_millis(500));
     kept.release().await.unwrap();
 }
+
+/// Outside any tokio runtime the cluster backend runs on smol: the
+/// cluster connection, renewals and sharded pub/sub wake-ups.
+#[cfg(feature = "smol")]
+#[test]
+fn works_on_smol_outside_tokio() {
+    let Some(cluster) = RedisCluster::start_or_skip(3) else {
+        return;
+    };
+    let urls = cluster.urls("?protocol=3");
+    let worker = std::thread::spawn(move || {
+        smol::block_on(async move {
+            assert!(tokio::runtime::Handle::try_current().is_err());
+            let make = || {
+                RedisSemaphore::builder(ClusterClient::new(urls.clone()).unwrap(), "smol")
+                    .limit(1)
+                    .lease_ttl(Duration::from_millis(600))
+                    .max_poll(Duration::from_secs(30))
+                    .build()
+            };
+            let sem = make().await.unwrap();
+            let other = make().await.unwrap();
+            let permit = sem.acquire().await.unwrap();
+            // Past the TTL: renewed by the keeper on smol.
+            smol::Timer::after(Duration::from_millis(900)).await;
+            assert!(!permit.is_lost(), "{:?}", permit.lost_reason());
+            let waiter = smol::spawn(async move { other.acquire().await });
+            smol::Timer::after(Duration::from_millis(100)).await;
+            let released = Instant::now();
+            permit.release().await.unwrap();
+            let granted = waiter.await.unwrap();
+            assert!(released.elapsed() < Duration::from_millis(500));
+            granted.release().await.unwrap();
+        });
+    });
+    worker.join().unwrap();
+}

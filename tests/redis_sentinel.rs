@@ -205,3 +205,49 @@ fn backends_and_builders_are_send_and_sync() {
         redis::Client::open("redis://127.0.0.1:1/").unwrap(),
     ));
 }
+
+/// Outside any tokio runtime the Sentinel backend runs on smol, failover
+/// included (its questions to Sentinel and its watcher are smol tasks).
+#[cfg(feature = "smol")]
+#[test]
+fn works_on_smol_outside_tokio() {
+    let Some(set) = SentinelSet::start_or_skip() else {
+        return;
+    };
+    let set = std::sync::Arc::new(set);
+    let worker = std::thread::spawn({
+        let set = set.clone();
+        move || {
+            smol::block_on(async move {
+                assert!(tokio::runtime::Handle::try_current().is_err());
+                let sem = RedisSemaphore::builder(backend(&set), "smol")
+                    .max_poll(Duration::from_secs(30))
+                    .build()
+                    .await
+                    .unwrap();
+                sem.acquire().await.unwrap().release().await.unwrap();
+                let old = set.primary_port();
+                let ok: String = set.sentinel().cmd(&["SENTINEL", "FAILOVER", SERVICE]);
+                assert_eq!(ok, "OK");
+                let new = set
+                    .wait_new_primary(old, Duration::from_secs(15))
+                    .expect("sentinel promotes the replica");
+                let start = Instant::now();
+                loop {
+                    let permit = sem.acquire().await.unwrap();
+                    let on_new = leases_on(&set, new, "smol") == 1;
+                    permit.release().await.unwrap();
+                    if on_new {
+                        break;
+                    }
+                    assert!(
+                        start.elapsed() < Duration::from_secs(5),
+                        "still on the old primary"
+                    );
+                    smol::Timer::after(Duration::from_millis(10)).await;
+                }
+            });
+        }
+    });
+    worker.join().unwrap();
+}
