@@ -81,7 +81,7 @@
 //!   call of `Bulkhead::call` runs inside a `bulkhead_call` span that names
 //!   the bulkhead, so the call's own events say who admitted them.
 //!
-//! One feature shares permits between processes:
+//! Three features share permits between processes:
 //!
 //! - `redis`: `bulkhead::redis`, a semaphore whose permits are leases in
 //!   Redis (renewed while held, with fencing tokens) and a bulkhead over it.
@@ -92,6 +92,11 @@
 //!   releases need 1.88, but Cargo's MSRV-aware resolver (the default in
 //!   edition 2024 workspaces) picks one that fits an older toolchain (the
 //!   lockfile's `redis` 1.2 needs 1.85).
+//! - `redis-cluster` (implies `redis`): the same semaphore on a Redis
+//!   Cluster, through the `redis` crate's own cluster client
+//!   (`redis::cluster::ClusterClient`; wake-ups need Redis 7 and RESP3).
+//! - `redis-sentinel` (implies `redis`): the same semaphore on the primary
+//!   that Redis Sentinel names, followed across failovers.
 //!
 //! And one puts a bulkhead in a tower stack:
 //!

@@ -6,8 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-
+use super::conn::{Backend, Conn, Settings};
 use super::error::ConfigError;
 use super::id::IdSource;
 use super::keeper;
@@ -16,13 +15,12 @@ use super::semaphore::{Inner, Keys, RedisSemaphore};
 use super::spawn::Spawner;
 use crate::semaphore::Semaphore;
 use crate::timer::Timer;
-use crate::timer::timeout::Timeout;
 
 /// Configures a [`RedisSemaphore`].
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is awaited"]
 pub struct RedisSemaphoreBuilder {
-    client: redis::Client,
+    backend: Backend,
     name: String,
     limit: usize,
     lease_ttl: Duration,
@@ -40,9 +38,9 @@ pub struct RedisSemaphoreBuilder {
 
 impl RedisSemaphoreBuilder {
     /// The defaults, for [`RedisSemaphore::builder`].
-    pub(super) fn new(client: redis::Client, name: String) -> Self {
+    pub(super) fn new(backend: Backend, name: String) -> Self {
         Self {
-            client,
+            backend,
             name,
             limit: 1,
             lease_ttl: Duration::from_secs(30),
@@ -194,7 +192,8 @@ impl RedisSemaphoreBuilder {
     /// scripts are (`EVALSHA`, then `SCRIPT LOAD` and `EVALSHA` again) with
     /// all the semaphore's keys, and, unless [`pubsub(false)`](Self::pubsub),
     /// on a connection of their own, a `PUBLISH` of a wake-up for no one
-    /// (`free 0`) and a `SUBSCRIBE`. Nothing is written.
+    /// (`free 0`) and a `SUBSCRIBE` (on a Redis Cluster: `SPUBLISH` and
+    /// `SSUBSCRIBE`, on the cluster connection). Nothing is written.
     ///
     /// # Errors
     ///
@@ -202,8 +201,11 @@ impl RedisSemaphoreBuilder {
     /// connection ([`Connect`](ConfigError::Connect)), credentials Redis
     /// refuses ([`Auth`](ConfigError::Auth)), a user who may not run the
     /// scripts on the keys ([`Denied`](ConfigError::Denied)) or use the
-    /// channel ([`ChannelDenied`](ConfigError::ChannelDenied)). None of
-    /// them is retried.
+    /// channel ([`ChannelDenied`](ConfigError::ChannelDenied)), a cluster
+    /// client without RESP3 while pub/sub is on
+    /// ([`NeedsResp3`](ConfigError::NeedsResp3)), a Sentinel client for
+    /// replicas ([`NotPrimary`](ConfigError::NotPrimary)). None of them is
+    /// retried.
     pub async fn build(self) -> Result<RedisSemaphore, ConfigError> {
         // Both are checked alike: the keys are `{prefix}:{{name}}:...`, and
         // the name in braces must be the first hash tag, so that one
@@ -240,16 +242,14 @@ impl RedisSemaphoreBuilder {
             None => crate::timer::default_timer().ok_or(ConfigError::NoTimer)?,
         };
         let spawner = Spawner::current().ok_or(ConfigError::NoRuntime)?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.response_timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(1));
-        let conn = self
-            .client
-            .get_connection_manager_with_config(config)
-            .await
-            .map_err(ConfigError::of)?;
+        let settings = Settings {
+            response_timeout: self.response_timeout,
+            pubsub: self.pubsub,
+            timer: timer.clone(),
+            spawner: spawner.clone(),
+        };
+        let connected = self.backend.connect(&settings).await?;
+        let conn = connected.conn;
         let base = format!("{}:{{{}}}", self.key_prefix, self.name);
         let keys = Keys {
             leases: format!("{base}:leases"),
@@ -258,14 +258,13 @@ impl RedisSemaphoreBuilder {
             limit: format!("{base}:limit"),
             channel: format!("{base}:wake"),
         };
-        let scripts = Scripts::new();
+        let scripts = Scripts::new(connected.publish);
         check_scripts(&conn, &scripts, &keys).await?;
         if self.pubsub {
-            let within = timer.sleep(self.response_timeout);
-            let check = check_channel(&self.client, &keys.channel);
-            Timeout::new(check, within)
-                .await
-                .unwrap_or_else(|_elapsed| Err(ConfigError::Connect(no_answer())))?;
+            connected
+                .subscriber
+                .check(&keys.channel, &*timer, self.response_timeout)
+                .await?;
         }
         let label = self.label.unwrap_or_else(default_label);
         let signals = Arc::new(keeper::Signals::default());
@@ -290,18 +289,14 @@ impl RedisSemaphoreBuilder {
             limit_seen: AtomicUsize::new(self.limit),
             ids: IdSource::new(),
         });
-        keeper::start(&inner, self.client, self.pubsub);
+        keeper::start(&inner, connected.subscriber, self.pubsub);
         Ok(RedisSemaphore { inner })
     }
 }
 
 /// Runs the probe script: the user may run `EVALSHA` and `SCRIPT LOAD`,
 /// and read and write the semaphore's keys.
-async fn check_scripts(
-    conn: &ConnectionManager,
-    scripts: &Scripts,
-    keys: &Keys,
-) -> Result<(), ConfigError> {
+async fn check_scripts(conn: &Conn, scripts: &Scripts, keys: &Keys) -> Result<(), ConfigError> {
     let _one: i64 = scripts
         .probe
         .key(&keys.leases)
@@ -313,44 +308,6 @@ async fn check_scripts(
         .await
         .map_err(ConfigError::of)?;
     Ok(())
-}
-
-/// Checks that the user may publish on the channel (a wake-up for no one:
-/// `free 0`) and subscribe to it, on a connection of its own that is
-/// closed afterwards: `redis::aio::PubSub::subscribe` does not report a
-/// refused `SUBSCRIBE`, and the shared connection must not be left
-/// subscribed.
-async fn check_channel(client: &redis::Client, channel: &str) -> Result<(), ConfigError> {
-    let on_channel = |e: redis::RedisError| match ConfigError::of(e) {
-        ConfigError::Denied(e) => ConfigError::ChannelDenied(e),
-        other => other,
-    };
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(on_channel)?;
-    let _receivers: i64 = redis::cmd("PUBLISH")
-        .arg(channel)
-        .arg("free 0")
-        .query_async(&mut conn)
-        .await
-        .map_err(on_channel)?;
-    let _subscribed: redis::Value = redis::cmd("SUBSCRIBE")
-        .arg(channel)
-        .query_async(&mut conn)
-        .await
-        .map_err(on_channel)?;
-    Ok(())
-}
-
-/// The error of a check that Redis did not answer within the response
-/// timeout.
-fn no_answer() -> redis::RedisError {
-    std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        "no answer from redis within the response timeout",
-    )
-    .into()
 }
 
 /// The label of a lease when none is set: host name and process id.

@@ -220,6 +220,16 @@ pub enum ConfigError {
     Script(redis::RedisError),
     /// The drift margin is not shorter than the lease's time to live.
     BadDriftMargin,
+    /// Wake-ups on a Redis Cluster are sharded pub/sub pushes, which the
+    /// redis crate's cluster connection receives over RESP3 only: connect
+    /// with `?protocol=3` in the node URLs (or
+    /// `ClusterClientBuilder::use_protocol(ProtocolVersion::RESP3)`), or
+    /// build with [`pubsub(false)`](super::RedisSemaphoreBuilder::pubsub)
+    /// to have waiters poll instead.
+    NeedsResp3(redis::RedisError),
+    /// The server Sentinel named is not a primary: the `SentinelClient` was
+    /// built for replicas (`SentinelServerType::Replica`).
+    NotPrimary,
 }
 
 impl fmt::Display for ConfigError {
@@ -254,6 +264,11 @@ impl fmt::Display for ConfigError {
             Self::BadDriftMargin => {
                 f.write_str("the drift margin must be shorter than the lease time to live")
             }
+            Self::NeedsResp3(_) => f.write_str(
+                "wake-ups on a redis cluster need RESP3 (`?protocol=3`): connect with it, \
+                 or build with pubsub(false) to poll",
+            ),
+            Self::NotPrimary => f.write_str("the server sentinel named is not a primary"),
         }
     }
 }
@@ -265,7 +280,8 @@ impl std::error::Error for ConfigError {
             | Self::Auth(e)
             | Self::Denied(e)
             | Self::ChannelDenied(e)
-            | Self::Script(e) => Some(e),
+            | Self::Script(e)
+            | Self::NeedsResp3(e) => Some(e),
             _ => None,
         }
     }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use event_listener::{Event, IntoNotification};
 use futures_core::Stream;
 
+use super::conn::Subscriber;
 use super::error::LostReason;
 use super::semaphore::Inner;
 use crate::timer::Timer;
@@ -43,7 +44,7 @@ impl Drop for Inner {
 
 /// Starts the renewer, and the subscriber unless `pubsub` is off (then
 /// waiters poll).
-pub(super) fn start(inner: &Arc<Inner>, client: redis::Client, pubsub: bool) {
+pub(super) fn start(inner: &Arc<Inner>, subscriber: Subscriber, pubsub: bool) {
     let weak = Arc::downgrade(inner);
     inner.spawner.spawn(renew_loop(
         weak,
@@ -53,7 +54,7 @@ pub(super) fn start(inner: &Arc<Inner>, client: redis::Client, pubsub: bool) {
     ));
     if pubsub {
         inner.spawner.spawn(pubsub_loop(
-            client,
+            subscriber,
             inner.keys.channel.clone(),
             inner.signals.clone(),
             inner.timer.clone(),
@@ -163,17 +164,16 @@ impl Inner {
 /// may have been missed. Waiters never depend on this: they also retry at
 /// the earliest lease deadline and at least every `max_poll`.
 async fn pubsub_loop(
-    client: redis::Client,
+    subscriber: Subscriber,
     channel: String,
     signals: Arc<Signals>,
     timer: Arc<dyn Timer>,
 ) {
     let mut backoff = Duration::from_millis(50);
     while !signals.is_stopped() {
-        if let Some(pubsub) = subscribe(&client, &channel).await {
+        if let Some(mut messages) = subscriber.subscribe(&channel).await {
             backoff = Duration::from_millis(50);
             signals.wake.notify(usize::MAX);
-            let mut messages = pubsub.into_on_message();
             loop {
                 match (NextOrStop {
                     stream: &mut messages,
@@ -182,12 +182,7 @@ async fn pubsub_loop(
                 })
                 .await
                 {
-                    Next::Message(msg) => {
-                        let payload: String = msg.get_payload().unwrap_or_default();
-                        let n = payload
-                            .strip_prefix("free ")
-                            .and_then(|n| n.parse::<usize>().ok())
-                            .unwrap_or(usize::MAX);
+                    Next::Message(n) => {
                         signals.wake.notify(n.additional());
                     }
                     Next::Ended => break,
@@ -201,15 +196,6 @@ async fn pubsub_loop(
         }
         backoff = (backoff * 2).min(Duration::from_secs(1));
     }
-}
-
-/// A pub/sub connection subscribed to `channel`, or `None` if connecting or
-/// subscribing failed. (Not a let-chain in `pubsub_loop`: those need Rust
-/// 1.88, and the crate supports 1.86.)
-async fn subscribe(client: &redis::Client, channel: &str) -> Option<redis::aio::PubSub> {
-    let mut pubsub = client.get_async_pubsub().await.ok()?;
-    pubsub.subscribe(channel).await.ok()?;
-    Some(pubsub)
 }
 
 /// Sleeps for `d`; returns `false` early if the semaphore is dropped.
@@ -226,7 +212,8 @@ async fn sleep_unless_stopped(timer: &dyn Timer, d: Duration, signals: &Signals)
 }
 
 enum Next {
-    Message(redis::Msg),
+    /// A wake-up for this many waiters.
+    Message(usize),
     Ended,
     Stopped,
 }
@@ -239,7 +226,7 @@ struct NextOrStop<'a, S> {
     listener: Option<event_listener::EventListener>,
 }
 
-impl<S: Stream<Item = redis::Msg> + Unpin> Future for NextOrStop<'_, S> {
+impl<S: Stream<Item = usize> + Unpin> Future for NextOrStop<'_, S> {
     type Output = Next;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Next> {

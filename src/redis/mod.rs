@@ -5,7 +5,9 @@
 //! partner API that allows 5 connections in total, a job that must not
 //! overlap across servers. [`RedisBulkhead`] puts the bulkhead's policy
 //! (waiting with a time limit, failing fast, a bounded line, call timeouts,
-//! metrics and observers) over it.
+//! metrics and observers) over it. Both run on one Redis server, a Redis
+//! Cluster (feature `redis-cluster`) or the primary that Redis Sentinel
+//! names (feature `redis-sentinel`): see [`Backend`].
 //!
 //! # Guarantees
 //!
@@ -55,6 +57,7 @@ mod attempt;
 mod builder;
 mod bulkhead;
 mod call;
+mod conn;
 mod error;
 mod id;
 mod keeper;
@@ -66,6 +69,7 @@ mod spawn;
 pub use builder::RedisSemaphoreBuilder;
 pub use bulkhead::{RedisBulkhead, RedisBulkheadBuilder, RedisBulkheadPermit};
 pub use call::Completed;
+pub use conn::Backend;
 pub use error::{ConfigError, LeaseError, LostReason, ReleaseError};
 pub use permit::{LeasedPermit, Lost};
 pub use semaphore::{Holder, RedisSemaphore};

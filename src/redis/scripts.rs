@@ -10,6 +10,11 @@
 //! * `KEYS[4]` `…:limit`: the limit every client obeys.
 //! * `KEYS[5]` `…:wake`: the pub/sub channel (only published to).
 //!
+//! The wake-ups are published with `PUBLISH`, or with `SPUBLISH` on a
+//! Redis Cluster (sharded pub/sub: the message stays on the shard that owns
+//! the channel's slot, the semaphore's, instead of crossing the whole
+//! cluster bus); each script starts with `local PUBLISH = '…'` naming which.
+//!
 //! Every `PUBLISH` is a `redis.pcall`: a wake-up is a hint, and a user who
 //! may not publish on the channel (`pubsub(false)`) must not fail the
 //! script half-way, after its writes (Redis does not roll them back).
@@ -28,7 +33,7 @@ local function purge()
     for _, id in ipairs(expired) do
       redis.call('HDEL', KEYS[2], id)
     end
-    redis.pcall('PUBLISH', KEYS[5], 'free ' .. #expired)
+    redis.pcall(PUBLISH, KEYS[5], 'free ' .. #expired)
   end
 end
 local function limit_of(default)
@@ -106,7 +111,7 @@ if not deadline then
   return nil
 end
 if deadline > now then
-  redis.pcall('PUBLISH', KEYS[5], 'free 1')
+  redis.pcall(PUBLISH, KEYS[5], 'free 1')
 end
 return deadline - now
 ";
@@ -133,7 +138,7 @@ const SET_LIMIT: &str = r"
 local old = tonumber(redis.call('GET', KEYS[4])) or 0
 redis.call('SET', KEYS[4], ARGV[1])
 if tonumber(ARGV[1]) > old then
-  redis.pcall('PUBLISH', KEYS[5], 'free ' .. (tonumber(ARGV[1]) - old))
+  redis.pcall(PUBLISH, KEYS[5], 'free ' .. (tonumber(ARGV[1]) - old))
 end
 purge()
 return old
@@ -162,8 +167,11 @@ pub(super) struct Scripts {
 }
 
 impl Scripts {
-    pub(super) fn new() -> Self {
-        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+    /// The scripts publishing wake-ups with `publish` (`PUBLISH` or
+    /// `SPUBLISH`).
+    pub(super) fn new(publish: &str) -> Self {
+        let with_prelude =
+            |body: &str| Script::new(&format!("local PUBLISH = '{publish}'\n{PRELUDE}{body}"));
         Self {
             acquire: with_prelude(ACQUIRE),
             renew: with_prelude(RENEW),

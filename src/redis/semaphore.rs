@@ -7,10 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-
 use super::attempt::Attempt;
 use super::builder::RedisSemaphoreBuilder;
+use super::conn::{Backend, Conn};
 use super::error::LeaseError;
 use super::id::IdSource;
 use super::keeper::Signals;
@@ -34,7 +33,7 @@ pub struct RedisSemaphore {
 pub(super) struct Inner {
     pub(super) name: Arc<str>,
     pub(super) keys: Keys,
-    pub(super) conn: ConnectionManager,
+    pub(super) conn: Conn,
     pub(super) scripts: Scripts,
     pub(super) ttl: Duration,
     /// The time to live less the drift margin: how long after sending a
@@ -93,11 +92,13 @@ pub struct Holder {
 }
 
 impl RedisSemaphore {
-    /// Starts configuring the semaphore `name` on the Redis server that
-    /// `client` points to. Every process that uses the same name (and key
-    /// prefix) shares its permits.
-    pub fn builder(client: redis::Client, name: impl Into<String>) -> RedisSemaphoreBuilder {
-        RedisSemaphoreBuilder::new(client, name.into())
+    /// Starts configuring the semaphore `name` on `backend`: a
+    /// `redis::Client` for one server, a `redis::cluster::ClusterClient`
+    /// (feature `redis-cluster`), or [`Backend::sentinel`] (feature
+    /// `redis-sentinel`). Every process that uses the same name (and key
+    /// prefix) on the same deployment shares its permits.
+    pub fn builder(backend: impl Into<Backend>, name: impl Into<String>) -> RedisSemaphoreBuilder {
+        RedisSemaphoreBuilder::new(backend.into(), name.into())
     }
 
     /// The semaphore's name.

@@ -8,6 +8,8 @@
 //!   stderr, unless [`REQUIRE_REDIS_ENV`] is set (CI sets it);
 //! - process helpers for multi-process tests: [`signal`], [`spawn_child`],
 //!   [`ChildTest`], [`ChildLines`] and [`read_line_timeout`];
+//! - [`RedisCluster`]: a Redis Cluster of primaries made of such servers,
+//!   and [`SentinelSet`]: a primary, a replica and a Sentinel watching them;
 //! - [`ConcurrencyProbe`] and [`ProbeClient`]: an independent count of
 //!   concurrent holders (threads or processes) that uses neither the library
 //!   nor Redis.
@@ -76,6 +78,8 @@ pub struct RedisServer {
     dir: PathBuf,
     log: PathBuf,
     extra_args: Vec<String>,
+    /// For a Sentinel: its configuration file (Sentinel rewrites it).
+    sentinel_conf: Option<PathBuf>,
     child: Mutex<Option<Child>>,
 }
 
@@ -103,13 +107,18 @@ impl RedisServer {
     /// [`start_with_or_skip`](Self::start_with_or_skip) once a server is
     /// known to run here.
     fn start_with(extra_args: &[&str]) -> RedisServer {
-        let dir = temp_dir("redis");
+        RedisServer::start_in(temp_dir("redis"), extra_args, None)
+    }
+
+    /// A server (or, with `sentinel_conf`, a Sentinel) in `dir`.
+    fn start_in(dir: PathBuf, extra_args: &[&str], sentinel_conf: Option<PathBuf>) -> RedisServer {
         let log = dir.join("redis.log");
         let mut server = RedisServer {
             port: 0,
             dir,
             log,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            sentinel_conf,
             child: Mutex::new(None),
         };
         let mut last_error = String::new();
@@ -305,14 +314,21 @@ impl RedisServer {
             .try_clone()
             .map_err(|e| Launch::Failed(format!("could not clone redis.out: {e}")))?;
         let mut command = Command::new(&bin);
+        if let Some(conf) = &self.sentinel_conf {
+            command.arg(conf).arg("--sentinel");
+        }
         command
             .arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1"])
-            .args(["--save", ""])
-            .args(["--appendonly", "no"])
-            .args(["--daemonize", "no"])
-            .args(["--enable-debug-command", "yes"])
+            .args(["--daemonize", "no"]);
+        if self.sentinel_conf.is_none() {
+            command
+                .args(["--save", ""])
+                .args(["--appendonly", "no"])
+                .args(["--enable-debug-command", "yes"]);
+        }
+        command
             .arg("--dir")
             .arg(&self.dir)
             .arg("--logfile")
@@ -429,6 +445,291 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
             all[all.len().saturating_sub(lines)..].join("\n")
         }
         Err(e) => format!("(could not read {}: {e})", path.display()),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// RedisCluster
+// ---------------------------------------------------------------------------
+
+/// Overrides the `redis-cli` binary that creates clusters (default:
+/// `redis-cli` from `PATH`).
+pub const REDIS_CLI_ENV: &str = "BULKHEAD_REDIS_CLI";
+
+/// How long a new cluster may take to reach `cluster_state:ok`, and a
+/// Sentinel to see the primary and its replica.
+pub const FORM_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A Redis Cluster of primaries only, each a [`RedisServer`] on a free
+/// loopback port (its cluster bus on another free port), the slots spread
+/// evenly by `redis-cli --cluster create`. Dropping it kills every node.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `primaries` nodes, joins them into a cluster and waits until
+    /// every node reports `cluster_state:ok`; `None` where no
+    /// `redis-server` can be run (as [`RedisServer::start_or_skip`]).
+    ///
+    /// Panics if `redis-cli` cannot be run or the cluster does not form
+    /// within [`FORM_TIMEOUT`].
+    pub fn start_or_skip(primaries: usize) -> Option<RedisCluster> {
+        if !server_available() {
+            return None;
+        }
+        let nodes: Vec<RedisServer> = (0..primaries)
+            .map(|_| {
+                let bus = free_port().to_string();
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-port",
+                    &bus,
+                    "--cluster-node-timeout",
+                    "2000",
+                ])
+            })
+            .collect();
+        let cli = std::env::var_os(REDIS_CLI_ENV).unwrap_or_else(|| OsString::from("redis-cli"));
+        let output = Command::new(&cli)
+            .arg("--cluster")
+            .arg("create")
+            .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("could not run {cli:?} (set {REDIS_CLI_ENV} to override): {e}")
+            });
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed ({}):\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let cluster = RedisCluster { nodes };
+        let formed = eventually(FORM_TIMEOUT, || {
+            cluster.nodes.iter().all(|n| {
+                n.try_cmd::<String>(&["CLUSTER", "INFO"])
+                    .is_ok_and(|info| info.contains("cluster_state:ok"))
+            }) && cluster
+                .nodes
+                .iter()
+                .all(|n| cluster.shards_seen_by(n) == primaries)
+        });
+        assert!(formed, "the cluster did not form within {FORM_TIMEOUT:?}");
+        Some(cluster)
+    }
+
+    /// How many nodes owning slots `node` knows of.
+    fn shards_seen_by(&self, node: &RedisServer) -> usize {
+        node.try_cmd::<String>(&["CLUSTER", "NODES"])
+            .map(|nodes| {
+                nodes
+                    .lines()
+                    .filter(|l| l.split(' ').nth(8).is_some())
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// The nodes, in the order they were started (and given slots).
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// Every node's URL, with `suffix` appended (e.g. `"?protocol=3"`).
+    pub fn urls(&self, suffix: &str) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| format!("{}{suffix}", n.url()))
+            .collect()
+    }
+
+    /// The hash slot of `key`, as the cluster computes it.
+    pub fn slot(&self, key: &str) -> u16 {
+        let slot: i64 = self.nodes[0].cmd(&["CLUSTER", "KEYSLOT", key]);
+        u16::try_from(slot).expect("a slot fits u16")
+    }
+
+    /// The node that owns `key`'s slot, by the first node's `CLUSTER NODES`.
+    pub fn owner(&self, key: &str) -> &RedisServer {
+        let slot = self.slot(key);
+        let table: String = self.nodes[0].cmd(&["CLUSTER", "NODES"]);
+        for line in table.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let port = fields
+                .get(1)
+                .and_then(|addr| addr.split('@').next())
+                .and_then(|addr| addr.rsplit(':').next())
+                .and_then(|p| p.parse::<u16>().ok());
+            let owns = fields.iter().skip(8).any(|range| {
+                let mut ends = range.splitn(2, '-');
+                let lo = ends.next().and_then(|n| n.parse::<u16>().ok());
+                let hi = ends.next().and_then(|n| n.parse::<u16>().ok()).or(lo);
+                matches!((lo, hi), (Some(lo), Some(hi)) if (lo..=hi).contains(&slot))
+            });
+            if owns {
+                if let Some(node) = self.nodes.iter().find(|n| Some(n.port()) == port) {
+                    return node;
+                }
+            }
+        }
+        panic!("no node owns slot {slot} of {key:?}:\n{table}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// SentinelSet
+// ---------------------------------------------------------------------------
+
+/// The service name a [`SentinelSet`]'s Sentinel monitors.
+pub const SERVICE: &str = "mymaster";
+
+/// A primary, one replica of it and one Sentinel (quorum 1) on loopback,
+/// the Sentinel declaring the primary down after 500 ms without an answer.
+/// Dropping it kills all three.
+#[derive(Debug)]
+pub struct SentinelSet {
+    servers: Vec<RedisServer>,
+    sentinel: RedisServer,
+}
+
+impl SentinelSet {
+    /// Starts the three and waits until the Sentinel knows the primary and
+    /// sees its replica connected; `None` where no `redis-server` can be
+    /// run. Panics if they do not come together within [`FORM_TIMEOUT`].
+    pub fn start_or_skip() -> Option<SentinelSet> {
+        if !server_available() {
+            return None;
+        }
+        let primary = RedisServer::start_with(&[]);
+        let port = primary.port().to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        // Linked before the Sentinel starts, so that its first look at the
+        // primary (`INFO`, then every 10 s) finds the replica.
+        let linked = eventually(FORM_TIMEOUT, || {
+            replica
+                .try_cmd::<String>(&["INFO", "replication"])
+                .is_ok_and(|i| i.contains("master_link_status:up"))
+        });
+        assert!(
+            linked,
+            "the replica did not link to its primary within {FORM_TIMEOUT:?}"
+        );
+        let dir = temp_dir("sentinel");
+        let conf = dir.join("sentinel.conf");
+        fs::write(
+            &conf,
+            format!(
+                "sentinel monitor {SERVICE} 127.0.0.1 {port} 1\n\
+                 sentinel down-after-milliseconds {SERVICE} 500\n\
+                 sentinel failover-timeout {SERVICE} 5000\n\
+                 sentinel parallel-syncs {SERVICE} 1\n"
+            ),
+        )
+        .unwrap_or_else(|e| panic!("could not write {}: {e}", conf.display()));
+        let sentinel = RedisServer::start_in(dir, &[], Some(conf));
+        let set = SentinelSet {
+            servers: vec![primary, replica],
+            sentinel,
+        };
+        let ready = eventually(FORM_TIMEOUT, || {
+            let linked = set.servers[1]
+                .try_cmd::<String>(&["INFO", "replication"])
+                .is_ok_and(|i| i.contains("master_link_status:up"));
+            let seen = set
+                .sentinel
+                .try_cmd::<Vec<std::collections::HashMap<String, String>>>(&[
+                    "SENTINEL", "REPLICAS", SERVICE,
+                ])
+                .is_ok_and(|replicas| {
+                    replicas.iter().any(|r| {
+                        r.get("flags").is_some_and(|f| f == "slave")
+                            && r.get("master-link-status").is_some_and(|s| s == "ok")
+                    })
+                });
+            linked && seen
+        });
+        assert!(
+            ready,
+            "the sentinel did not see the primary and its replica within {FORM_TIMEOUT:?}\n--- sentinel log ---\n{}",
+            set.sentinel.log_tail(20)
+        );
+        Some(set)
+    }
+
+    /// The Sentinel's URL.
+    pub fn sentinel_url(&self) -> String {
+        self.sentinel.url()
+    }
+
+    /// The Sentinel itself.
+    pub fn sentinel(&self) -> &RedisServer {
+        &self.sentinel
+    }
+
+    /// The port of the primary the Sentinel names now.
+    pub fn primary_port(&self) -> u16 {
+        let addr: Vec<String> =
+            self.sentinel
+                .cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE]);
+        addr.get(1)
+            .and_then(|p| p.parse().ok())
+            .expect("the sentinel names a primary")
+    }
+
+    /// The server the Sentinel names as primary now.
+    pub fn primary(&self) -> &RedisServer {
+        let port = self.primary_port();
+        self.server(port)
+    }
+
+    /// The data server on `port` (the primary or the replica).
+    pub fn server(&self, port: u16) -> &RedisServer {
+        self.servers
+            .iter()
+            .find(|s| s.port() == port)
+            .unwrap_or_else(|| panic!("no server of the set is on port {port}"))
+    }
+
+    /// Both data servers, the first primary first.
+    pub fn servers(&self) -> &[RedisServer] {
+        &self.servers
+    }
+
+    /// Waits until the Sentinel names a primary other than the one on
+    /// `old_port` and that server answers `ROLE` as a primary; returns its
+    /// port, or `None` after `timeout`.
+    pub fn wait_new_primary(&self, old_port: u16, timeout: Duration) -> Option<u16> {
+        let mut found = None;
+        eventually(timeout, || {
+            let addr: RedisResult<Vec<String>> =
+                self.sentinel
+                    .try_cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE]);
+            let Some(port) = addr
+                .ok()
+                .and_then(|a| a.get(1).and_then(|p| p.parse::<u16>().ok()))
+            else {
+                return false;
+            };
+            if port == old_port {
+                return false;
+            }
+            let role: RedisResult<redis::Value> = self.server(port).try_cmd(&["ROLE"]);
+            let is_primary = matches!(&role, Ok(redis::Value::Array(v))
+                if matches!(v.first(), Some(redis::Value::BulkString(b)) if b == b"master"));
+            if is_primary {
+                found = Some(port);
+            }
+            is_primary
+        });
+        found
     }
 }
 

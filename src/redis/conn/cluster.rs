@@ -1,0 +1,174 @@
+//! The cluster backend: one `ClusterConnection` for the scripts and the
+//! sharded subscription.
+
+use core::future::Future;
+use core::task::{Context, Poll};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use event_listener::{Event, EventListener};
+use redis::cluster::{ClusterClient, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{ErrorKind, PushInfo, PushKind, Value};
+
+use super::{Conn, Connected, Settings, Subscriber, Subscription, on_channel, wake_count};
+use crate::redis::error::ConfigError;
+
+/// The most wake-ups kept for the subscriber; past it they collapse into
+/// one that wakes every waiter.
+const MAX_QUEUED: usize = 1024;
+
+/// What the cluster connection pushed, for the subscriber task.
+#[derive(Default)]
+pub(in crate::redis) struct Pushes {
+    state: Mutex<State>,
+    /// Notified for every push.
+    event: Event,
+}
+
+#[derive(Default)]
+struct State {
+    /// Waiters to wake, per message.
+    wakes: VecDeque<usize>,
+    /// Set when the subscription was lost (the connection to the
+    /// channel's node dropped, or the node dropped the subscription
+    /// because the slot moved), until the subscriber subscribes again.
+    lost: bool,
+}
+
+impl Pushes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Called by the connection for every push (never blocks).
+    fn push(&self, info: PushInfo) {
+        let wake = match info.kind {
+            PushKind::SMessage | PushKind::Message => match info.data.get(1) {
+                Some(Value::BulkString(payload)) => wake_count(payload),
+                _ => usize::MAX,
+            },
+            // A (re)subscription: messages may have been missed.
+            PushKind::SSubscribe => usize::MAX,
+            PushKind::SUnsubscribe | PushKind::Disconnection => {
+                let mut state = self.lock();
+                state.lost = true;
+                state.wakes.push_back(usize::MAX);
+                drop(state);
+                self.event.notify(usize::MAX);
+                return;
+            }
+            _ => return,
+        };
+        let mut state = self.lock();
+        if state.wakes.len() >= MAX_QUEUED {
+            state.wakes.clear();
+            state.wakes.push_back(usize::MAX);
+        } else {
+            state.wakes.push_back(wake);
+        }
+        drop(state);
+        self.event.notify(usize::MAX);
+    }
+
+    pub(super) fn poll_next(
+        &self,
+        listener: &mut Option<EventListener>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<usize>> {
+        loop {
+            {
+                let mut state = self.lock();
+                if let Some(wake) = state.wakes.pop_front() {
+                    return Poll::Ready(Some(wake));
+                }
+                if state.lost {
+                    return Poll::Ready(None);
+                }
+            }
+            match listener {
+                None => *listener = Some(self.event.listen()),
+                Some(l) => {
+                    if core::pin::Pin::new(l).poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    *listener = None;
+                }
+            }
+        }
+    }
+}
+
+pub(super) async fn connect(
+    client: ClusterClient,
+    settings: &Settings,
+) -> Result<Connected, ConfigError> {
+    let pushes = Arc::new(Pushes::default());
+    let config = ClusterConfig::new()
+        .set_connection_timeout(settings.response_timeout)
+        .set_response_timeout(settings.response_timeout);
+    let conn = if settings.pubsub {
+        let sink = pushes.clone();
+        let with_pushes = config.clone().set_push_sender(move |info: PushInfo| {
+            sink.push(info);
+            Ok::<(), core::convert::Infallible>(())
+        });
+        match client.get_async_connection_with_config(with_pushes).await {
+            Ok(conn) => conn,
+            // The redis crate refuses a push sender on a RESP2
+            // connection, and reports it as a failed connection: if one
+            // without succeeds, RESP3 is what is missing.
+            Err(e) => match client.get_async_connection_with_config(config).await {
+                Ok(_) => return Err(ConfigError::NeedsResp3(e)),
+                Err(_) => return Err(ConfigError::of(e)),
+            },
+        }
+    } else {
+        client
+            .get_async_connection_with_config(config)
+            .await
+            .map_err(ConfigError::of)?
+    };
+    Ok(Connected {
+        conn: Conn::Cluster(conn.clone()),
+        subscriber: Subscriber::Cluster { conn, pushes },
+        publish: "SPUBLISH",
+    })
+}
+
+/// `SPUBLISH` of a wake-up for no one, then the `SSUBSCRIBE` that the
+/// subscriber keeps (both routed by the channel's slot).
+pub(super) async fn check_channel(
+    conn: &ClusterConnection,
+    channel: &str,
+) -> Result<(), ConfigError> {
+    let mut conn = conn.clone();
+    let _receivers: i64 = redis::cmd("SPUBLISH")
+        .arg(channel)
+        .arg("free 0")
+        .query_async(&mut conn)
+        .await
+        .map_err(on_channel)?;
+    conn.ssubscribe(channel).await.map_err(|e| {
+        if e.kind() == ErrorKind::InvalidClientConfig {
+            ConfigError::NeedsResp3(e)
+        } else {
+            on_channel(e)
+        }
+    })
+}
+
+pub(super) async fn subscribe(
+    conn: &ClusterConnection,
+    pushes: &Arc<Pushes>,
+    channel: &str,
+) -> Option<Subscription> {
+    // Cleared before the `SSUBSCRIBE` is sent: a loss reported after it
+    // ends the new subscription.
+    pushes.lock().lost = false;
+    conn.clone().ssubscribe(channel).await.ok()?;
+    Some(Subscription::Pushes {
+        pushes: pushes.clone(),
+        listener: None,
+    })
+}

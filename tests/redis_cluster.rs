@@ -1,0 +1,409 @@
+//! The Redis semaphore on a real Redis Cluster of three primaries, started
+//! per test on loopback (`tests/common/redis_server.rs`, `RedisCluster`).
+#![cfg(all(not(loom), feature = "redis-cluster", feature = "tokio"))]
+
+mod common;
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bulkhead::redis::{ConfigError, LeaseError, RedisBulkhead, RedisSemaphore};
+use redis::cluster::ClusterClient;
+use redis_server::RedisCluster;
+
+/// Names whose slots fall on every one of the three primaries (checked by
+/// `names_spread_over_every_primary`).
+const NAMES: [&str; 8] = [
+    "partner-api",
+    "nightly",
+    "billing",
+    "search",
+    "mailer",
+    "thumbnails",
+    "exports",
+    "ledger",
+];
+
+/// A RESP3 cluster client (what sharded pub/sub needs).
+fn client(cluster: &RedisCluster) -> ClusterClient {
+    ClusterClient::new(cluster.urls("?protocol=3")).unwrap()
+}
+
+async fn semaphore(cluster: &RedisCluster, name: &str, limit: usize) -> RedisSemaphore {
+    RedisSemaphore::builder(client(cluster), name)
+        .limit(limit)
+        .lease_ttl(Duration::from_secs(5))
+        .max_poll(Duration::from_secs(30))
+        .build()
+        .await
+        .unwrap()
+}
+
+fn leases_key(name: &str) -> String {
+    format!("bulkhead:{{{name}}}:leases")
+}
+
+/// The names land on all three primaries, so the other tests exercise
+/// every node (this is what failed before: names on the node the client
+/// was given worked, the rest got `MOVED`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_spread_over_every_primary_and_each_grants_up_to_its_limit() {
+    let Some(cluster) = RedisCluster::start_or_skip(3) else {
+        return;
+    };
+    let owners: BTreeSet<u16> = NAMES
+        .iter()
+        .map(|name| cluster.owner(&leases_key(name)).port())
+        .collect();
+    assert_eq!(owners.len(), 3, "the names must cover every primary");
+    for name in NAMES {
+        let sem = semaphore(&cluster, name, 2).await;
+        let a = sem.acquire().await.unwrap();
+        let b = sem.try_acquire().await.unwrap();
+        assert!(b.fence() > a.fence(), "{name}");
+        match sem.try_acquire().await {
+            Err(LeaseError::NoPermits { limit: 2, .. }) => {}
+            other => panic!("{name}: expected NoPermits, got {other:?}"),
+        }
+        assert_eq!(sem.holders().await.unwrap().len(), 2, "{name}");
+        a.release().await.unwrap();
+        let c = sem.try_acquire().await.unwrap();
+        assert!(c.fence() > b.fence(), "{name}");
+        // The keys are where Cluster says the name's slot is.
+        let owner = cluster.owner(&leases_key(name));
+        let held: i64 = owner.cmd(&["ZCARD", &leases_key(name)]);
+        assert_eq!(held, 2, "{name}: the leases are on the slot's node");
+        b.release().await.unwrap();
+        c.release().await.unwrap();
+        sem.set_limit(3).await.unwrap();
+        assert_eq!(sem.limit().await.unwrap(), 3, "{name}");
+    }
+}
+
+/// Several clients (each its own cluster connection) and tasks on six
+/// names at once: no name ever has more holders than its limit, and each
+/// reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_limit_holds_across_clients_on_every_name() {
+    let Some(cluster) = RedisCluster::start_or_skip(3) else {
+        return;
+    };
+    const LIMIT: usize = 2;
+    let mut tasks = Vec::new();
+    let mut counters = Vec::new();
+    for name in &NAMES[..6] {
+        let now = Arc::new(AtomicUsize::new(0));
+        let max = Arc::new(AtomicUsize::new(0));
+        counters.push((name, max.clone()));
+        for _client in 0..3 {
+            let sem = semaphore(&cluster, name, LIMIT).await;
+            for _task in 0..2 {
+                let (sem, now, max) = (sem.clone(), now.clone(), max.clone());
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..4 {
+                        let permit = sem.acquire().await.unwrap();
+                        let here = now.fetch_add(1, Ordering::SeqCst) + 1;
+                        max.fetch_max(here, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(15)).await;
+                        now.fetch_sub(1, Ordering::SeqCst);
+                        permit.release().await.unwrap();
+                    }
+                }));
+            }
+        }
+    }
+    let all = futures::future::join_all(tasks);
+    for task in tokio::time::timeout(Duration::from_secs(30), all)
+        .await
+        .unwrap()
+    {
+        task.unwrap();
+    }
+    for (name, max) in counters {
+        assert_eq!(max.load(Ordering::SeqCst), LIMIT, "{name}");
+    }
+}
+
+/// A waiter on one client is woken by a release on another through sharded
+/// pub/sub on the slot's node, not by polling: `max_poll` is 30 s, and the
+/// wake-up comes within milliseconds. The subscription sits on the node
+/// that owns the name's slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_on_another_client_through_sharded_pubsub() {
+    let Some(cluster) = RedisCluster::start_or_skip(3) else {
+        return;
+    };
+    let mut latencies = Vec::new();
+    for name in &NAMES[..6] {
+        let holder = semaphore(&cluster, name, 1).await;
+        let waiter = semaphore(&cluster, name, 1).await;
+        let channel = format!("bulkhead:{{{name}}}:wake");
+        let owner = cluster.owner(&channel);
+        let subscribers: Vec<redis::Value> = owner.cmd(&["PUBSUB", "SHARDNUMSUB", &channel]);
+        assert_eq!(
+            subscribers.get(1),
+            Some(&redis::Value::Int(2)),
+            "{name}: both clients subscribe on the slot's node"
+        );
+        let held = holder.acquire().await.unwrap();
+        let task = tokio::spawn(async move {
+            let permit = waiter.acquire().await.unwrap();
+            (Instant::now(), permit)
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!task.is_finished(), "{name}: the waiter waits");
+        let released = Instant::now();
+        held.release().await.unwrap();
+        let (granted, permit) = tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the waiter is woken long before max_poll")
+            .unwrap();
+        latencies.push(granted - released);
+        permit.release().await.unwrap();
+    }
+    latencies.sort();
+    let worst = *latencies.last().unwrap();
+    eprintln!("cluster wake-up latency after release: {latencies:?}");
+    assert!(worst < Duration::from_millis(500), "{latencies:?}");
+}
+
+/// A lease with a 300 ms time to live, held for 1.5 s, is renewed on its
+/// slot's node: it is not lost, nobody else gets it, and it is released in
+/// time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_keep_a_lease_alive_on_its_node() {
+    let Some(cluster) = RedisCluster::start_or_skip(3) else {
+        return;
+    };
+    let mut sems = Vec::new();
+    for name in &NAMES[..3] {
+        let build = |cluster: &RedisCluster| {
+            RedisSemaphore::builder(client(cluster), *name)
+                .limit(1)
+                .lease_ttl(Duration::from_millis(300))
+                .build()
+        };
+        sems.push((
+            build(&cluster).await.unwrap(),
+            build(&cluster).await.unwrap(),
+        ));
+    }
+    let mut held = Vec::new();
+    for (sem, _) in &sems {
+        held.push(sem.acquire().await.unwrap());
+    }
+    let end = Instant::now() + Duration::from_millis(1_500);
+    while Instant::now() < end {
+        for (_, other) in &sems {
+            assert!(matches!(
+                other.try_acquire().await,
+                Err(LeaseError::NoPermits { .. })
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for permit in held {
+        assert!(!permit.is_lost());
+        permit.release().await.expect("released in time");
+    }
+}
+
+/// A cluster client without RESP3 cannot receive sharded pushes: `build`
+/// says so, and with `pubsub(false)` the semaphore works (polling).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resp2_cluster_client_needs_pubsub_off() {
+    let Some(cluster) = RedisCluster::start_or_skip(3) else {
+        return;
+    };
+    let resp2 = || ClusterClient::new(cluster.urls("")).unwrap();
+    match RedisSemaphore::builder(resp2(), "nightly").build().await {
+        Err(ConfigError::NeedsResp3(_)) => {}
+        other => panic!("expected NeedsResp3, got {other:?}"),
+    }
+    let sem = RedisSemaphore::builder(resp2(), "nightly")
+        .pubsub(false)
+        .max_poll(Duration::from_millis(50))
+        .build()
+        .await
+        .unwrap();
+    let bulkhead = RedisBulkhead::builder(sem.clone())
+        .max_wait(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let permit = bulkhead.acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await.map(|p| p.fence()) }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(permit);
+    let fence = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(fence >= 2);
+}
+
+/// Killing the connections of the node that holds the subscription (every
+/// client of it, as a restart would) makes the subscriber subscribe again:
+/// a later release still wakes a waiter through pub/sub.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_subscription_is_made_again() {
+    let Some(cluster) = RedisCluster::start_or_skip(3) else {
+        return;
+    };
+    let name = NAMES[1];
+    let holder = semaphore(&cluster, name, 1).await;
+    let waiter = semaphore(&cluster, name, 1).await;
+    let channel = format!("bulkhead:{{{name}}}:wake");
+    let owner = cluster.owner(&channel);
+    let killed: i64 = owner.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    assert!(killed >= 2, "killed {killed}");
+    let subscribed = tokio::task::block_in_place(|| {
+        redis_server::eventually(Duration::from_secs(5), || {
+            let n: Vec<redis::Value> = owner.cmd(&["PUBSUB", "SHARDNUMSUB", &channel]);
+            n.get(1) == Some(&redis::Value::Int(2))
+        })
+    });
+    assert!(subscribed, "both clients subscribe again");
+    let held = holder.acquire().await.unwrap();
+    let task = tokio::spawn(async move { waiter.acquire().await.map(|p| p.fence()) });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(released.elapsed() < Duration::from_millis(500));
+}
+
+/// A cluster backend, and the builder holding it, can move between threads.
+#[test]
+fn a_cluster_backend_is_send_and_sync() {
+    fn send_sync<T: Send + Sync>(_: &T) {}
+    let client = ClusterClient::new(["redis://127.0.0.1:1/?protocol=3"]).unwrap();
+    let backend = bulkhead::redis::Backend::from(client);
+    send_sync(&backend);
+    send_sync(&RedisSemaphore::builder(backend, "api"));
+}
+
+/// Moves the slot of `name` from its owner to another primary, keys and
+/// all, as a resharding does (`MIGRATING`/`IMPORTING`, `MIGRATE`, then
+/// `SETSLOT … NODE` on every node). Returns the new owner's port.
+fn move_slot(cluster: &RedisCluster, name: &str) -> u16 {
+    let key = leases_key(name);
+    let slot = cluster.slot(&key).to_string();
+    let src = cluster.owner(&key);
+    let dst = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() != src.port())
+        .unwrap();
+    let src_id: String = src.cmd(&["CLUSTER", "MYID"]);
+    let dst_id: String = dst.cmd(&["CLUSTER", "MYID"]);
+    let _: String = dst.cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]);
+    let _: String = src.cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]);
+    let keys: Vec<String> = src.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot, "100"]);
+    if !keys.is_empty() {
+        let port = dst.port().to_string();
+        let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        args.extend(keys.iter().map(String::as_str));
+        let _: String = src.cmd(&args);
+    }
+    for node in cluster.nodes() {
+        let _: String = node.cmd(&["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]);
+    }
+    dst.port()
+}
+
+/// A resharding moves a name's slot to another primary: script calls
+/// follow `MOVED`, the leases moved with the keys, and the subscription
+/// follows the slot (the old node drops it with `sunsubscribe`, the
+/// semaphore subscribes again and is routed to the new owner), so a release
+/// still wakes a waiter through pub/sub.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_slot_is_followed_by_scripts_and_the_subscription() {
+    let Some(cluster) = RedisCluster::start_or_skip(3) else {
+        return;
+    };
+    let name = NAMES[2];
+    let holder = semaphore(&cluster, name, 2).await;
+    let waiter = semaphore(&cluster, name, 2).await;
+    let kept = holder.acquire().await.unwrap();
+    let new = move_slot(&cluster, name);
+    assert_eq!(cluster.owner(&leases_key(name)).port(), new);
+    // The lease moved with the keys; the second permit is granted there.
+    // (Only the holder calls: the waiter's connection has not heard of the
+    // move from a `MOVED` when its subscription is checked below.)
+    let held = holder.acquire().await.unwrap();
+    assert!(held.fence() > kept.fence());
+    assert!(matches!(
+        holder.try_acquire().await,
+        Err(LeaseError::NoPermits { limit: 2, .. })
+    ));
+    let channel = format!("bulkhead:{{{name}}}:wake");
+    let owner = cluster.owner(&channel);
+    let subscribed = tokio::task::block_in_place(|| {
+        redis_server::eventually(Duration::from_secs(5), || {
+            let n: Vec<redis::Value> = owner.cmd(&["PUBSUB", "SHARDNUMSUB", &channel]);
+            n.get(1) == Some(&redis::Value::Int(2))
+        })
+    });
+    assert!(subscribed, "both clients subscribe on the slot's new node");
+    let task = tokio::spawn(async move { waiter.acquire().await.map(|p| p.fence()) });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!task.is_finished());
+    let released = Instant::now();
+    held.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("woken through pub/sub, long before max_poll")
+        .unwrap()
+        .unwrap();
+    assert!(released.elapsed() < Duration::from_millis(500));
+    kept.release().await.unwrap();
+}
+
+/// Outside any tokio runtime the cluster backend runs on smol: the
+/// cluster connection, renewals and sharded pub/sub wake-ups.
+#[cfg(feature = "smol")]
+#[test]
+fn works_on_smol_outside_tokio() {
+    let Some(cluster) = RedisCluster::start_or_skip(3) else {
+        return;
+    };
+    let urls = cluster.urls("?protocol=3");
+    let worker = std::thread::spawn(move || {
+        smol::block_on(async move {
+            assert!(tokio::runtime::Handle::try_current().is_err());
+            let make = || {
+                RedisSemaphore::builder(ClusterClient::new(urls.clone()).unwrap(), "smol")
+                    .limit(1)
+                    .lease_ttl(Duration::from_millis(600))
+                    .max_poll(Duration::from_secs(30))
+                    .build()
+            };
+            let sem = make().await.unwrap();
+            let other = make().await.unwrap();
+            let permit = sem.acquire().await.unwrap();
+            // Past the TTL: renewed by the keeper on smol.
+            smol::Timer::after(Duration::from_millis(900)).await;
+            assert!(!permit.is_lost(), "{:?}", permit.lost_reason());
+            let waiter = smol::spawn(async move { other.acquire().await });
+            smol::Timer::after(Duration::from_millis(100)).await;
+            let released = Instant::now();
+            permit.release().await.unwrap();
+            let granted = waiter.await.unwrap();
+            assert!(released.elapsed() < Duration::from_millis(500));
+            granted.release().await.unwrap();
+        });
+    });
+    worker.join().unwrap();
+}
