@@ -21,7 +21,9 @@
 //! `CELL` filters by name, e.g. `mt/t4096_p1` or `ct/t16` (a substring of
 //! `contended_mt/t4096_p1`); without one every cell runs. `REPS` defaults
 //! to 15. Without `run` (as under a plain `cargo bench`) it prints this usage
-//! and exits. It prints a markdown report on standard output.
+//! and exits. It prints a markdown report on standard output. With
+//! `INTERLEAVED_ENABLE_ALL=1` the runtimes have their I/O and time drivers,
+//! as `#[tokio::main]` builds them.
 
 #[path = "common/contended.rs"]
 #[allow(dead_code, reason = "try_acquire serves the criterion bench only")]
@@ -209,20 +211,24 @@ fn main() {
         rest = &rest[1..];
     }
     let filters = rest;
+    // `INTERLEAVED_ENABLE_ALL=1`: the runtimes as `#[tokio::main]` builds
+    // them, with the I/O and time drivers, so that an idle worker parks on
+    // the I/O driver and waking it is a system call (issue 13 measured
+    // that way).
+    let drivers = std::env::var_os("INTERLEAVED_ENABLE_ALL").is_some();
+    let with_drivers = |b: &mut Builder| {
+        if drivers {
+            b.enable_all();
+        }
+    };
+    let mut mt = Builder::new_multi_thread();
+    mt.worker_threads(2);
+    with_drivers(&mut mt);
+    let mut ct = Builder::new_current_thread();
+    with_drivers(&mut ct);
     let runtimes: [(&str, Runtime); 2] = [
-        (
-            "contended_mt",
-            Builder::new_multi_thread()
-                .worker_threads(2)
-                .build()
-                .expect("a multi-thread runtime"),
-        ),
-        (
-            "contended_ct",
-            Builder::new_current_thread()
-                .build()
-                .expect("a current-thread runtime"),
-        ),
+        ("contended_mt", mt.build().expect("a multi-thread runtime")),
+        ("contended_ct", ct.build().expect("a current-thread runtime")),
     ];
     let mut cells = Vec::new();
     for (group, rt) in &runtimes {
