@@ -13,6 +13,7 @@ use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
+use std::time::Instant;
 
 use pin_project_lite::pin_project;
 
@@ -29,6 +30,8 @@ use crate::timer::Deadline;
 enum Stage {
     /// Not polled yet.
     Start,
+    /// Not polled yet, and carrying a deadline (in `line`).
+    StartBy,
     /// In line for a permit (`acquire` and `line` are live, `deadline` is
     /// for `max_wait`).
     Waiting,
@@ -103,6 +106,23 @@ impl<'a, F> Call<'a, F> {
             stage: Stage::Start,
         }
     }
+
+    /// A call that must be done `by` (see `Bulkhead::call_by`).
+    #[inline]
+    pub(crate) fn by(shared: &'a Shared, by: Instant, call: F) -> Self
+    where
+        F: Future,
+    {
+        Self {
+            shared,
+            call: shared.policy.traced(call),
+            acquire: shared.sem.acquire(),
+            deadline: Deadline::new(),
+            held: None,
+            line: Line::by(&shared.policy, by),
+            stage: Stage::StartBy,
+        }
+    }
 }
 
 impl<F, T, E> Future for Call<'_, F>
@@ -117,6 +137,15 @@ where
         let shared = *this.shared;
         if *this.stage == Stage::Start {
             match shared.admit_now(true) {
+                Some(Ok(admitted)) => admit(shared, this.held, this.stage, admitted),
+                Some(Err(rejected)) => {
+                    *this.stage = Stage::Done;
+                    return Poll::Ready(Err(BulkheadError::Rejected(rejected)));
+                }
+                None => *this.stage = Stage::Waiting,
+            }
+        } else if *this.stage == Stage::StartBy {
+            match shared.admit_now_by(this.line) {
                 Some(Ok(admitted)) => admit(shared, this.held, this.stage, admitted),
                 Some(Err(rejected)) => {
                     *this.stage = Stage::Done;

@@ -37,11 +37,18 @@ pub enum RejectReason {
     /// runtime has shut down, or has no time driver), so the bound could
     /// not be kept.
     Unavailable,
+    /// The call carried a deadline ([`Bulkhead::call_by`](crate::Bulkhead::call_by),
+    /// [`Bulkhead::acquire_by`](crate::Bulkhead::acquire_by)) that it could
+    /// not make: the deadline had passed, the expected wait plus the
+    /// expected hold time (the averages behind
+    /// [`Rejected::retry_after`]) did not fit in the time left, or it waited
+    /// until it could no longer finish in time.
+    WontMakeDeadline,
 }
 
 impl RejectReason {
     /// A short lowercase label, for metrics and logs: `"full"`,
-    /// `"timeout"`, `"closed"` or `"unavailable"`.
+    /// `"timeout"`, `"closed"`, `"unavailable"` or `"deadline"`.
     ///
     /// # Examples
     ///
@@ -56,6 +63,7 @@ impl RejectReason {
             Self::Timeout => "timeout",
             Self::Closed => "closed",
             Self::Unavailable => "unavailable",
+            Self::WontMakeDeadline => "deadline",
         }
     }
 }
@@ -209,6 +217,8 @@ impl Rejected {
     /// `hold × (waiting + 1) / limit`. Use it for an HTTP `Retry-After` or
     /// a client's back-off. `None` for [`RejectReason::Closed`] and
     /// [`RejectReason::Unavailable`], and before any call has finished.
+    /// For [`RejectReason::WontMakeDeadline`] it says when the line is
+    /// likely to have room, not whether a later deadline would be met.
     ///
     /// # Examples
     ///
@@ -240,7 +250,12 @@ impl Rejected {
             ahead,
             limit,
         } = self.hint;
-        if hold_ns == 0 || !matches!(self.reason, RejectReason::Full | RejectReason::Timeout) {
+        if hold_ns == 0
+            || matches!(
+                self.reason,
+                RejectReason::Closed | RejectReason::Unavailable
+            )
+        {
             return None;
         }
         let ns = hold_ns
@@ -270,6 +285,11 @@ impl fmt::Display for Rejected {
             RejectReason::Unavailable => {
                 write!(f, "bulkhead {} cannot reach its shared permits", self.name)
             }
+            RejectReason::WontMakeDeadline => write!(
+                f,
+                "bulkhead {} cannot serve the call before its deadline",
+                self.name
+            ),
         }
     }
 }

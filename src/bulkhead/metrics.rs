@@ -13,6 +13,7 @@ pub(crate) struct Counters {
     pub(crate) rejected_timeout: AtomicU64,
     pub(crate) rejected_closed: AtomicU64,
     pub(crate) rejected_unavailable: AtomicU64,
+    pub(crate) rejected_deadline: AtomicU64,
     pub(crate) call_timeouts: AtomicU64,
     /// Shared with the leak watches, which outlive a borrow of the policy.
     pub(crate) leaks_suspected: std::sync::Arc<AtomicU64>,
@@ -72,6 +73,7 @@ pub struct Metrics {
     pub(crate) rejected_timeout: u64,
     pub(crate) rejected_closed: u64,
     pub(crate) rejected_unavailable: u64,
+    pub(crate) rejected_deadline: u64,
     pub(crate) call_timeouts: u64,
     pub(crate) leaks_suspected: u64,
 }
@@ -300,6 +302,26 @@ impl Metrics {
         self.rejected_unavailable
     }
 
+    /// Calls rejected because they could not make the deadline they
+    /// carried ([`RejectReason::WontMakeDeadline`](crate::RejectReason::WontMakeDeadline)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use bulkhead::Bulkhead;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    /// let passed = Instant::now() - Duration::from_millis(1);
+    /// assert!(bh.call_by(passed, async { Ok::<(), ()>(()) }).await.is_err());
+    /// assert_eq!(bh.metrics().rejected_deadline(), 1);
+    /// # });
+    /// ```
+    pub fn rejected_deadline(&self) -> u64 {
+        self.rejected_deadline
+    }
+
     /// All rejections.
     ///
     /// # Examples
@@ -320,6 +342,7 @@ impl Metrics {
             + self.rejected_timeout
             + self.rejected_closed
             + self.rejected_unavailable
+            + self.rejected_deadline
     }
 
     /// Admitted calls that have given their permit back

@@ -20,7 +20,8 @@ use super::line_timer::LineTimer;
 use super::metrics::{Counters, Metrics};
 use super::name::Name;
 use super::observer::{CallOutcome, Finished, LeakSuspected, Observer, Permitted, Rejection};
-use crate::timer::{Clock, ClockSleep, Deadline, poll_by_waker};
+use crate::overload::{HoldEstimate, Verdict};
+use crate::timer::{Clock, ClockSleep, Deadline, TimerGone, poll_by_waker};
 
 /// The one owner of admission for every bulkhead (in-process, keyed,
 /// Redis): where permits come from is the caller's business, everything
@@ -62,9 +63,17 @@ pub(crate) struct Policy {
     /// The limit, as last known, for retry hints.
     hint_limit: AtomicUsize,
     /// A moving average of hold times in nanoseconds (0: no sample yet),
-    /// from the calls that `clock` times.
+    /// from the calls that `clock` times: a [`HoldEstimate`], kept in an
+    /// atomic.
     hold_ns: AtomicU64,
+    /// Where the deadlines of calls that carry one count from (see
+    /// [`Line::deadline`]).
+    origin: Instant,
 }
+
+/// The clock of a policy that has none (no setting of it needs a timer),
+/// for a call that carries a deadline and waits.
+static AUTO: Clock = Clock::Auto;
 
 /// The future of [`Policy::traced`].
 #[cfg(feature = "tracing")]
@@ -144,6 +153,7 @@ impl Policy {
             next_watch: AtomicU64::new(1),
             hint_limit: AtomicUsize::new(limit),
             hold_ns: AtomicU64::new(0),
+            origin: Instant::now(),
         }
     }
 
@@ -254,6 +264,7 @@ impl Policy {
             rejected_timeout: Counters::get(&c.rejected_timeout),
             rejected_closed: Counters::get(&c.rejected_closed),
             rejected_unavailable: Counters::get(&c.rejected_unavailable),
+            rejected_deadline: Counters::get(&c.rejected_deadline),
             call_timeouts: Counters::get(&c.call_timeouts),
             leaks_suspected: Counters::get(&c.leaks_suspected),
         }
@@ -284,6 +295,22 @@ impl Policy {
             deadline: Deadline::new(),
             line: Line::default(),
             timed_out,
+        }
+    }
+
+    /// [`wait`](Self::wait) from `line`: a call that carries a deadline,
+    /// once [`admit_by`](Self::admit_by) has looked at it.
+    pub(crate) fn wait_in<A>(
+        &self,
+        acquire: A,
+        line: Line,
+    ) -> Wait<'_, A, impl Fn() -> RejectReason> {
+        Wait {
+            policy: self,
+            acquire,
+            deadline: Deadline::new(),
+            line,
+            timed_out: || RejectReason::Timeout,
         }
     }
 
@@ -416,6 +443,7 @@ impl Policy {
             RejectReason::Timeout => &c.rejected_timeout,
             RejectReason::Closed => &c.rejected_closed,
             RejectReason::Unavailable => &c.rejected_unavailable,
+            RejectReason::WontMakeDeadline => &c.rejected_deadline,
         });
         if self.observed() {
             self.tell_rejected(reason, waited_ns);
@@ -482,14 +510,79 @@ impl Policy {
     /// Folds one hold time into the moving average (weight 1/4). Racing
     /// updates may lose one sample; the average stays an average.
     fn record_hold(&self, held: Duration) {
-        let held = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX).max(1);
-        let old = self.hold_ns.load(Ordering::Relaxed);
-        let new = if old == 0 {
-            held
-        } else {
-            (old - old / 4).saturating_add(held / 4).max(1)
-        };
-        self.hold_ns.store(new, Ordering::Relaxed);
+        let mut estimate = HoldEstimate::from_ns(self.hold_ns.load(Ordering::Relaxed));
+        estimate.record(nanos(held));
+        self.hold_ns.store(estimate.ns(), Ordering::Relaxed);
+    }
+
+    /// The time now on the clock the line's sleeps run on, where it can be
+    /// read (a paused tokio clock included), else the system's.
+    #[inline]
+    fn line_now(&self) -> Instant {
+        self.clock.as_ref().unwrap_or(&AUTO).now()
+    }
+
+    /// `t` in nanoseconds since the policy's origin, at least 1 (0 stands
+    /// for "none" in [`Line::deadline`]).
+    #[inline]
+    fn since_origin(&self, t: Instant) -> u64 {
+        nanos(t.saturating_duration_since(self.origin)).saturating_add(1)
+    }
+
+    /// Whether a wait that starts now is timed on the line's clock and
+    /// polled by [`poll_timed`]: it carries a deadline.
+    #[inline]
+    fn times(&self, line: &Line) -> bool {
+        line.deadline != 0
+    }
+
+    /// How long a timed wait that started at `start` has waited, on the
+    /// line's clock.
+    #[inline]
+    fn waited_since(&self, start: Option<Instant>) -> Duration {
+        start.map_or(Duration::ZERO, |start| {
+            self.line_now().saturating_duration_since(start)
+        })
+    }
+
+    /// Deadline-aware admission of a call that carries a deadline (in
+    /// `line.deadline`, see [`Line::by`]), before it takes a permit, with
+    /// `free` permits free now: rejected at once (`WontMakeDeadline`,
+    /// counted) if the deadline has passed, or if the expected wait for a
+    /// permit plus the expected hold time (the retry hint's estimate, from
+    /// the same average) exceeds the time left. Otherwise `line.deadline`
+    /// becomes the latest time the call may still start, `deadline - hold`,
+    /// or 0 if `max_wait` ends its wait before that anyway. Before the
+    /// first timed call no hold time is known: the call is admitted and
+    /// may wait until its deadline.
+    #[cold]
+    pub(crate) fn admit_by(&self, line: &mut Line, free: isize) -> Result<(), Rejected> {
+        let now = self.since_origin(self.line_now());
+        let remaining = line.deadline.saturating_sub(now);
+        if remaining == 0 {
+            return Err(self.reject_now(RejectReason::WontMakeDeadline));
+        }
+        let estimate = HoldEstimate::from_ns(self.hold_ns.load(Ordering::Relaxed));
+        let max_wait = self.max_wait.map(nanos);
+        let verdict = estimate.admit(
+            remaining,
+            self.queued(),
+            usize::try_from(free).unwrap_or(0),
+            self.hint_limit.load(Ordering::Relaxed),
+            max_wait,
+        );
+        match verdict {
+            Verdict::Reject { .. } => Err(self.reject_now(RejectReason::WontMakeDeadline)),
+            Verdict::Admit { budget } => {
+                line.deadline = match budget {
+                    Some(budget) if budget != max_wait.unwrap_or(u64::MAX) => {
+                        now.saturating_add(budget)
+                    }
+                    _ => 0,
+                };
+                Ok(())
+            }
+        }
     }
 
     /// Tells the observers that a call granted at `since` ended. Call it
@@ -589,7 +682,14 @@ pin_project! {
 /// Where a wait stands in the policy's line.
 #[derive(Default)]
 pub(crate) struct Line {
-    started: bool,
+    /// [`Armed::NotStarted`] until the first poll; then
+    /// [`Armed::Untimed`] for a wait that only `max_wait` bounds. Any
+    /// other: `start` was read on the line's clock ([`Policy::line_now`]),
+    /// the wait's limits are more than `max_wait` (a deadline), and
+    /// `poll_timed` polls it; then which limit its own sleep (`Deadline`)
+    /// is armed for. (One byte for both, as `started` was before: another
+    /// field to set costs an instruction on the path of every call.)
+    armed: Armed,
     /// Whether this holds a place in the line (`Policy::waiting`): taken
     /// on the first poll, given back when the wait ends, or by the owner
     /// of a wait dropped before that (`Wait`'s drop, `Waiting::leave`).
@@ -599,10 +699,72 @@ pub(crate) struct Line {
     start: Option<Instant>,
     /// With a line timer: the wait's deadline on its clock (0 until the
     /// first pending poll).
+    ///
+    /// Before that, for a call that carries a deadline, in nanoseconds
+    /// since the policy's origin (0: none): the deadline itself until
+    /// [`Policy::admit_by`] has looked at it, then the latest time the call
+    /// may start and still finish in time (0 again if `max_wait` ends the
+    /// wait sooner), which [`poll_timed`] turns into the wait's own sleep
+    /// at the first pending poll. One field for both, not two: a `Line` is
+    /// built with every call, and another field to clear is another store
+    /// on the path of a call admitted at once.
     deadline: u64,
 }
 
+/// Whether a wait is timed, and what its own sleep is armed for, in
+/// [`poll_timed`].
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+enum Armed {
+    /// Not polled yet.
+    #[default]
+    NotStarted,
+    /// Not a timed wait.
+    Untimed,
+    /// Not yet looked at: the wait has not been pending before.
+    None,
+    /// No own sleep: the line timer keeps the only limit, or there is none.
+    Unneeded,
+    /// `max_wait`.
+    MaxWait,
+    /// The latest start of a call that carries a deadline.
+    Until,
+}
+
+/// How a wait of [`poll_timed`] ran out.
+#[derive(Clone, Copy)]
+enum End {
+    /// `max_wait` passed.
+    MaxWait,
+    /// The call can no longer make its deadline.
+    Until,
+}
+
 impl Line {
+    /// Whether the wait is timed (see [`Line::armed`]).
+    #[inline]
+    fn timed(&self) -> bool {
+        !matches!(self.armed, Armed::NotStarted | Armed::Untimed)
+    }
+
+    /// How the wait ended, when the own sleep of [`poll_timed`] fired.
+    #[inline]
+    fn end(&self) -> End {
+        match self.armed {
+            Armed::Until => End::Until,
+            _ => End::MaxWait,
+        }
+    }
+
+    /// The line of a call that must be done `by`: [`Policy::admit_by`]
+    /// decides on it before the call takes a permit.
+    #[inline]
+    pub(crate) fn by(policy: &Policy, by: Instant) -> Self {
+        Self {
+            deadline: policy.since_origin(by),
+            ..Self::default()
+        }
+    }
+
     /// Gives the place in `policy`'s line back, if this still holds one
     /// (a wait dropped before it ended).
     #[inline]
@@ -688,17 +850,25 @@ fn poll_wait_or<A, P>(
 where
     A: Future<Output = Result<P, RejectReason>>,
 {
-    if !line.started {
+    if line.armed == Armed::NotStarted {
         if policy.fails_fast() {
             return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
         }
         let ahead = policy.join_line(&mut line.placed);
-        line.started = true;
+        line.armed = if policy.times(line) {
+            Armed::None
+        } else {
+            Armed::Untimed
+        };
         if policy.max_queue.is_some_and(|max| ahead >= max) {
             policy.leave_line(&mut line.placed);
             return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
         }
-        line.start = policy.observed().then(Instant::now);
+        line.start = if line.timed() {
+            Some(policy.line_now())
+        } else {
+            policy.observed().then(Instant::now)
+        };
     }
     let start = line.start;
     let reason = match acquire.poll(cx) {
@@ -708,12 +878,16 @@ where
             // granted waiter found no permit free.
             let since = policy.clock_in(true);
             let waited = match (start, since) {
+                _ if line.timed() => policy.waited_since(start),
                 (Some(start), Some(now)) => now - start,
                 _ => Duration::ZERO,
             };
             return Poll::Ready(Ok((permit, Waited { waited, since })));
         }
         Poll::Ready(Err(reason)) => reason,
+        Poll::Pending if line.timed() => {
+            return poll_timed(deadline, line, policy, cx, timed_out);
+        }
         Poll::Pending => {
             let Some(limit) = policy.max_wait else {
                 return Poll::Pending;
@@ -750,8 +924,101 @@ where
         }
     };
     policy.leave_line(&mut line.placed);
-    let waited = start.map_or(Duration::ZERO, |start| start.elapsed());
+    let waited = if line.timed() {
+        policy.waited_since(start)
+    } else {
+        start.map_or(Duration::ZERO, |start| start.elapsed())
+    };
     Poll::Ready(Err(policy.reject(reason, waited)))
+}
+
+/// The pending part of a wait whose limits are more than `max_wait` (see
+/// [`Line::armed`]): a call that carries a deadline, and waits at most
+/// until it could still finish in time. With the line timer, that keeps
+/// `max_wait` (the line's deadlines stay in arrival order) and the wait's
+/// own sleep is armed for the deadline's limit; else the own sleep is
+/// armed for whichever limit comes first.
+#[inline(never)]
+fn poll_timed<P>(
+    deadline: Pin<&mut Deadline>,
+    line: &mut Line,
+    policy: &Policy,
+    cx: &mut Context<'_>,
+    timed_out: &impl Fn() -> RejectReason,
+) -> Poll<Result<(P, Waited), Rejected>> {
+    let end = match timed_limits(deadline, line, policy, cx) {
+        Poll::Pending => return Poll::Pending,
+        Poll::Ready(end) => end,
+    };
+    policy.leave_line(&mut line.placed);
+    let waited = policy.waited_since(line.start);
+    Poll::Ready(Err(match end {
+        Ok(End::MaxWait) => policy.reject(timed_out(), waited),
+        Ok(End::Until) => policy.reject(RejectReason::WontMakeDeadline, waited),
+        Err(_gone) => policy.reject_timer_gone(waited),
+    }))
+}
+
+/// Whether a timed wait has run out of one of its limits (see
+/// [`poll_timed`]).
+fn timed_limits(
+    mut deadline: Pin<&mut Deadline>,
+    line: &mut Line,
+    policy: &Policy,
+    cx: &mut Context<'_>,
+) -> Poll<Result<End, TimerGone>> {
+    let clock = policy.clock.as_ref().unwrap_or(&AUTO);
+    if line.armed == Armed::None {
+        // The first pending poll: arm the own sleep, if one is needed.
+        let now = policy.line_now();
+        let waited = line
+            .start
+            .map_or(Duration::ZERO, |start| now.saturating_duration_since(start));
+        // What is left until the call can no longer make its deadline.
+        let until = (line.deadline != 0)
+            .then(|| Duration::from_nanos(line.deadline.saturating_sub(policy.since_origin(now))));
+        if until == Some(Duration::ZERO) {
+            return Poll::Ready(Ok(End::Until));
+        }
+        // With the line timer, it keeps `max_wait` (and takes
+        // `line.deadline` for it); the own sleep, the deadline's limit.
+        let max_left = match policy.line_timer {
+            Some(_) => None,
+            None => policy.max_wait.map(|max| max.saturating_sub(waited)),
+        };
+        if policy.line_timer.is_some() {
+            line.deadline = 0;
+        }
+        let limit = match (max_left, until) {
+            (Some(max), Some(until)) if until < max => Some((until, Armed::Until)),
+            (Some(max), _) => Some((max, Armed::MaxWait)),
+            (None, Some(until)) => Some((until, Armed::Until)),
+            (None, None) => None,
+        };
+        match limit {
+            Some((limit, armed)) => {
+                line.armed = armed;
+                // Armed here, for `limit` from now.
+                if let Poll::Ready(fired) = deadline.as_mut().poll_at(Some(clock), limit, cx) {
+                    return Poll::Ready(fired.map(|()| line.end()));
+                }
+            }
+            None => line.armed = Armed::Unneeded,
+        }
+    } else if line.armed != Armed::Unneeded {
+        if let Poll::Ready(fired) = deadline.as_mut().poll_at(Some(clock), Duration::ZERO, cx) {
+            return Poll::Ready(fired.map(|()| line.end()));
+        }
+    }
+    if let Some(timer) = &policy.line_timer {
+        let max = policy.max_wait.unwrap_or(Duration::MAX);
+        return match timer.expired(&mut line.deadline, max) {
+            Err(gone) => Poll::Ready(Err(gone)),
+            Ok(true) => Poll::Ready(Ok(End::MaxWait)),
+            Ok(false) => Poll::Pending,
+        };
+    }
+    Poll::Pending
 }
 
 pin_project! {
