@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 
-PATHS = ["call", "call_by", "reject_full", "try_acquire"]
+PATHS = ["call", "call_by", "call_queue_delay", "reject_full", "try_acquire"]
 RUNS = (1_000, 11_000)
 
 

@@ -13,6 +13,7 @@
 //!   `benches/layer.rs`);
 //! - `call_by`: the same through `Bulkhead::call_by` with a deadline a
 //!   minute away;
+//! - `call_queue_delay`: `call` on a bulkhead with controlled delay on;
 //! - `reject_full`: `call` on a full bulkhead that fails fast;
 //! - `try_acquire`: `Bulkhead::try_acquire` and drop.
 //!
@@ -55,6 +56,7 @@ fn main() {
     match path {
         "call" => call(calls),
         "call_by" => call_by(calls),
+        "call_queue_delay" => call_queue_delay(calls),
         "reject_full" => reject_full(calls),
         "try_acquire" => try_acquire(calls),
         _ => usage(),
@@ -76,6 +78,18 @@ fn call_by(calls: u64) {
     let by = Instant::now() + Duration::from_secs(60);
     for _ in 0..calls {
         let out = poll(bh.call_by(by, async { Ok::<_, ()>(black_box(1u32)) }));
+        assert!(matches!(black_box(out), Poll::Ready(Ok(1))));
+    }
+}
+
+#[inline(never)]
+fn call_queue_delay(calls: u64) {
+    let bh = builder()
+        .queue_delay(Duration::from_millis(5), Duration::from_millis(100))
+        .build()
+        .unwrap();
+    for _ in 0..calls {
+        let out = poll(bh.call(async { Ok::<_, ()>(black_box(1u32)) }));
         assert!(matches!(black_box(out), Poll::Ready(Ok(1))));
     }
 }

@@ -182,6 +182,61 @@ fn every_path(timer: &str, make: &dyn Fn(BulkheadBuilder) -> Bulkhead, drive: Dr
     });
 
     deadline_paths(timer, make, drive);
+    queue_delay_paths(timer, make, drive);
+}
+
+/// The paths of a bulkhead with controlled delay: admitted after waiting
+/// (a sample), rejected after `max_wait`, and cut on a standing line (the
+/// line found standing, the waiters past the target woken and cut).
+fn queue_delay_paths(timer: &str, make: &dyn Fn(BulkheadBuilder) -> Bulkhead, drive: Drive) {
+    let bh = make(
+        Bulkhead::builder()
+            .max_concurrent_calls(1)
+            .max_wait(Duration::from_secs(10))
+            .queue_delay(Duration::from_secs(5), Duration::from_secs(60)),
+    );
+    assert_no_allocation(&format!("{timer}: queue_delay, after waiting"), || {
+        let held = bh.try_acquire().unwrap();
+        let mut call = pin!(bh.call(async { Ok::<_, ()>(1) }));
+        assert!(poll_once(call.as_mut()).is_pending());
+        drop(held);
+        assert_eq!(poll_once(call.as_mut()), Poll::Ready(Ok(1)));
+    });
+    let short = make(
+        Bulkhead::builder()
+            .max_concurrent_calls(1)
+            .max_wait(Duration::from_millis(1))
+            .queue_delay(Duration::from_secs(5), Duration::from_secs(60)),
+    );
+    let held = short.try_acquire().unwrap();
+    assert_no_allocation(&format!("{timer}: queue_delay, after max_wait"), || {
+        let mut out = None;
+        drive(pin!(async {
+            out = Some(short.call(async { Ok::<_, ()>(2) }).await)
+        }));
+        assert_rejected(Poll::Ready(out.unwrap()), RejectReason::Timeout);
+    });
+    drop(held);
+    // Standing at the first wait of a millisecond or more.
+    let standing = make(
+        Bulkhead::builder()
+            .max_concurrent_calls(1)
+            .max_wait(Duration::from_secs(10))
+            .queue_delay(Duration::from_millis(1), Duration::ZERO),
+    );
+    assert_no_allocation(&format!("{timer}: queue_delay, cut"), || {
+        let held = standing.try_acquire().unwrap();
+        let mut first = pin!(standing.call(async { Ok::<_, ()>(3) }));
+        let mut second = pin!(standing.call(async { Ok::<_, ()>(4) }));
+        assert!(poll_once(first.as_mut()).is_pending());
+        assert!(poll_once(second.as_mut()).is_pending());
+        std::thread::sleep(Duration::from_millis(2));
+        drop(held);
+        assert_eq!(poll_once(first.as_mut()), Poll::Ready(Ok(3)));
+        let mut out = None;
+        drive(pin!(async { out = Some(second.as_mut().await) }));
+        assert_rejected(Poll::Ready(out.unwrap()), RejectReason::QueueDelay);
+    });
 }
 
 /// The paths of a call that carries a deadline (`call_by`, `acquire_by`):

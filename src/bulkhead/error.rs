@@ -44,11 +44,18 @@ pub enum RejectReason {
     /// [`Rejected::retry_after`]) did not fit in the time left, or it waited
     /// until it could no longer finish in time.
     WontMakeDeadline,
+    /// Controlled delay ([`BulkheadBuilder::queue_delay`](crate::BulkheadBuilder::queue_delay)):
+    /// the waiting line had stood at or above its target wait for a whole
+    /// interval, and this caller had waited the target (or, arriving while
+    /// it stood, waited its target out) without a permit. The line is
+    /// being drained to what the permits can serve within the target.
+    QueueDelay,
 }
 
 impl RejectReason {
     /// A short lowercase label, for metrics and logs: `"full"`,
-    /// `"timeout"`, `"closed"`, `"unavailable"` or `"deadline"`.
+    /// `"timeout"`, `"closed"`, `"unavailable"`, `"deadline"` or
+    /// `"queue_delay"`.
     ///
     /// # Examples
     ///
@@ -64,6 +71,7 @@ impl RejectReason {
             Self::Closed => "closed",
             Self::Unavailable => "unavailable",
             Self::WontMakeDeadline => "deadline",
+            Self::QueueDelay => "queue_delay",
         }
     }
 }
@@ -290,6 +298,11 @@ impl fmt::Display for Rejected {
                 "bulkhead {} cannot serve the call before its deadline",
                 self.name
             ),
+            RejectReason::QueueDelay => write!(
+                f,
+                "bulkhead {} is overloaded: its waiting line stood past its target wait",
+                self.name
+            ),
         }
     }
 }
@@ -470,6 +483,9 @@ pub enum BuildErrorKind {
     ZeroCallTimeout,
     /// `leak_threshold` was zero: every permit would be reported.
     ZeroLeakThreshold,
+    /// `queue_delay`'s target was zero: every waiter would be cut once
+    /// the line stood.
+    ZeroQueueDelayTarget,
     /// A keyed bulkhead's `max_keys` was zero: no key could ever be served.
     ZeroMaxKeys,
     /// A non-zero `max_wait` or a `call_timeout` needs a timer, and none is
@@ -514,6 +530,9 @@ impl fmt::Display for BuildError {
             BuildErrorKind::EmptyName => "the bulkhead name must not be empty",
             BuildErrorKind::ZeroCallTimeout => "call_timeout must be greater than zero",
             BuildErrorKind::ZeroLeakThreshold => "leak_threshold must be greater than zero",
+            BuildErrorKind::ZeroQueueDelayTarget => {
+                "the target of queue_delay must be greater than zero"
+            }
             BuildErrorKind::ZeroMaxKeys => "max_keys must be at least 1",
             BuildErrorKind::NoTimer => {
                 "max_wait or call_timeout needs a timer: pass one with .timer(..) or enable the \

@@ -14,6 +14,7 @@ pub(crate) struct Counters {
     pub(crate) rejected_closed: AtomicU64,
     pub(crate) rejected_unavailable: AtomicU64,
     pub(crate) rejected_deadline: AtomicU64,
+    pub(crate) rejected_queue_delay: AtomicU64,
     pub(crate) call_timeouts: AtomicU64,
     /// Shared with the leak watches, which outlive a borrow of the policy.
     pub(crate) leaks_suspected: std::sync::Arc<AtomicU64>,
@@ -74,6 +75,7 @@ pub struct Metrics {
     pub(crate) rejected_closed: u64,
     pub(crate) rejected_unavailable: u64,
     pub(crate) rejected_deadline: u64,
+    pub(crate) rejected_queue_delay: u64,
     pub(crate) call_timeouts: u64,
     pub(crate) leaks_suspected: u64,
 }
@@ -322,6 +324,26 @@ impl Metrics {
         self.rejected_deadline
     }
 
+    /// Waiting calls cut by controlled delay
+    /// ([`RejectReason::QueueDelay`](crate::RejectReason::QueueDelay)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bulkhead::Bulkhead;
+    ///
+    /// let bh = Bulkhead::builder()
+    ///     .max_concurrent_calls(1)
+    ///     .queue_delay(Duration::from_millis(5), Duration::from_millis(100))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(bh.metrics().rejected_queue_delay(), 0); // nobody waited
+    /// ```
+    pub fn rejected_queue_delay(&self) -> u64 {
+        self.rejected_queue_delay
+    }
+
     /// All rejections.
     ///
     /// # Examples
@@ -343,6 +365,7 @@ impl Metrics {
             + self.rejected_closed
             + self.rejected_unavailable
             + self.rejected_deadline
+            + self.rejected_queue_delay
     }
 
     /// Admitted calls that have given their permit back

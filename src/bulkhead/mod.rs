@@ -36,6 +36,7 @@
 
 pub(crate) mod builder;
 mod call;
+mod delay;
 pub(crate) mod error;
 mod export;
 pub(crate) mod guard;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use pin_project_lite::pin_project;
 
+use super::delay::LineDelay;
 use super::error::{BulkheadError, Hint, RejectReason, Rejected, nanos};
 use super::line_timer::LineTimer;
 use super::metrics::{Counters, Metrics};
@@ -66,9 +67,13 @@ pub(crate) struct Policy {
     /// from the calls that `clock` times: a [`HoldEstimate`], kept in an
     /// atomic.
     hold_ns: AtomicU64,
-    /// Where the deadlines of calls that carry one count from (see
-    /// [`Line::deadline`]).
+    /// Where the deadlines of calls that carry one, and controlled
+    /// delay's samples, count from (see [`Line::deadline`]).
     origin: Instant,
+    /// Controlled delay on the line (`queue_delay`), if on. Boxed: it is
+    /// read on waiting paths only, and a pointer keeps the policy's layout
+    /// (and the code of the fast path) as it is without it.
+    delay: Option<Box<LineDelay>>,
 }
 
 /// The clock of a policy that has none (no setting of it needs a timer),
@@ -93,6 +98,8 @@ pub(crate) struct Settings {
     /// The limit at first, for retry hints.
     pub(crate) limit: usize,
     pub(crate) leak_threshold: Option<Duration>,
+    /// Controlled delay: target and interval.
+    pub(crate) queue_delay: Option<(Duration, Duration)>,
     /// See `Policy::spans`.
     #[cfg(feature = "tracing")]
     pub(crate) spans: bool,
@@ -132,6 +139,7 @@ impl Policy {
             observers,
             limit,
             leak_threshold,
+            queue_delay,
             #[cfg(feature = "tracing")]
             spans,
         } = settings;
@@ -154,6 +162,7 @@ impl Policy {
             hint_limit: AtomicUsize::new(limit),
             hold_ns: AtomicU64::new(0),
             origin: Instant::now(),
+            delay: queue_delay.map(|(target, interval)| Box::new(LineDelay::new(target, interval))),
         }
     }
 
@@ -196,14 +205,73 @@ impl Policy {
         }
     }
 
+    /// Lets controlled delay wake the front waiter of `sem` (whose waiters
+    /// are exactly this policy's) when the line starts to stand.
+    pub(crate) fn delay_line(&mut self, sem: &Arc<crate::Semaphore>) {
+        if let Some(delay) = &mut self.delay {
+            delay.set_line(sem);
+        }
+    }
+
     /// A waiter left the line for good, its acquire gone (served, rejected,
     /// dropped): with a line timer, the next one may have to look at its
-    /// deadline.
+    /// deadline; with controlled delay, an empty line ends an overload.
     #[inline]
     pub(crate) fn left_line(&self) {
         if let Some(timer) = &self.line_timer {
             timer.pass_on();
         }
+        if let Some(delay) = &self.delay {
+            self.left_delayed_line(delay);
+        }
+    }
+
+    /// [`left_line`](Self::left_line) under controlled delay: an empty
+    /// line clears an overload; without a line timer, while the line
+    /// stands, the new front waiter looks at how long it has waited (the
+    /// chain of `delay.rs`'s notes).
+    #[inline(never)]
+    fn left_delayed_line(&self, delay: &LineDelay) {
+        if self.queued() == 0 {
+            delay.emptied();
+        } else if self.line_timer.is_none() && delay.cut().is_some() {
+            delay.wake_front();
+        }
+    }
+
+    /// The start of a timed wait, on the line's clock.
+    #[inline(never)]
+    fn start_timed(&self) -> Option<Instant> {
+        Some(self.line_now())
+    }
+
+    /// Controlled delay's cut, for a waiter that started at `start`: its
+    /// wait if the line stands and it has waited the target, else `None`.
+    #[inline(never)]
+    fn cut_now(&self, start: Option<Instant>) -> Option<Duration> {
+        let target = self.delay.as_ref()?.cut()?;
+        let waited = self.waited_since(start);
+        (waited >= target).then_some(waited)
+    }
+
+    /// A timed wait left the line at its end (served, or out of
+    /// `max_wait`: `sample`), having started at `start`: how long it
+    /// waited, on the line's clock. With controlled delay a sample tells
+    /// it how long the line is; the sample that finds it standing cuts
+    /// the waiters past the target, by waking the front one.
+    #[inline(never)]
+    fn timed_wait_ended(&self, start: Option<Instant>, sample: bool) -> Duration {
+        let now = self.line_now();
+        let waited = start.map_or(Duration::ZERO, |start| now.saturating_duration_since(start));
+        if let Some(delay) = self.delay.as_ref().filter(|_| sample) {
+            if delay.sample(self.since_origin(now), nanos(waited)) {
+                match &self.line_timer {
+                    Some(timer) => timer.restart(),
+                    None => delay.wake_front(),
+                }
+            }
+        }
+        waited
     }
 
     /// Callers in the waiting line now.
@@ -265,6 +333,7 @@ impl Policy {
             rejected_closed: Counters::get(&c.rejected_closed),
             rejected_unavailable: Counters::get(&c.rejected_unavailable),
             rejected_deadline: Counters::get(&c.rejected_deadline),
+            rejected_queue_delay: Counters::get(&c.rejected_queue_delay),
             call_timeouts: Counters::get(&c.call_timeouts),
             leaks_suspected: Counters::get(&c.leaks_suspected),
         }
@@ -444,6 +513,7 @@ impl Policy {
             RejectReason::Closed => &c.rejected_closed,
             RejectReason::Unavailable => &c.rejected_unavailable,
             RejectReason::WontMakeDeadline => &c.rejected_deadline,
+            RejectReason::QueueDelay => &c.rejected_queue_delay,
         });
         if self.observed() {
             self.tell_rejected(reason, waited_ns);
@@ -530,10 +600,11 @@ impl Policy {
     }
 
     /// Whether a wait that starts now is timed on the line's clock and
-    /// polled by [`poll_timed`]: it carries a deadline.
+    /// polled by [`poll_timed`]: it carries a deadline, or the line has
+    /// controlled delay.
     #[inline]
     fn times(&self, line: &Line) -> bool {
-        line.deadline != 0
+        line.deadline != 0 || self.delay.is_some()
     }
 
     /// How long a timed wait that started at `start` has waited, on the
@@ -728,6 +799,9 @@ enum Armed {
     MaxWait,
     /// The latest start of a call that carries a deadline.
     Until,
+    /// Controlled delay's target: past it, a waiter is cut if the line
+    /// stands (a sleep per waiter only; the line timer keeps the cut).
+    Checkpoint,
 }
 
 /// How a wait of [`poll_timed`] ran out.
@@ -737,6 +811,9 @@ enum End {
     MaxWait,
     /// The call can no longer make its deadline.
     Until,
+    /// Controlled delay cut it: the line stands, and it has waited the
+    /// target.
+    Cut,
 }
 
 impl Line {
@@ -751,6 +828,7 @@ impl Line {
     fn end(&self) -> End {
         match self.armed {
             Armed::Until => End::Until,
+            Armed::Checkpoint => End::Cut,
             _ => End::MaxWait,
         }
     }
@@ -865,10 +943,13 @@ where
             return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
         }
         line.start = if line.timed() {
-            Some(policy.line_now())
+            policy.start_timed()
         } else {
             policy.observed().then(Instant::now)
         };
+    }
+    if line.timed() {
+        return poll_timed(acquire, deadline, line, policy, cx, timed_out);
     }
     let start = line.start;
     let reason = match acquire.poll(cx) {
@@ -878,16 +959,12 @@ where
             // granted waiter found no permit free.
             let since = policy.clock_in(true);
             let waited = match (start, since) {
-                _ if line.timed() => policy.waited_since(start),
                 (Some(start), Some(now)) => now - start,
                 _ => Duration::ZERO,
             };
             return Poll::Ready(Ok((permit, Waited { waited, since })));
         }
         Poll::Ready(Err(reason)) => reason,
-        Poll::Pending if line.timed() => {
-            return poll_timed(deadline, line, policy, cx, timed_out);
-        }
         Poll::Pending => {
             let Some(limit) = policy.max_wait else {
                 return Poll::Pending;
@@ -924,39 +1001,67 @@ where
         }
     };
     policy.leave_line(&mut line.placed);
-    let waited = if line.timed() {
-        policy.waited_since(start)
-    } else {
-        start.map_or(Duration::ZERO, |start| start.elapsed())
-    };
+    let waited = start.map_or(Duration::ZERO, |start| start.elapsed());
     Poll::Ready(Err(policy.reject(reason, waited)))
 }
 
-/// The pending part of a wait whose limits are more than `max_wait` (see
+/// [`poll_wait_or`] for a wait whose limits are more than `max_wait` (see
 /// [`Line::armed`]): a call that carries a deadline, and waits at most
-/// until it could still finish in time. With the line timer, that keeps
-/// `max_wait` (the line's deadlines stay in arrival order) and the wait's
-/// own sleep is armed for the deadline's limit; else the own sleep is
-/// armed for whichever limit comes first.
+/// until it could still finish in time; a line under controlled delay,
+/// where a waiter is cut once it has waited the target on a standing
+/// line. With the line timer, that keeps `max_wait` and the cut (the
+/// line's deadlines stay in arrival order) and the wait's own sleep is
+/// armed for the deadline's limit; else the own sleep is armed for
+/// whichever limit comes first. Out of line, so that the untimed wait's
+/// code (and the fast path that `Bulkhead::call` inlines with it) stays
+/// as it was.
 #[inline(never)]
-fn poll_timed<P>(
+fn poll_timed<A, P>(
+    acquire: Pin<&mut A>,
     deadline: Pin<&mut Deadline>,
     line: &mut Line,
     policy: &Policy,
     cx: &mut Context<'_>,
     timed_out: &impl Fn() -> RejectReason,
-) -> Poll<Result<(P, Waited), Rejected>> {
-    let end = match timed_limits(deadline, line, policy, cx) {
-        Poll::Pending => return Poll::Pending,
-        Poll::Ready(end) => end,
+) -> Poll<Result<(P, Waited), Rejected>>
+where
+    A: Future<Output = Result<P, RejectReason>>,
+{
+    if let Some(waited) = policy.cut_now(line.start) {
+        // Before the acquire is polled: a permit handed to it already
+        // goes back (its owner cancels it) to the next waiter.
+        policy.leave_line(&mut line.placed);
+        return Poll::Ready(Err(policy.reject(RejectReason::QueueDelay, waited)));
+    }
+    let reason = match acquire.poll(cx) {
+        Poll::Ready(Ok(permit)) => {
+            policy.leave_line(&mut line.placed);
+            let since = policy.clock_in(true);
+            let waited = policy.timed_wait_ended(line.start, true);
+            return Poll::Ready(Ok((permit, Waited { waited, since })));
+        }
+        Poll::Ready(Err(reason)) => reason,
+        Poll::Pending => {
+            let end = match timed_limits(deadline, line, policy, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(end) => end,
+            };
+            policy.leave_line(&mut line.placed);
+            // Only a wait out of `max_wait` is a sample of the line: a
+            // deadline is the caller's patience, and a cut one waited the
+            // target.
+            let waited = policy.timed_wait_ended(line.start, matches!(end, Ok(End::MaxWait)));
+            return Poll::Ready(Err(match end {
+                Ok(End::MaxWait) => policy.reject(timed_out(), waited),
+                Ok(End::Until) => policy.reject(RejectReason::WontMakeDeadline, waited),
+                Ok(End::Cut) => policy.reject(RejectReason::QueueDelay, waited),
+                Err(_gone) => policy.reject_timer_gone(waited),
+            }));
+        }
     };
     policy.leave_line(&mut line.placed);
     let waited = policy.waited_since(line.start);
-    Poll::Ready(Err(match end {
-        Ok(End::MaxWait) => policy.reject(timed_out(), waited),
-        Ok(End::Until) => policy.reject(RejectReason::WontMakeDeadline, waited),
-        Err(_gone) => policy.reject_timer_gone(waited),
-    }))
+    Poll::Ready(Err(policy.reject(reason, waited)))
 }
 
 /// Whether a timed wait has run out of one of its limits (see
@@ -968,20 +1073,48 @@ fn timed_limits(
     cx: &mut Context<'_>,
 ) -> Poll<Result<End, TimerGone>> {
     let clock = policy.clock.as_ref().unwrap_or(&AUTO);
-    if line.armed == Armed::None {
-        // The first pending poll: arm the own sleep, if one is needed.
-        let now = policy.line_now();
-        let waited = line
-            .start
-            .map_or(Duration::ZERO, |start| now.saturating_duration_since(start));
-        // What is left until the call can no longer make its deadline.
-        let until = (line.deadline != 0)
-            .then(|| Duration::from_nanos(line.deadline.saturating_sub(policy.since_origin(now))));
-        if until == Some(Duration::ZERO) {
-            return Poll::Ready(Ok(End::Until));
+    let now = policy.line_now();
+    let waited = line
+        .start
+        .map_or(Duration::ZERO, |start| now.saturating_duration_since(start));
+    // Controlled delay: while the line stands, a waiter that has waited
+    // the target is cut (one woken to look, or past its checkpoint).
+    let cut = policy.delay.as_deref().and_then(LineDelay::cut);
+    if cut.is_some_and(|target| waited >= target) {
+        return Poll::Ready(Ok(End::Cut));
+    }
+    // What is left until the call can no longer make its deadline; the
+    // line timer takes `line.deadline` for itself at the first look.
+    let until = match (line.armed, &policy.line_timer) {
+        (Armed::None, _) | (_, None) if line.deadline != 0 => Some(Duration::from_nanos(
+            line.deadline.saturating_sub(policy.since_origin(now)),
+        )),
+        _ => None,
+    };
+    if until == Some(Duration::ZERO) {
+        return Poll::Ready(Ok(End::Until));
+    }
+    let mut arm = line.armed == Armed::None;
+    if !arm && line.armed != Armed::Unneeded {
+        match deadline.as_mut().poll_at(Some(clock), Duration::ZERO, cx) {
+            Poll::Pending => {}
+            Poll::Ready(Err(gone)) => return Poll::Ready(Err(gone)),
+            Poll::Ready(Ok(())) if line.armed == Armed::Checkpoint && cut.is_none() => {
+                // The target passed with the line not standing: sleep on
+                // for what is left of the other limits.
+                deadline.set(Deadline::new());
+                arm = true;
+            }
+            Poll::Ready(Ok(())) => return Poll::Ready(Ok(line.end())),
         }
-        // With the line timer, it keeps `max_wait` (and takes
-        // `line.deadline` for it); the own sleep, the deadline's limit.
+    }
+    if arm {
+        let checkpoint = match (&policy.delay, &policy.line_timer, line.armed) {
+            (Some(delay), None, Armed::None) => Some(delay.target().saturating_sub(waited)),
+            _ => None,
+        };
+        // With the line timer, it keeps `max_wait` and the cut; the own
+        // sleep, only the deadline's limit.
         let max_left = match policy.line_timer {
             Some(_) => None,
             None => policy.max_wait.map(|max| max.saturating_sub(waited)),
@@ -989,31 +1122,35 @@ fn timed_limits(
         if policy.line_timer.is_some() {
             line.deadline = 0;
         }
-        let limit = match (max_left, until) {
-            (Some(max), Some(until)) if until < max => Some((until, Armed::Until)),
-            (Some(max), _) => Some((max, Armed::MaxWait)),
-            (None, Some(until)) => Some((until, Armed::Until)),
-            (None, None) => None,
-        };
-        match limit {
+        let soonest = [
+            checkpoint.map(|d| (d, Armed::Checkpoint)),
+            until.map(|d| (d, Armed::Until)),
+            max_left.map(|d| (d, Armed::MaxWait)),
+        ]
+        .into_iter()
+        .flatten()
+        .min_by_key(|&(d, _)| d);
+        match soonest {
             Some((limit, armed)) => {
                 line.armed = armed;
                 // Armed here, for `limit` from now.
                 if let Poll::Ready(fired) = deadline.as_mut().poll_at(Some(clock), limit, cx) {
-                    return Poll::Ready(fired.map(|()| line.end()));
+                    if armed != Armed::Checkpoint || fired.is_err() {
+                        return Poll::Ready(fired.map(|()| line.end()));
+                    }
+                    // A checkpoint already past, on a line that does not
+                    // stand: look again at the next poll.
+                    cx.waker().wake_by_ref();
                 }
             }
             None => line.armed = Armed::Unneeded,
         }
-    } else if line.armed != Armed::Unneeded {
-        if let Poll::Ready(fired) = deadline.as_mut().poll_at(Some(clock), Duration::ZERO, cx) {
-            return Poll::Ready(fired.map(|()| line.end()));
-        }
     }
     if let Some(timer) = &policy.line_timer {
         let max = policy.max_wait.unwrap_or(Duration::MAX);
-        return match timer.expired(&mut line.deadline, max) {
+        return match timer.expired_by(&mut line.deadline, max, cut) {
             Err(gone) => Poll::Ready(Err(gone)),
+            Ok(true) if cut.is_some_and(|target| target < max) => Poll::Ready(Ok(End::Cut)),
             Ok(true) => Poll::Ready(Ok(End::MaxWait)),
             Ok(false) => Poll::Pending,
         };
