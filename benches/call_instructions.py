@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Instructions per call on the single-call paths of `Bulkhead`, counted by
-callgrind: `benches/call_instructions.rs` runs each path 1,000 and 11,000
-times, and the difference over 10,000 is one call, start-up excluded.
+callgrind: `benches/call_instructions.rs` runs each path 6,400 and 70,400
+times, and the difference over 64,000 is one call, start-up excluded.
 
 Usage: python3 benches/call_instructions.py [PATH ...]
 
@@ -15,8 +15,9 @@ import re
 import subprocess
 import sys
 
-PATHS = ["call", "call_by", "call_queue_delay", "reject_full", "try_acquire"]
-RUNS = (1_000, 11_000)
+PATHS = ["call", "call_by", "call_queue_delay", "reject_full", "try_acquire", "contended",
+         "contended_max_wait"]
+RUNS = (6_400, 70_400)
 
 
 def build():

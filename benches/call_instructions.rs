@@ -15,10 +15,14 @@
 //!   minute away;
 //! - `call_queue_delay`: `call` on a bulkhead with controlled delay on;
 //! - `reject_full`: `call` on a full bulkhead that fails fast;
-//! - `try_acquire`: `Bulkhead::try_acquire` and drop.
+//! - `try_acquire`: `Bulkhead::try_acquire` and drop;
+//! - `contended`, `contended_max_wait`: 64 tasks on a current-thread tokio
+//!   runtime share 8 permits, each call's work yields once (the
+//!   `contended/ct` and `contended/ct_max_wait` cells of
+//!   `benches/layer.rs`); `CALLS` is the total, the runtime included.
 //!
-//! Every future is polled once by hand with `Waker::noop()`, so no executor
-//! is counted. Without arguments (as under a plain `cargo bench`) it prints
+//! The single-call paths' futures are polled once by hand with
+//! `Waker::noop()`, so no executor is counted. Without arguments (as under a plain `cargo bench`) it prints
 //! this usage and exits.
 
 use std::future::Future;
@@ -59,6 +63,8 @@ fn main() {
         "call_queue_delay" => call_queue_delay(calls),
         "reject_full" => reject_full(calls),
         "try_acquire" => try_acquire(calls),
+        "contended" => contended(calls, None),
+        "contended_max_wait" => contended(calls, Some(Duration::from_secs(10))),
         _ => usage(),
     }
 }
@@ -115,6 +121,41 @@ fn try_acquire(calls: u64) {
     for _ in 0..calls {
         drop(black_box(bh.try_acquire().unwrap()));
     }
+}
+
+#[inline(never)]
+fn contended(calls: u64, max_wait: Option<Duration>) {
+    const TASKS: u64 = 64;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut builder = Bulkhead::builder().name("bench").max_concurrent_calls(8);
+        if let Some(max_wait) = max_wait {
+            builder = builder.max_wait(max_wait);
+        }
+        let bh = builder.build().unwrap();
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let bh = bh.clone();
+                tokio::spawn(async move {
+                    for _ in 0..calls / TASKS {
+                        let out = bh
+                            .call(async {
+                                tokio::task::yield_now().await;
+                                Ok::<_, ()>(black_box(1u32))
+                            })
+                            .await;
+                        assert_eq!(out, Ok(1));
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+    });
 }
 
 fn usage() {

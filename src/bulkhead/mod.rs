@@ -48,7 +48,7 @@ mod permit;
 pub(crate) mod policy;
 
 pub use builder::BulkheadBuilder;
-pub use call::Call;
+pub use call::{Call, CallBy};
 pub use error::{BuildError, BuildErrorKind, BulkheadError, RejectReason, Rejected};
 pub use metrics::Metrics;
 pub use observer::{CallOutcome, Observer};
@@ -237,11 +237,11 @@ impl Bulkhead {
     /// # });
     /// ```
     #[inline]
-    pub fn call_by<F, T, E>(&self, by: Instant, call: F) -> Call<'_, F>
+    pub fn call_by<F, T, E>(&self, by: Instant, call: F) -> CallBy<'_, F>
     where
         F: Future<Output = Result<T, E>>,
     {
-        Call::by(&self.shared, by, call)
+        CallBy::new(&self.shared, by, call)
     }
 
     /// [`acquire`](Self::acquire) for work that must be done `by` a

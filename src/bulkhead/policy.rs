@@ -817,12 +817,6 @@ enum End {
 }
 
 impl Line {
-    /// Whether the wait is timed (see [`Line::armed`]).
-    #[inline]
-    fn timed(&self) -> bool {
-        !matches!(self.armed, Armed::NotStarted | Armed::Untimed)
-    }
-
     /// How the wait ended, when the own sleep of [`poll_timed`] fired.
     #[inline]
     fn end(&self) -> End {
@@ -933,22 +927,18 @@ where
             return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
         }
         let ahead = policy.join_line(&mut line.placed);
-        line.armed = if policy.times(line) {
-            Armed::None
-        } else {
-            Armed::Untimed
-        };
+        line.armed = Armed::Untimed;
         if policy.max_queue.is_some_and(|max| ahead >= max) {
             policy.leave_line(&mut line.placed);
             return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
         }
-        line.start = if line.timed() {
-            policy.start_timed()
-        } else {
-            policy.observed().then(Instant::now)
-        };
-    }
-    if line.timed() {
+        if policy.times(line) {
+            line.armed = Armed::None;
+            line.start = policy.start_timed();
+            return poll_timed(acquire, deadline, line, policy, cx, timed_out);
+        }
+        line.start = policy.observed().then(Instant::now);
+    } else if line.armed != Armed::Untimed {
         return poll_timed(acquire, deadline, line, policy, cx, timed_out);
     }
     let start = line.start;
