@@ -185,6 +185,6 @@ pub mod observer {
 /// hand.
 pub mod futures {
     #[cfg(not(loom))]
-    pub use crate::bulkhead::Call;
+    pub use crate::bulkhead::{Call, CallBy};
     pub use crate::semaphore::{Acquire, AcquireOwned};
 }

@@ -180,6 +180,124 @@ fn every_path(timer: &str, make: &dyn Fn(BulkheadBuilder) -> Bulkhead, drive: Dr
         drive(pin!(async { out = Some(short.call(stuck()).await) }));
         assert!(matches!(out, Some(Err(BulkheadError::CallTimeout))));
     });
+
+    deadline_paths(timer, make, drive);
+    queue_delay_paths(timer, make, drive);
+}
+
+/// The paths of a bulkhead with controlled delay: admitted after waiting
+/// (a sample), rejected after `max_wait`, and cut on a standing line (the
+/// line found standing, the waiters past the target woken and cut).
+fn queue_delay_paths(timer: &str, make: &dyn Fn(BulkheadBuilder) -> Bulkhead, drive: Drive) {
+    let bh = make(
+        Bulkhead::builder()
+            .max_concurrent_calls(1)
+            .max_wait(Duration::from_secs(10))
+            .queue_delay(Duration::from_secs(5), Duration::from_secs(60)),
+    );
+    assert_no_allocation(&format!("{timer}: queue_delay, after waiting"), || {
+        let held = bh.try_acquire().unwrap();
+        let mut call = pin!(bh.call(async { Ok::<_, ()>(1) }));
+        assert!(poll_once(call.as_mut()).is_pending());
+        drop(held);
+        assert_eq!(poll_once(call.as_mut()), Poll::Ready(Ok(1)));
+    });
+    let short = make(
+        Bulkhead::builder()
+            .max_concurrent_calls(1)
+            .max_wait(Duration::from_millis(1))
+            .queue_delay(Duration::from_secs(5), Duration::from_secs(60)),
+    );
+    let held = short.try_acquire().unwrap();
+    assert_no_allocation(&format!("{timer}: queue_delay, after max_wait"), || {
+        let mut out = None;
+        drive(pin!(async {
+            out = Some(short.call(async { Ok::<_, ()>(2) }).await)
+        }));
+        assert_rejected(Poll::Ready(out.unwrap()), RejectReason::Timeout);
+    });
+    drop(held);
+    // Standing at the first wait of a millisecond or more.
+    let standing = make(
+        Bulkhead::builder()
+            .max_concurrent_calls(1)
+            .max_wait(Duration::from_secs(10))
+            .queue_delay(Duration::from_millis(1), Duration::ZERO),
+    );
+    assert_no_allocation(&format!("{timer}: queue_delay, cut"), || {
+        let held = standing.try_acquire().unwrap();
+        let mut first = pin!(standing.call(async { Ok::<_, ()>(3) }));
+        let mut second = pin!(standing.call(async { Ok::<_, ()>(4) }));
+        assert!(poll_once(first.as_mut()).is_pending());
+        assert!(poll_once(second.as_mut()).is_pending());
+        std::thread::sleep(Duration::from_millis(2));
+        drop(held);
+        assert_eq!(poll_once(first.as_mut()), Poll::Ready(Ok(3)));
+        let mut out = None;
+        drive(pin!(async { out = Some(second.as_mut().await) }));
+        assert_rejected(Poll::Ready(out.unwrap()), RejectReason::QueueDelay);
+    });
+}
+
+/// The paths of a call that carries a deadline (`call_by`, `acquire_by`):
+/// admitted at once, after waiting, rejected at once (a passed deadline, or
+/// one the estimate cannot meet), and rejected after waiting as long as it
+/// could still finish in time, on its own sleep.
+fn deadline_paths(timer: &str, make: &dyn Fn(BulkheadBuilder) -> Bulkhead, drive: Drive) {
+    // An observer, so that every hold time is measured (without one,
+    // only a sample is), and the estimate below learns the 20 ms hold.
+    struct Quiet;
+    impl bulkhead::Observer for Quiet {}
+    let bh = make(
+        Bulkhead::builder()
+            .max_concurrent_calls(1)
+            .max_wait(Duration::from_secs(10))
+            .call_timeout(Duration::from_secs(10))
+            .observer(Arc::new(Quiet)),
+    );
+    let soon = || std::time::Instant::now() + Duration::from_secs(5);
+    assert_no_allocation(&format!("{timer}: call_by, admitted at once"), || {
+        let out = poll_once(pin!(bh.call_by(soon(), async { Ok::<_, ()>(1) })));
+        assert_eq!(out, Poll::Ready(Ok(1)));
+    });
+    assert_no_allocation(&format!("{timer}: call_by, after waiting"), || {
+        let held = bh.try_acquire().unwrap();
+        let mut call = pin!(bh.call_by(soon(), async { Ok::<_, ()>(2) }));
+        assert!(poll_once(call.as_mut()).is_pending());
+        drop(held);
+        assert_eq!(poll_once(call.as_mut()), Poll::Ready(Ok(2)));
+    });
+    assert_no_allocation(&format!("{timer}: call_by, a passed deadline"), || {
+        let passed = std::time::Instant::now() - Duration::from_millis(1);
+        let out = poll_once(pin!(bh.call_by(passed, async { Ok::<_, ()>(3) })));
+        assert_rejected(out, RejectReason::WontMakeDeadline);
+    });
+    assert_no_allocation(&format!("{timer}: acquire_by, after waiting"), || {
+        let held = bh.try_acquire().unwrap();
+        let mut acquire = pin!(bh.acquire_by(soon()));
+        assert!(poll_once(acquire.as_mut()).is_pending());
+        drop(held);
+        assert!(matches!(poll_once(acquire.as_mut()), Poll::Ready(Ok(_))));
+    });
+    // A hold time of some 20 ms is known from here on.
+    let held = bh.try_acquire().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    drop(held);
+    let held = bh.try_acquire().unwrap();
+    assert_no_allocation(&format!("{timer}: call_by, the estimate says no"), || {
+        let by = std::time::Instant::now() + Duration::from_millis(2);
+        let out = poll_once(pin!(bh.call_by(by, async { Ok::<_, ()>(4) })));
+        assert_rejected(out, RejectReason::WontMakeDeadline);
+    });
+    assert_no_allocation(&format!("{timer}: call_by, out of time in line"), || {
+        let by = std::time::Instant::now() + Duration::from_millis(60);
+        let mut out = None;
+        drive(pin!(async {
+            out = Some(bh.call_by(by, async { Ok::<_, ()>(5) }).await)
+        }));
+        assert_rejected(Poll::Ready(out.unwrap()), RejectReason::WontMakeDeadline);
+    });
+    drop(held);
 }
 
 fn assert_rejected<T: std::fmt::Debug>(

@@ -571,6 +571,11 @@ fn traits() {
     let fut = bh.call(async { Ok::<_, ()>(()) });
     fn is_send<T: Send>(_: &T) {}
     is_send(&fut);
+    let by = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    let fut: bulkhead::futures::CallBy<'_, _> = bh.call_by(by, async { Ok::<_, ()>(()) });
+    is_send(&fut);
+    assert!(format!("{fut:?}").starts_with("CallBy"));
+    is_send(&bh.acquire_by(by));
     assert_eq!(CallOutcome::Success.to_string(), "success");
 }
 

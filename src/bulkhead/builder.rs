@@ -28,6 +28,10 @@ use crate::timer::{Clock, Timer};
 /// | `observer` | none | hooks that see every call (may be given several times) |
 /// | `exporters` | `true` | publish to `metrics` / `tracing` when those features are on |
 /// | `leak_threshold` | none | report permits held longer than this |
+/// | `queue_delay` | off | controlled delay: cut a standing line's waits to a target |
+///
+/// A call may also carry its own deadline
+/// ([`Bulkhead::call_by`](crate::Bulkhead::call_by)): no setting needed.
 ///
 /// # Examples
 ///
@@ -52,6 +56,8 @@ pub struct BulkheadBuilder {
     pub(crate) observers: Vec<Arc<dyn Observer>>,
     pub(crate) exporters: bool,
     pub(crate) leak_threshold: Option<Duration>,
+    /// Controlled delay: the target wait and the interval.
+    pub(crate) queue_delay: Option<(Duration, Duration)>,
 }
 
 /// What [`BulkheadBuilder::check`] resolved: the name and the timer.
@@ -83,6 +89,7 @@ impl BulkheadBuilder {
             observers: Vec::new(),
             exporters: true,
             leak_threshold: None,
+            queue_delay: None,
         }
     }
 
@@ -382,6 +389,44 @@ impl BulkheadBuilder {
         self
     }
 
+    /// Controlled delay on the waiting line (Facebook's "Fail at Scale"),
+    /// off by default: once every caller that left the line (served, or
+    /// out of `max_wait`) for a whole `interval` had waited `target` or
+    /// more, the line is *standing*, and until it next empties every
+    /// waiter that has waited `target` is rejected with
+    /// [`RejectReason::QueueDelay`](crate::RejectReason::QueueDelay): the
+    /// line drains to what the permits serve within the target, instead
+    /// of serving callers who have likely given up. A burst that the line
+    /// absorbs and clears within the interval is untouched. Fail at Scale
+    /// uses 5 ms and 100 ms. The target must be greater than zero.
+    ///
+    /// It works with every timer. With the default timer,
+    /// [`ThreadTimer`](crate::timer::ThreadTimer) or `AsyncIoTimer` (in
+    /// fair mode) the line's one timer keeps the cut; with another, each
+    /// waiter's sleep first fires at the target (where it is cut if the
+    /// line stands), then at `max_wait`. A caller admitted at once costs
+    /// nothing more; a waiter reads the clock when it joins and when it
+    /// leaves, and the ones that leave take a small lock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bulkhead::Bulkhead;
+    ///
+    /// let bh = Bulkhead::builder()
+    ///     .max_concurrent_calls(20)
+    ///     .max_wait(Duration::from_millis(500)) // long enough for bursts
+    ///     .queue_delay(Duration::from_millis(5), Duration::from_millis(100))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(bh.metrics().rejected_queue_delay(), 0);
+    /// ```
+    pub fn queue_delay(mut self, target: Duration, interval: Duration) -> Self {
+        self.queue_delay = Some((target, interval));
+        self
+    }
+
     /// Checks the configuration and makes the bulkhead.
     ///
     /// # Errors
@@ -414,6 +459,7 @@ impl BulkheadBuilder {
         });
         policy.line_of(&sem);
         policy.time_line(&sem);
+        policy.delay_line(&sem);
         Ok(Bulkhead {
             shared: Arc::new(Shared {
                 policy,
@@ -450,9 +496,13 @@ impl BulkheadBuilder {
         if self.leak_threshold == Some(Duration::ZERO) {
             return fail(BuildErrorKind::ZeroLeakThreshold);
         }
+        if self.queue_delay.is_some_and(|(target, _)| target.is_zero()) {
+            return fail(BuildErrorKind::ZeroQueueDelayTarget);
+        }
         let needs_timer = self.max_wait.is_some_and(|d| !d.is_zero())
             || self.call_timeout.is_some()
-            || self.leak_threshold.is_some();
+            || self.leak_threshold.is_some()
+            || self.queue_delay.is_some();
         // Resolved once: the bundled timers' sleeps then live inline in the
         // waiting futures. Without a timer of the user's, every sleep runs
         // on the timer of the runtime it is made in.
@@ -503,6 +553,7 @@ impl BulkheadBuilder {
             observers,
             limit,
             leak_threshold: self.leak_threshold,
+            queue_delay: self.queue_delay,
             #[cfg(feature = "tracing")]
             spans: self.exporters,
         }))
@@ -521,6 +572,8 @@ impl fmt::Debug for BulkheadBuilder {
             .field("timer", &self.timer)
             .field("observers", &self.observers.len())
             .field("exporters", &self.exporters)
+            .field("leak_threshold", &self.leak_threshold)
+            .field("queue_delay", &self.queue_delay)
             .finish()
     }
 }

@@ -37,11 +37,25 @@ pub enum RejectReason {
     /// runtime has shut down, or has no time driver), so the bound could
     /// not be kept.
     Unavailable,
+    /// The call carried a deadline ([`Bulkhead::call_by`](crate::Bulkhead::call_by),
+    /// [`Bulkhead::acquire_by`](crate::Bulkhead::acquire_by)) that it could
+    /// not make: the deadline had passed, the expected wait plus the
+    /// expected hold time (the averages behind
+    /// [`Rejected::retry_after`]) did not fit in the time left, or it waited
+    /// until it could no longer finish in time.
+    WontMakeDeadline,
+    /// Controlled delay ([`BulkheadBuilder::queue_delay`](crate::BulkheadBuilder::queue_delay)):
+    /// the waiting line had stood at or above its target wait for a whole
+    /// interval, and this caller had waited the target (or, arriving while
+    /// it stood, waited its target out) without a permit. The line is
+    /// being drained to what the permits can serve within the target.
+    QueueDelay,
 }
 
 impl RejectReason {
     /// A short lowercase label, for metrics and logs: `"full"`,
-    /// `"timeout"`, `"closed"` or `"unavailable"`.
+    /// `"timeout"`, `"closed"`, `"unavailable"`, `"deadline"` or
+    /// `"queue_delay"`.
     ///
     /// # Examples
     ///
@@ -56,6 +70,8 @@ impl RejectReason {
             Self::Timeout => "timeout",
             Self::Closed => "closed",
             Self::Unavailable => "unavailable",
+            Self::WontMakeDeadline => "deadline",
+            Self::QueueDelay => "queue_delay",
         }
     }
 }
@@ -209,6 +225,8 @@ impl Rejected {
     /// `hold × (waiting + 1) / limit`. Use it for an HTTP `Retry-After` or
     /// a client's back-off. `None` for [`RejectReason::Closed`] and
     /// [`RejectReason::Unavailable`], and before any call has finished.
+    /// For [`RejectReason::WontMakeDeadline`] it says when the line is
+    /// likely to have room, not whether a later deadline would be met.
     ///
     /// # Examples
     ///
@@ -240,7 +258,12 @@ impl Rejected {
             ahead,
             limit,
         } = self.hint;
-        if hold_ns == 0 || !matches!(self.reason, RejectReason::Full | RejectReason::Timeout) {
+        if hold_ns == 0
+            || matches!(
+                self.reason,
+                RejectReason::Closed | RejectReason::Unavailable
+            )
+        {
             return None;
         }
         let ns = hold_ns
@@ -270,6 +293,16 @@ impl fmt::Display for Rejected {
             RejectReason::Unavailable => {
                 write!(f, "bulkhead {} cannot reach its shared permits", self.name)
             }
+            RejectReason::WontMakeDeadline => write!(
+                f,
+                "bulkhead {} cannot serve the call before its deadline",
+                self.name
+            ),
+            RejectReason::QueueDelay => write!(
+                f,
+                "bulkhead {} is overloaded: its waiting line stood past its target wait",
+                self.name
+            ),
         }
     }
 }
@@ -460,6 +493,9 @@ pub enum BuildErrorKind {
     ZeroCallTimeout,
     /// `leak_threshold` was zero: every permit would be reported.
     ZeroLeakThreshold,
+    /// `queue_delay`'s target was zero: every waiter would be cut once
+    /// the line stood.
+    ZeroQueueDelayTarget,
     /// A keyed bulkhead's `max_keys` was zero: no key could ever be served.
     ZeroMaxKeys,
     /// A non-zero `max_wait` or a `call_timeout` needs a timer, and none is
@@ -504,6 +540,9 @@ impl fmt::Display for BuildError {
             BuildErrorKind::EmptyName => "the bulkhead name must not be empty",
             BuildErrorKind::ZeroCallTimeout => "call_timeout must be greater than zero",
             BuildErrorKind::ZeroLeakThreshold => "leak_threshold must be greater than zero",
+            BuildErrorKind::ZeroQueueDelayTarget => {
+                "the target of queue_delay must be greater than zero"
+            }
             BuildErrorKind::ZeroMaxKeys => "max_keys must be at least 1",
             BuildErrorKind::NoTimer => {
                 "max_wait or call_timeout needs a timer: pass one with .timer(..) or enable the \

@@ -30,7 +30,7 @@ mod metrics_export {
     /// | `bulkhead_hold_seconds` | histogram | |
     /// | `bulkhead_leaks_suspected_total` | counter | |
     ///
-    /// Labels are bounded: one bulkhead name, four reasons, six outcomes.
+    /// Labels are bounded: one bulkhead name, six reasons, six outcomes.
     /// The handles are registered once, on the bulkhead's first event, with
     /// the recorder in effect there (the thread's local one, else the
     /// global one, else the no-op): a bulkhead built before the recorder is
@@ -50,7 +50,7 @@ mod metrics_export {
     #[derive(Debug)]
     struct Handles {
         permitted: Counter,
-        rejected: [Counter; 4],
+        rejected: [Counter; 6],
         finished: [Counter; 6],
         in_flight: Gauge,
         wait: Histogram,
@@ -58,11 +58,13 @@ mod metrics_export {
         leaks: Counter,
     }
 
-    const REASONS: [RejectReason; 4] = [
+    const REASONS: [RejectReason; 6] = [
         RejectReason::Full,
         RejectReason::Timeout,
         RejectReason::Closed,
         RejectReason::Unavailable,
+        RejectReason::WontMakeDeadline,
+        RejectReason::QueueDelay,
     ];
     const OUTCOMES: [CallOutcome; 6] = [
         CallOutcome::Success,

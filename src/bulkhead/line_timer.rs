@@ -107,6 +107,57 @@ impl LineTimer {
         Ok(false)
     }
 
+    /// [`expired`](Self::expired) for a line under controlled delay: while
+    /// it stands (`cut` is the target), a waiter's deadline is its arrival
+    /// plus the target, if that comes first. Every waiter's deadline moves
+    /// by the same amount, so they stay in arrival order; when the line
+    /// starts to stand they move earlier at once, and the policy calls
+    /// [`restart`](Self::restart).
+    #[inline]
+    pub(crate) fn expired_by(
+        &self,
+        deadline: &mut u64,
+        limit: Duration,
+        cut: Option<Duration>,
+    ) -> Result<bool, TimerGone> {
+        let now = self.inner.now();
+        if *deadline == 0 {
+            let limit = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
+            *deadline = now.saturating_add(limit).clamp(1, IDLE - 1);
+        }
+        let due = match cut {
+            Some(cut) if cut < limit => {
+                let earlier = u64::try_from((limit - cut).as_nanos()).unwrap_or(u64::MAX);
+                deadline.saturating_sub(earlier).max(1)
+            }
+            _ => *deadline,
+        };
+        if now >= due {
+            return Ok(true);
+        }
+        self.inner.ensure(due, now)?;
+        Ok(false)
+    }
+
+    /// The line's deadlines just moved earlier (controlled delay found it
+    /// standing): disarms the sleep and wakes the front waiter, as a sleep
+    /// that fires does. The front waiter looks at its new deadline, is
+    /// rejected and passes the look on if it has passed, or arms the
+    /// sleep for it.
+    pub(crate) fn restart(&self) {
+        let mut slot = self
+            .inner
+            .slot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // A bundled timer's sleep (this timer runs on no other): dropping
+        // it under the lock runs no user code.
+        slot.as_mut().set(None);
+        self.inner.armed_at.store(IDLE, Ordering::SeqCst);
+        drop(slot);
+        self.inner.sem.wake_front();
+    }
+
     /// A waiter left the line (served, rejected or dropped, its acquire
     /// gone): if the sleep is idle, it may have been the one woken to look
     /// at its deadline, so the new front waiter looks.

@@ -13,6 +13,8 @@ pub(crate) struct Counters {
     pub(crate) rejected_timeout: AtomicU64,
     pub(crate) rejected_closed: AtomicU64,
     pub(crate) rejected_unavailable: AtomicU64,
+    pub(crate) rejected_deadline: AtomicU64,
+    pub(crate) rejected_queue_delay: AtomicU64,
     pub(crate) call_timeouts: AtomicU64,
     /// Shared with the leak watches, which outlive a borrow of the policy.
     pub(crate) leaks_suspected: std::sync::Arc<AtomicU64>,
@@ -72,6 +74,8 @@ pub struct Metrics {
     pub(crate) rejected_timeout: u64,
     pub(crate) rejected_closed: u64,
     pub(crate) rejected_unavailable: u64,
+    pub(crate) rejected_deadline: u64,
+    pub(crate) rejected_queue_delay: u64,
     pub(crate) call_timeouts: u64,
     pub(crate) leaks_suspected: u64,
 }
@@ -300,6 +304,46 @@ impl Metrics {
         self.rejected_unavailable
     }
 
+    /// Calls rejected because they could not make the deadline they
+    /// carried ([`RejectReason::WontMakeDeadline`](crate::RejectReason::WontMakeDeadline)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use bulkhead::Bulkhead;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    /// let passed = Instant::now() - Duration::from_millis(1);
+    /// assert!(bh.call_by(passed, async { Ok::<(), ()>(()) }).await.is_err());
+    /// assert_eq!(bh.metrics().rejected_deadline(), 1);
+    /// # });
+    /// ```
+    pub fn rejected_deadline(&self) -> u64 {
+        self.rejected_deadline
+    }
+
+    /// Waiting calls cut by controlled delay
+    /// ([`RejectReason::QueueDelay`](crate::RejectReason::QueueDelay)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bulkhead::Bulkhead;
+    ///
+    /// let bh = Bulkhead::builder()
+    ///     .max_concurrent_calls(1)
+    ///     .queue_delay(Duration::from_millis(5), Duration::from_millis(100))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(bh.metrics().rejected_queue_delay(), 0); // nobody waited
+    /// ```
+    pub fn rejected_queue_delay(&self) -> u64 {
+        self.rejected_queue_delay
+    }
+
     /// All rejections.
     ///
     /// # Examples
@@ -320,6 +364,8 @@ impl Metrics {
             + self.rejected_timeout
             + self.rejected_closed
             + self.rejected_unavailable
+            + self.rejected_deadline
+            + self.rejected_queue_delay
     }
 
     /// Admitted calls that have given their permit back

@@ -36,6 +36,7 @@
 
 pub(crate) mod builder;
 mod call;
+mod delay;
 pub(crate) mod error;
 mod export;
 pub(crate) mod guard;
@@ -47,7 +48,7 @@ mod permit;
 pub(crate) mod policy;
 
 pub use builder::BulkheadBuilder;
-pub use call::Call;
+pub use call::{Call, CallBy};
 pub use error::{BuildError, BuildErrorKind, BulkheadError, RejectReason, Rejected};
 pub use metrics::Metrics;
 pub use observer::{CallOutcome, Observer};
@@ -59,7 +60,7 @@ use core::pin::Pin;
 use core::task::{Context, Poll, ready};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use event_listener::Event;
 
@@ -69,7 +70,7 @@ use crate::error::TryAcquireError;
 use crate::futures::{Acquire, AcquireOwned};
 use crate::semaphore::Semaphore;
 use permit::Admitted;
-use policy::{Policy, Waiting};
+use policy::{Line, Policy, Waiting};
 
 /// Limits how many calls reach a downstream dependency at once, and decides
 /// what happens to the rest: wait in a fair line (for at most `max_wait`,
@@ -185,6 +186,103 @@ impl Bulkhead {
         F: Future<Output = Result<T, E>>,
     {
         Call::new(&self.shared, call)
+    }
+
+    /// [`call`](Self::call) for a call that must be done `by` a deadline
+    /// (deadline-aware admission, from the Google SRE book's "Addressing
+    /// Cascading Failures"): it is rejected at once, with
+    /// [`RejectReason::WontMakeDeadline`], if the deadline has passed or if
+    /// the wait it can expect plus the time a call holds its permit (the
+    /// averages behind [`Rejected::retry_after`]) does not fit in the time
+    /// left; otherwise it waits at most until `by` minus that hold time
+    /// (or `max_wait`, if sooner), since past that it could not finish in
+    /// time.
+    ///
+    /// The deadline is read on the bulkhead's clock: inside a tokio
+    /// runtime with the default timer, tokio's (so take it from
+    /// `tokio::time::Instant::now().into_std()` under a paused test clock),
+    /// else the system's. Both estimates are averages, so a call admitted
+    /// near its deadline may still miss it: pass an earlier `by` for a
+    /// margin. Until a call's hold time has been measured, every call that
+    /// has time left is admitted. A call without a deadline
+    /// ([`call`](Self::call)) pays nothing for this.
+    ///
+    /// # Errors
+    ///
+    /// As [`call`](Self::call), and [`BulkheadError::Rejected`] with
+    /// [`RejectReason::WontMakeDeadline`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`call`](Self::call).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use bulkhead::{Bulkhead, BulkheadError, RejectReason};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(2).build().unwrap();
+    /// let by = Instant::now() + Duration::from_secs(5);
+    /// assert_eq!(bh.call_by(by, async { Ok::<_, ()>(7) }).await, Ok(7));
+    ///
+    /// let too_late = Instant::now() - Duration::from_millis(1);
+    /// match bh.call_by(too_late, async { Ok::<_, ()>(8) }).await {
+    ///     Err(BulkheadError::Rejected(r)) => {
+    ///         assert_eq!(r.reason(), RejectReason::WontMakeDeadline)
+    ///     }
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// # });
+    /// ```
+    #[inline]
+    pub fn call_by<F, T, E>(&self, by: Instant, call: F) -> CallBy<'_, F>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        CallBy::new(&self.shared, by, call)
+    }
+
+    /// [`acquire`](Self::acquire) for work that must be done `by` a
+    /// deadline: admitted, rejected at once or bounded in its wait as
+    /// [`call_by`](Self::call_by) says.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`], with the [reason](Rejected::reason), among them
+    /// [`RejectReason::WontMakeDeadline`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it waits gives up its place in line and
+    /// nothing else.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use bulkhead::{Bulkhead, RejectReason};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    /// let permit = bh.acquire_by(Instant::now() + Duration::from_secs(1)).await.unwrap();
+    /// drop(permit);
+    /// let passed = Instant::now() - Duration::from_secs(1);
+    /// let rejected = bh.acquire_by(passed).await.unwrap_err();
+    /// assert_eq!(rejected.reason(), RejectReason::WontMakeDeadline);
+    /// # });
+    /// ```
+    pub async fn acquire_by(&self, by: Instant) -> Result<BulkheadPermit, Rejected> {
+        let shared = &*self.shared;
+        let mut line = Line::by(&shared.policy, by);
+        let admitted = match shared.admit_now_by(&mut line) {
+            Some(now) => now?,
+            None => shared.admit_waiting_in(line).await?,
+        };
+        let permit = BulkheadPermit::new(self.shared.clone(), admitted);
+        self.shared.policy.permitted(admitted.waited());
+        Ok(permit)
     }
 
     /// Waits for a permit under the bulkhead's policy, for callers that
@@ -464,6 +562,29 @@ impl Shared {
         };
         let ((), waited) = self.policy.wait(queued).await?;
         Ok(Admitted::Waited(waited))
+    }
+
+    /// [`admit_waiting`](Self::admit_waiting) for a wait that starts at
+    /// `line` (one that [`admit_now_by`](Self::admit_now_by) looked at).
+    async fn admit_waiting_in(&self, line: Line) -> Result<Admitted, Rejected> {
+        let queued = Queued {
+            shared: self,
+            acquire: Some(self.sem.acquire()),
+        };
+        let ((), waited) = self.policy.wait_in(queued, line).await?;
+        Ok(Admitted::Waited(waited))
+    }
+
+    /// [`admit_now`](Self::admit_now) for a call that carries a deadline
+    /// (in `line`): deadline-aware admission first
+    /// ([`Policy::admit_by`]), which leaves in `line` how long the call may
+    /// wait.
+    #[cold]
+    fn admit_now_by(&self, line: &mut Line) -> Option<Result<Admitted, Rejected>> {
+        if let Err(rejected) = self.policy.admit_by(line, self.sem.available_permits()) {
+            return Some(Err(rejected));
+        }
+        self.admit_now(true)
     }
 }
 

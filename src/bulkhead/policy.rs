@@ -15,12 +15,14 @@ use std::time::{Duration, Instant};
 
 use pin_project_lite::pin_project;
 
+use super::delay::LineDelay;
 use super::error::{BulkheadError, Hint, RejectReason, Rejected, nanos};
 use super::line_timer::LineTimer;
 use super::metrics::{Counters, Metrics};
 use super::name::Name;
 use super::observer::{CallOutcome, Finished, LeakSuspected, Observer, Permitted, Rejection};
-use crate::timer::{Clock, ClockSleep, Deadline, poll_by_waker};
+use crate::overload::{HoldEstimate, Verdict};
+use crate::timer::{Clock, ClockSleep, Deadline, TimerGone, poll_by_waker};
 
 /// The one owner of admission for every bulkhead (in-process, keyed,
 /// Redis): where permits come from is the caller's business, everything
@@ -62,9 +64,21 @@ pub(crate) struct Policy {
     /// The limit, as last known, for retry hints.
     hint_limit: AtomicUsize,
     /// A moving average of hold times in nanoseconds (0: no sample yet),
-    /// from the calls that `clock` times.
+    /// from the calls that `clock` times: a [`HoldEstimate`], kept in an
+    /// atomic.
     hold_ns: AtomicU64,
+    /// Where the deadlines of calls that carry one, and controlled
+    /// delay's samples, count from (see [`Line::deadline`]).
+    origin: Instant,
+    /// Controlled delay on the line (`queue_delay`), if on. Boxed: it is
+    /// read on waiting paths only, and a pointer keeps the policy's layout
+    /// (and the code of the fast path) as it is without it.
+    delay: Option<Box<LineDelay>>,
 }
+
+/// The clock of a policy that has none (no setting of it needs a timer),
+/// for a call that carries a deadline and waits.
+static AUTO: Clock = Clock::Auto;
 
 /// The future of [`Policy::traced`].
 #[cfg(feature = "tracing")]
@@ -84,6 +98,8 @@ pub(crate) struct Settings {
     /// The limit at first, for retry hints.
     pub(crate) limit: usize,
     pub(crate) leak_threshold: Option<Duration>,
+    /// Controlled delay: target and interval.
+    pub(crate) queue_delay: Option<(Duration, Duration)>,
     /// See `Policy::spans`.
     #[cfg(feature = "tracing")]
     pub(crate) spans: bool,
@@ -123,6 +139,7 @@ impl Policy {
             observers,
             limit,
             leak_threshold,
+            queue_delay,
             #[cfg(feature = "tracing")]
             spans,
         } = settings;
@@ -144,6 +161,8 @@ impl Policy {
             next_watch: AtomicU64::new(1),
             hint_limit: AtomicUsize::new(limit),
             hold_ns: AtomicU64::new(0),
+            origin: Instant::now(),
+            delay: queue_delay.map(|(target, interval)| Box::new(LineDelay::new(target, interval))),
         }
     }
 
@@ -186,14 +205,73 @@ impl Policy {
         }
     }
 
+    /// Lets controlled delay wake the front waiter of `sem` (whose waiters
+    /// are exactly this policy's) when the line starts to stand.
+    pub(crate) fn delay_line(&mut self, sem: &Arc<crate::Semaphore>) {
+        if let Some(delay) = &mut self.delay {
+            delay.set_line(sem);
+        }
+    }
+
     /// A waiter left the line for good, its acquire gone (served, rejected,
     /// dropped): with a line timer, the next one may have to look at its
-    /// deadline.
+    /// deadline; with controlled delay, an empty line ends an overload.
     #[inline]
     pub(crate) fn left_line(&self) {
         if let Some(timer) = &self.line_timer {
             timer.pass_on();
         }
+        if let Some(delay) = &self.delay {
+            self.left_delayed_line(delay);
+        }
+    }
+
+    /// [`left_line`](Self::left_line) under controlled delay: an empty
+    /// line clears an overload; without a line timer, while the line
+    /// stands, the new front waiter looks at how long it has waited (the
+    /// chain of `delay.rs`'s notes).
+    #[inline(never)]
+    fn left_delayed_line(&self, delay: &LineDelay) {
+        if self.queued() == 0 {
+            delay.emptied();
+        } else if self.line_timer.is_none() && delay.cut().is_some() {
+            delay.wake_front();
+        }
+    }
+
+    /// The start of a timed wait, on the line's clock.
+    #[inline(never)]
+    fn start_timed(&self) -> Option<Instant> {
+        Some(self.line_now())
+    }
+
+    /// Controlled delay's cut, for a waiter that started at `start`: its
+    /// wait if the line stands and it has waited the target, else `None`.
+    #[inline(never)]
+    fn cut_now(&self, start: Option<Instant>) -> Option<Duration> {
+        let target = self.delay.as_ref()?.cut()?;
+        let waited = self.waited_since(start);
+        (waited >= target).then_some(waited)
+    }
+
+    /// A timed wait left the line at its end (served, or out of
+    /// `max_wait`: `sample`), having started at `start`: how long it
+    /// waited, on the line's clock. With controlled delay a sample tells
+    /// it how long the line is; the sample that finds it standing cuts
+    /// the waiters past the target, by waking the front one.
+    #[inline(never)]
+    fn timed_wait_ended(&self, start: Option<Instant>, sample: bool) -> Duration {
+        let now = self.line_now();
+        let waited = start.map_or(Duration::ZERO, |start| now.saturating_duration_since(start));
+        if let Some(delay) = self.delay.as_ref().filter(|_| sample) {
+            if delay.sample(self.since_origin(now), nanos(waited)) {
+                match &self.line_timer {
+                    Some(timer) => timer.restart(),
+                    None => delay.wake_front(),
+                }
+            }
+        }
+        waited
     }
 
     /// Callers in the waiting line now.
@@ -254,6 +332,8 @@ impl Policy {
             rejected_timeout: Counters::get(&c.rejected_timeout),
             rejected_closed: Counters::get(&c.rejected_closed),
             rejected_unavailable: Counters::get(&c.rejected_unavailable),
+            rejected_deadline: Counters::get(&c.rejected_deadline),
+            rejected_queue_delay: Counters::get(&c.rejected_queue_delay),
             call_timeouts: Counters::get(&c.call_timeouts),
             leaks_suspected: Counters::get(&c.leaks_suspected),
         }
@@ -284,6 +364,22 @@ impl Policy {
             deadline: Deadline::new(),
             line: Line::default(),
             timed_out,
+        }
+    }
+
+    /// [`wait`](Self::wait) from `line`: a call that carries a deadline,
+    /// once [`admit_by`](Self::admit_by) has looked at it.
+    pub(crate) fn wait_in<A>(
+        &self,
+        acquire: A,
+        line: Line,
+    ) -> Wait<'_, A, impl Fn() -> RejectReason> {
+        Wait {
+            policy: self,
+            acquire,
+            deadline: Deadline::new(),
+            line,
+            timed_out: || RejectReason::Timeout,
         }
     }
 
@@ -416,6 +512,8 @@ impl Policy {
             RejectReason::Timeout => &c.rejected_timeout,
             RejectReason::Closed => &c.rejected_closed,
             RejectReason::Unavailable => &c.rejected_unavailable,
+            RejectReason::WontMakeDeadline => &c.rejected_deadline,
+            RejectReason::QueueDelay => &c.rejected_queue_delay,
         });
         if self.observed() {
             self.tell_rejected(reason, waited_ns);
@@ -482,14 +580,80 @@ impl Policy {
     /// Folds one hold time into the moving average (weight 1/4). Racing
     /// updates may lose one sample; the average stays an average.
     fn record_hold(&self, held: Duration) {
-        let held = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX).max(1);
-        let old = self.hold_ns.load(Ordering::Relaxed);
-        let new = if old == 0 {
-            held
-        } else {
-            (old - old / 4).saturating_add(held / 4).max(1)
-        };
-        self.hold_ns.store(new, Ordering::Relaxed);
+        let mut estimate = HoldEstimate::from_ns(self.hold_ns.load(Ordering::Relaxed));
+        estimate.record(nanos(held));
+        self.hold_ns.store(estimate.ns(), Ordering::Relaxed);
+    }
+
+    /// The time now on the clock the line's sleeps run on, where it can be
+    /// read (a paused tokio clock included), else the system's.
+    #[inline]
+    fn line_now(&self) -> Instant {
+        self.clock.as_ref().unwrap_or(&AUTO).now()
+    }
+
+    /// `t` in nanoseconds since the policy's origin, at least 1 (0 stands
+    /// for "none" in [`Line::deadline`]).
+    #[inline]
+    fn since_origin(&self, t: Instant) -> u64 {
+        nanos(t.saturating_duration_since(self.origin)).saturating_add(1)
+    }
+
+    /// Whether a wait that starts now is timed on the line's clock and
+    /// polled by [`poll_timed`]: it carries a deadline, or the line has
+    /// controlled delay.
+    #[inline]
+    fn times(&self, line: &Line) -> bool {
+        line.deadline != 0 || self.delay.is_some()
+    }
+
+    /// How long a timed wait that started at `start` has waited, on the
+    /// line's clock.
+    #[inline]
+    fn waited_since(&self, start: Option<Instant>) -> Duration {
+        start.map_or(Duration::ZERO, |start| {
+            self.line_now().saturating_duration_since(start)
+        })
+    }
+
+    /// Deadline-aware admission of a call that carries a deadline (in
+    /// `line.deadline`, see [`Line::by`]), before it takes a permit, with
+    /// `free` permits free now: rejected at once (`WontMakeDeadline`,
+    /// counted) if the deadline has passed, or if the expected wait for a
+    /// permit plus the expected hold time (the retry hint's estimate, from
+    /// the same average) exceeds the time left. Otherwise `line.deadline`
+    /// becomes the latest time the call may still start, `deadline - hold`,
+    /// or 0 if `max_wait` ends its wait before that anyway. Before the
+    /// first timed call no hold time is known: the call is admitted and
+    /// may wait until its deadline.
+    #[cold]
+    pub(crate) fn admit_by(&self, line: &mut Line, free: isize) -> Result<(), Rejected> {
+        let now = self.since_origin(self.line_now());
+        let remaining = line.deadline.saturating_sub(now);
+        if remaining == 0 {
+            return Err(self.reject_now(RejectReason::WontMakeDeadline));
+        }
+        let estimate = HoldEstimate::from_ns(self.hold_ns.load(Ordering::Relaxed));
+        let max_wait = self.max_wait.map(nanos);
+        let verdict = estimate.admit(
+            remaining,
+            self.queued(),
+            usize::try_from(free).unwrap_or(0),
+            self.hint_limit.load(Ordering::Relaxed),
+            max_wait,
+        );
+        match verdict {
+            Verdict::Reject { .. } => Err(self.reject_now(RejectReason::WontMakeDeadline)),
+            Verdict::Admit { budget } => {
+                line.deadline = match budget {
+                    Some(budget) if budget != max_wait.unwrap_or(u64::MAX) => {
+                        now.saturating_add(budget)
+                    }
+                    _ => 0,
+                };
+                Ok(())
+            }
+        }
     }
 
     /// Tells the observers that a call granted at `since` ended. Call it
@@ -589,7 +753,14 @@ pin_project! {
 /// Where a wait stands in the policy's line.
 #[derive(Default)]
 pub(crate) struct Line {
-    started: bool,
+    /// [`Armed::NotStarted`] until the first poll; then
+    /// [`Armed::Untimed`] for a wait that only `max_wait` bounds. Any
+    /// other: `start` was read on the line's clock ([`Policy::line_now`]),
+    /// the wait's limits are more than `max_wait` (a deadline), and
+    /// `poll_timed` polls it; then which limit its own sleep (`Deadline`)
+    /// is armed for. (One byte for both, as `started` was before: another
+    /// field to set costs an instruction on the path of every call.)
+    armed: Armed,
     /// Whether this holds a place in the line (`Policy::waiting`): taken
     /// on the first poll, given back when the wait ends, or by the owner
     /// of a wait dropped before that (`Wait`'s drop, `Waiting::leave`).
@@ -599,10 +770,73 @@ pub(crate) struct Line {
     start: Option<Instant>,
     /// With a line timer: the wait's deadline on its clock (0 until the
     /// first pending poll).
+    ///
+    /// Before that, for a call that carries a deadline, in nanoseconds
+    /// since the policy's origin (0: none): the deadline itself until
+    /// [`Policy::admit_by`] has looked at it, then the latest time the call
+    /// may start and still finish in time (0 again if `max_wait` ends the
+    /// wait sooner), which [`poll_timed`] turns into the wait's own sleep
+    /// at the first pending poll. One field for both, not two: a `Line` is
+    /// built with every call, and another field to clear is another store
+    /// on the path of a call admitted at once.
     deadline: u64,
 }
 
+/// Whether a wait is timed, and what its own sleep is armed for, in
+/// [`poll_timed`].
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+enum Armed {
+    /// Not polled yet.
+    #[default]
+    NotStarted,
+    /// Not a timed wait.
+    Untimed,
+    /// Not yet looked at: the wait has not been pending before.
+    None,
+    /// No own sleep: the line timer keeps the only limit, or there is none.
+    Unneeded,
+    /// `max_wait`.
+    MaxWait,
+    /// The latest start of a call that carries a deadline.
+    Until,
+    /// Controlled delay's target: past it, a waiter is cut if the line
+    /// stands (a sleep per waiter only; the line timer keeps the cut).
+    Checkpoint,
+}
+
+/// How a wait of [`poll_timed`] ran out.
+#[derive(Clone, Copy)]
+enum End {
+    /// `max_wait` passed.
+    MaxWait,
+    /// The call can no longer make its deadline.
+    Until,
+    /// Controlled delay cut it: the line stands, and it has waited the
+    /// target.
+    Cut,
+}
+
 impl Line {
+    /// How the wait ended, when the own sleep of [`poll_timed`] fired.
+    #[inline]
+    fn end(&self) -> End {
+        match self.armed {
+            Armed::Until => End::Until,
+            Armed::Checkpoint => End::Cut,
+            _ => End::MaxWait,
+        }
+    }
+
+    /// The line of a call that must be done `by`: [`Policy::admit_by`]
+    /// decides on it before the call takes a permit.
+    #[inline]
+    pub(crate) fn by(policy: &Policy, by: Instant) -> Self {
+        Self {
+            deadline: policy.since_origin(by),
+            ..Self::default()
+        }
+    }
+
     /// Gives the place in `policy`'s line back, if this still holds one
     /// (a wait dropped before it ended).
     #[inline]
@@ -688,17 +922,24 @@ fn poll_wait_or<A, P>(
 where
     A: Future<Output = Result<P, RejectReason>>,
 {
-    if !line.started {
+    if line.armed == Armed::NotStarted {
         if policy.fails_fast() {
             return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
         }
         let ahead = policy.join_line(&mut line.placed);
-        line.started = true;
+        line.armed = Armed::Untimed;
         if policy.max_queue.is_some_and(|max| ahead >= max) {
             policy.leave_line(&mut line.placed);
             return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
         }
+        if policy.times(line) {
+            line.armed = Armed::None;
+            line.start = policy.start_timed();
+            return poll_timed(acquire, deadline, line, policy, cx, timed_out);
+        }
         line.start = policy.observed().then(Instant::now);
+    } else if line.armed != Armed::Untimed {
+        return poll_timed(acquire, deadline, line, policy, cx, timed_out);
     }
     let start = line.start;
     let reason = match acquire.poll(cx) {
@@ -752,6 +993,159 @@ where
     policy.leave_line(&mut line.placed);
     let waited = start.map_or(Duration::ZERO, |start| start.elapsed());
     Poll::Ready(Err(policy.reject(reason, waited)))
+}
+
+/// [`poll_wait_or`] for a wait whose limits are more than `max_wait` (see
+/// [`Line::armed`]): a call that carries a deadline, and waits at most
+/// until it could still finish in time; a line under controlled delay,
+/// where a waiter is cut once it has waited the target on a standing
+/// line. With the line timer, that keeps `max_wait` and the cut (the
+/// line's deadlines stay in arrival order) and the wait's own sleep is
+/// armed for the deadline's limit; else the own sleep is armed for
+/// whichever limit comes first. Out of line, so that the untimed wait's
+/// code (and the fast path that `Bulkhead::call` inlines with it) stays
+/// as it was.
+#[inline(never)]
+fn poll_timed<A, P>(
+    acquire: Pin<&mut A>,
+    deadline: Pin<&mut Deadline>,
+    line: &mut Line,
+    policy: &Policy,
+    cx: &mut Context<'_>,
+    timed_out: &impl Fn() -> RejectReason,
+) -> Poll<Result<(P, Waited), Rejected>>
+where
+    A: Future<Output = Result<P, RejectReason>>,
+{
+    if let Some(waited) = policy.cut_now(line.start) {
+        // Before the acquire is polled: a permit handed to it already
+        // goes back (its owner cancels it) to the next waiter.
+        policy.leave_line(&mut line.placed);
+        return Poll::Ready(Err(policy.reject(RejectReason::QueueDelay, waited)));
+    }
+    let reason = match acquire.poll(cx) {
+        Poll::Ready(Ok(permit)) => {
+            policy.leave_line(&mut line.placed);
+            let since = policy.clock_in(true);
+            let waited = policy.timed_wait_ended(line.start, true);
+            return Poll::Ready(Ok((permit, Waited { waited, since })));
+        }
+        Poll::Ready(Err(reason)) => reason,
+        Poll::Pending => {
+            let end = match timed_limits(deadline, line, policy, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(end) => end,
+            };
+            policy.leave_line(&mut line.placed);
+            // Only a wait out of `max_wait` is a sample of the line: a
+            // deadline is the caller's patience, and a cut one waited the
+            // target.
+            let waited = policy.timed_wait_ended(line.start, matches!(end, Ok(End::MaxWait)));
+            return Poll::Ready(Err(match end {
+                Ok(End::MaxWait) => policy.reject(timed_out(), waited),
+                Ok(End::Until) => policy.reject(RejectReason::WontMakeDeadline, waited),
+                Ok(End::Cut) => policy.reject(RejectReason::QueueDelay, waited),
+                Err(_gone) => policy.reject_timer_gone(waited),
+            }));
+        }
+    };
+    policy.leave_line(&mut line.placed);
+    let waited = policy.waited_since(line.start);
+    Poll::Ready(Err(policy.reject(reason, waited)))
+}
+
+/// Whether a timed wait has run out of one of its limits (see
+/// [`poll_timed`]).
+fn timed_limits(
+    mut deadline: Pin<&mut Deadline>,
+    line: &mut Line,
+    policy: &Policy,
+    cx: &mut Context<'_>,
+) -> Poll<Result<End, TimerGone>> {
+    let clock = policy.clock.as_ref().unwrap_or(&AUTO);
+    let now = policy.line_now();
+    let waited = line
+        .start
+        .map_or(Duration::ZERO, |start| now.saturating_duration_since(start));
+    // Controlled delay: while the line stands, a waiter that has waited
+    // the target is cut (one woken to look, or past its checkpoint).
+    let cut = policy.delay.as_deref().and_then(LineDelay::cut);
+    if cut.is_some_and(|target| waited >= target) {
+        return Poll::Ready(Ok(End::Cut));
+    }
+    // What is left until the call can no longer make its deadline; the
+    // line timer takes `line.deadline` for itself at the first look.
+    let until = match (line.armed, &policy.line_timer) {
+        (Armed::None, _) | (_, None) if line.deadline != 0 => Some(Duration::from_nanos(
+            line.deadline.saturating_sub(policy.since_origin(now)),
+        )),
+        _ => None,
+    };
+    if until == Some(Duration::ZERO) {
+        return Poll::Ready(Ok(End::Until));
+    }
+    let mut arm = line.armed == Armed::None;
+    if !arm && line.armed != Armed::Unneeded {
+        match deadline.as_mut().poll_at(Some(clock), Duration::ZERO, cx) {
+            Poll::Pending => {}
+            Poll::Ready(Err(gone)) => return Poll::Ready(Err(gone)),
+            Poll::Ready(Ok(())) if line.armed == Armed::Checkpoint && cut.is_none() => {
+                // The target passed with the line not standing: sleep on
+                // for what is left of the other limits.
+                deadline.set(Deadline::new());
+                arm = true;
+            }
+            Poll::Ready(Ok(())) => return Poll::Ready(Ok(line.end())),
+        }
+    }
+    if arm {
+        let checkpoint = match (&policy.delay, &policy.line_timer, line.armed) {
+            (Some(delay), None, Armed::None) => Some(delay.target().saturating_sub(waited)),
+            _ => None,
+        };
+        // With the line timer, it keeps `max_wait` and the cut; the own
+        // sleep, only the deadline's limit.
+        let max_left = match policy.line_timer {
+            Some(_) => None,
+            None => policy.max_wait.map(|max| max.saturating_sub(waited)),
+        };
+        if policy.line_timer.is_some() {
+            line.deadline = 0;
+        }
+        let soonest = [
+            checkpoint.map(|d| (d, Armed::Checkpoint)),
+            until.map(|d| (d, Armed::Until)),
+            max_left.map(|d| (d, Armed::MaxWait)),
+        ]
+        .into_iter()
+        .flatten()
+        .min_by_key(|&(d, _)| d);
+        match soonest {
+            Some((limit, armed)) => {
+                line.armed = armed;
+                // Armed here, for `limit` from now.
+                if let Poll::Ready(fired) = deadline.as_mut().poll_at(Some(clock), limit, cx) {
+                    if armed != Armed::Checkpoint || fired.is_err() {
+                        return Poll::Ready(fired.map(|()| line.end()));
+                    }
+                    // A checkpoint already past, on a line that does not
+                    // stand: look again at the next poll.
+                    cx.waker().wake_by_ref();
+                }
+            }
+            None => line.armed = Armed::Unneeded,
+        }
+    }
+    if let Some(timer) = &policy.line_timer {
+        let max = policy.max_wait.unwrap_or(Duration::MAX);
+        return match timer.expired_by(&mut line.deadline, max, cut) {
+            Err(gone) => Poll::Ready(Err(gone)),
+            Ok(true) if cut.is_some_and(|target| target < max) => Poll::Ready(Ok(End::Cut)),
+            Ok(true) => Poll::Ready(Ok(End::MaxWait)),
+            Ok(false) => Poll::Pending,
+        };
+    }
+    Poll::Pending
 }
 
 pin_project! {

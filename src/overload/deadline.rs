@@ -50,6 +50,20 @@ impl HoldEstimate {
         Self { hold_ns: 0 }
     }
 
+    /// The estimate whose average is `hold_ns` nanoseconds (0: no sample
+    /// yet): a snapshot of the average a policy keeps in an atomic.
+    #[inline]
+    pub(crate) const fn from_ns(hold_ns: u64) -> Self {
+        Self { hold_ns }
+    }
+
+    /// The average in nanoseconds, 0 until the first sample: what
+    /// [`from_ns`](Self::from_ns) takes back.
+    #[inline]
+    pub(crate) const fn ns(&self) -> u64 {
+        self.hold_ns
+    }
+
     /// Folds one hold time (ns) into the average, weight 1/4.
     pub(crate) fn record(&mut self, held: u64) {
         let held = held.max(1);

@@ -25,10 +25,12 @@
 //!
 //! # Implementation notes
 //!
-//! The bulkhead does not call these yet (phase 1 of issue 14 builds and
-//! proves the pieces; wiring them into `Policy` and the keyed global stage
-//! comes next), hence the `dead_code` (and, for the re-exports below,
-//! `unused_imports`) allowance outside test builds. Each counts and
+//! The bulkhead's policy runs [`HoldEstimate`] (deadline-aware admission,
+//! on the hold-time average it keeps for retry hints) and [`QueueDelay`]
+//! (controlled delay, through `bulkhead/delay.rs`); adaptive LIFO,
+//! [`Seats`] and [`Drr`] are not wired yet, hence the `dead_code` (and, for
+//! the re-exports below, `unused_imports`) allowance outside test builds.
+//! Each counts and
 //! decides; none owns the waiters. The line itself (who waits,
 //! in what order inside a class or key, whose deadline is when) stays with
 //! its owner, so that a cancelled waiter costs one call (`leave`) and no

@@ -1,0 +1,163 @@
+//! Single-call paths of `Bulkhead` run a given number of times, for
+//! callgrind (`benches/call_instructions.py`): instructions per call are
+//! deterministic where the times on a shared machine are not.
+//!
+//! ```text
+//! call_instructions PATH CALLS
+//! ```
+//!
+//! `PATH` is one of:
+//!
+//! - `call`: `Bulkhead::call` of a ready future, admitted at once, with
+//!   `max_wait` and `call_timeout` of 10 s (the `uncontended` cell of
+//!   `benches/layer.rs`);
+//! - `call_by`: the same through `Bulkhead::call_by` with a deadline a
+//!   minute away;
+//! - `call_queue_delay`: `call` on a bulkhead with controlled delay on;
+//! - `reject_full`: `call` on a full bulkhead that fails fast;
+//! - `try_acquire`: `Bulkhead::try_acquire` and drop;
+//! - `contended`, `contended_max_wait`: 64 tasks on a current-thread tokio
+//!   runtime share 8 permits, each call's work yields once (the
+//!   `contended/ct` and `contended/ct_max_wait` cells of
+//!   `benches/layer.rs`); `CALLS` is the total, the runtime included.
+//!
+//! The single-call paths' futures are polled once by hand with
+//! `Waker::noop()`, so no executor is counted. Without arguments (as under a plain `cargo bench`) it prints
+//! this usage and exits.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bulkhead::{Bulkhead, BulkheadBuilder};
+
+#[inline]
+fn poll<F: Future>(fut: F) -> Poll<F::Output> {
+    pin!(fut).poll(&mut Context::from_waker(Waker::noop()))
+}
+
+fn builder() -> BulkheadBuilder {
+    Bulkhead::builder()
+        .name("bench")
+        .max_concurrent_calls(8)
+        .max_wait(Duration::from_secs(10))
+        .call_timeout(Duration::from_secs(10))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (path, calls) = match args.as_slice() {
+        [path, calls] => match calls.parse::<u64>() {
+            Ok(n) => (path.as_str(), n),
+            Err(_) => return usage(),
+        },
+        _ => return usage(),
+    };
+    // Each path in a function of its own, so that adding one does not
+    // change the code of the others.
+    match path {
+        "call" => call(calls),
+        "call_by" => call_by(calls),
+        "call_queue_delay" => call_queue_delay(calls),
+        "reject_full" => reject_full(calls),
+        "try_acquire" => try_acquire(calls),
+        "contended" => contended(calls, None),
+        "contended_max_wait" => contended(calls, Some(Duration::from_secs(10))),
+        _ => usage(),
+    }
+}
+
+#[inline(never)]
+fn call(calls: u64) {
+    let bh = builder().build().unwrap();
+    for _ in 0..calls {
+        let out = poll(bh.call(async { Ok::<_, ()>(black_box(1u32)) }));
+        assert!(matches!(black_box(out), Poll::Ready(Ok(1))));
+    }
+}
+
+#[inline(never)]
+fn call_by(calls: u64) {
+    let bh = builder().build().unwrap();
+    let by = Instant::now() + Duration::from_secs(60);
+    for _ in 0..calls {
+        let out = poll(bh.call_by(by, async { Ok::<_, ()>(black_box(1u32)) }));
+        assert!(matches!(black_box(out), Poll::Ready(Ok(1))));
+    }
+}
+
+#[inline(never)]
+fn call_queue_delay(calls: u64) {
+    let bh = builder()
+        .queue_delay(Duration::from_millis(5), Duration::from_millis(100))
+        .build()
+        .unwrap();
+    for _ in 0..calls {
+        let out = poll(bh.call(async { Ok::<_, ()>(black_box(1u32)) }));
+        assert!(matches!(black_box(out), Poll::Ready(Ok(1))));
+    }
+}
+
+#[inline(never)]
+fn reject_full(calls: u64) {
+    let bh = Bulkhead::builder()
+        .name("bench")
+        .max_concurrent_calls(1)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let _held = bh.try_acquire().unwrap();
+    for _ in 0..calls {
+        let out = poll(bh.call(async { Ok::<_, ()>(black_box(1u32)) }));
+        assert!(matches!(black_box(out), Poll::Ready(Err(_))));
+    }
+}
+
+#[inline(never)]
+fn try_acquire(calls: u64) {
+    let bh = builder().build().unwrap();
+    for _ in 0..calls {
+        drop(black_box(bh.try_acquire().unwrap()));
+    }
+}
+
+#[inline(never)]
+fn contended(calls: u64, max_wait: Option<Duration>) {
+    const TASKS: u64 = 64;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut builder = Bulkhead::builder().name("bench").max_concurrent_calls(8);
+        if let Some(max_wait) = max_wait {
+            builder = builder.max_wait(max_wait);
+        }
+        let bh = builder.build().unwrap();
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let bh = bh.clone();
+                tokio::spawn(async move {
+                    for _ in 0..calls / TASKS {
+                        let out = bh
+                            .call(async {
+                                tokio::task::yield_now().await;
+                                Ok::<_, ()>(black_box(1u32))
+                            })
+                            .await;
+                        assert_eq!(out, Ok(1));
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+    });
+}
+
+fn usage() {
+    println!("usage: call_instructions PATH CALLS; see the source for the paths");
+}
