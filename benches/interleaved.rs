@@ -228,7 +228,10 @@ fn main() {
     with_drivers(&mut ct);
     let runtimes: [(&str, Runtime); 2] = [
         ("contended_mt", mt.build().expect("a multi-thread runtime")),
-        ("contended_ct", ct.build().expect("a current-thread runtime")),
+        (
+            "contended_ct",
+            ct.build().expect("a current-thread runtime"),
+        ),
     ];
     let mut cells = Vec::new();
     for (group, rt) in &runtimes {
