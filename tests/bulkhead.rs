@@ -970,6 +970,84 @@ async fn a_waiter_served_after_the_line_timer_woke_it_passes_the_timer_on() {
     assert_eq!(bh.metrics().in_flight(), 0);
 }
 
+/// A waiter that joins while the front one has been woken to look must not
+/// arm the line's sleep for its own, later deadline: if the front one is
+/// then served, the waiter between them would be looked at only at the
+/// newcomer's deadline, up to `max_wait` late.
+#[cfg(feature = "tokio")]
+#[tokio::test(start_paused = true)]
+async fn a_waiter_joining_while_the_front_one_looks_leaves_the_sleep_to_it() {
+    use tokio::time::advance;
+    let (bh, held) = full_for_a_second();
+    let [fa, fb, fc]: [Arc<Flag>; 3] = Default::default();
+    let mut a = pin!(bh.acquire());
+    assert!(poll_with(a.as_mut(), &fa).is_pending());
+    advance(Duration::from_millis(1)).await;
+    let mut b = pin!(bh.acquire());
+    assert!(poll_with(b.as_mut(), &fb).is_pending());
+    advance(Duration::from_millis(999)).await;
+    assert!(fa.take(), "the front waiter is woken at its deadline");
+    // c joins before a has looked, and a's permit arrives meanwhile.
+    let mut c = pin!(bh.acquire());
+    assert!(poll_with(c.as_mut(), &fc).is_pending());
+    drop(held);
+    let Poll::Ready(Ok(a_permit)) = poll_with(a.as_mut(), &fa) else {
+        panic!("a is served")
+    };
+    assert!(fb.take(), "b is told to look at its deadline");
+    assert!(poll_with(b.as_mut(), &fb).is_pending(), "not due yet");
+    advance(Duration::from_millis(1)).await;
+    assert!(fb.take(), "b is woken at its own deadline, not at c's");
+    let Poll::Ready(Err(r)) = poll_with(b.as_mut(), &fb) else {
+        panic!("b times out")
+    };
+    assert_eq!(r.reason(), RejectReason::Timeout);
+    assert!(fc.take(), "c is told to look");
+    assert!(poll_with(c.as_mut(), &fc).is_pending());
+    advance(Duration::from_millis(999)).await;
+    assert!(fc.take(), "c is woken at its deadline");
+    assert!(matches!(poll_with(c.as_mut(), &fc), Poll::Ready(Err(_))));
+    drop(a_permit);
+}
+
+/// A waiter behind the front one, polled for another reason while the
+/// front one looks (as a `select!` polls it), arms the sleep for its own
+/// deadline; the front one's timing out then still has the next one look
+/// at its own, earlier deadline.
+#[cfg(feature = "tokio")]
+#[tokio::test(start_paused = true)]
+async fn a_waiter_polled_during_a_look_does_not_delay_the_one_ahead_of_it() {
+    use tokio::time::advance;
+    let (bh, _held) = full_for_a_second();
+    let [fa, fb, fc]: [Arc<Flag>; 3] = Default::default();
+    let mut a = pin!(bh.acquire());
+    assert!(poll_with(a.as_mut(), &fa).is_pending());
+    advance(Duration::from_millis(1)).await;
+    let mut b = pin!(bh.acquire());
+    assert!(poll_with(b.as_mut(), &fb).is_pending());
+    advance(Duration::from_millis(1)).await;
+    let mut c = pin!(bh.acquire());
+    assert!(poll_with(c.as_mut(), &fc).is_pending());
+    advance(Duration::from_millis(998)).await;
+    assert!(fa.take(), "the front waiter is woken at its deadline");
+    // c, polled again before a has looked.
+    assert!(poll_with(c.as_mut(), &fc).is_pending());
+    let Poll::Ready(Err(_)) = poll_with(a.as_mut(), &fa) else {
+        panic!("a times out")
+    };
+    assert!(fb.take(), "b is told to look at its deadline");
+    assert!(poll_with(b.as_mut(), &fb).is_pending(), "not due yet");
+    advance(Duration::from_millis(1)).await;
+    assert!(fb.take(), "b is woken at its own deadline, not at c's");
+    let Poll::Ready(Err(r)) = poll_with(b.as_mut(), &fb) else {
+        panic!("b times out")
+    };
+    assert_eq!(r.reason(), RejectReason::Timeout);
+    advance(Duration::from_millis(1)).await;
+    assert!(fc.take(), "c is woken at its deadline");
+    assert!(matches!(poll_with(c.as_mut(), &fc), Poll::Ready(Err(_))));
+}
+
 /// Many waiters with the same deadline are all rejected at it, each waking
 /// the next, in tasks as a service runs them.
 #[cfg(feature = "tokio")]

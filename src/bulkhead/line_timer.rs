@@ -19,8 +19,14 @@
 //! deadline no later than the front waiter's, or the front waiter's task
 //! has been woken to look. It holds because
 //!
-//! * a waiter that starts waiting makes sure the sleep is armed no later
-//!   than its own deadline (`ensure`), after it joined the line;
+//! * a waiter that starts waiting, first in line, makes sure the sleep is
+//!   armed no later than its own deadline (`ensure`), after it joined the
+//!   line; one that joins behind others arms nothing (their deadlines
+//!   come first, and the sleep or a pending look covers them);
+//! * a waiter rejected at its deadline, once it has left the line, wakes
+//!   the next one to look, whatever the sleep is armed for (`pass_on`): a
+//!   waiter polled for another reason during a look may have armed it for
+//!   a later deadline;
 //! * the sleep that fires marks itself idle *before* it wakes the front
 //!   waiter, under the semaphore's lock, so a waiter that joins after that
 //!   sees it idle and arms it;
@@ -67,6 +73,9 @@ struct Inner {
     slot: Mutex<Pin<Box<Option<ClockSleep>>>>,
     /// Set by a wake-up that found the slot locked (see `poll_by_waker`).
     again: AtomicBool,
+    /// Set by a waiter that found its deadline passed, for its leaving the
+    /// line ([`LineTimer::pass_on`]) to wake the next one.
+    timed_out: AtomicBool,
 }
 
 impl LineTimer {
@@ -84,6 +93,7 @@ impl LineTimer {
                 armed_at: AtomicU64::new(IDLE),
                 slot: Mutex::new(Box::pin(None)),
                 again: AtomicBool::new(false),
+                timed_out: AtomicBool::new(false),
             }),
         })
     }
@@ -100,7 +110,11 @@ impl LineTimer {
             let limit = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
             // Never 0 (unset) nor IDLE.
             *deadline = now.saturating_add(limit).clamp(1, IDLE - 1);
+            if self.inner.joined_behind() {
+                return Ok(false);
+            }
         } else if now >= *deadline {
+            self.inner.timed_out.store(true, Ordering::Relaxed);
             return Ok(true);
         }
         self.inner.ensure(*deadline, now)?;
@@ -121,7 +135,8 @@ impl LineTimer {
         cut: Option<Duration>,
     ) -> Result<bool, TimerGone> {
         let now = self.inner.now();
-        if *deadline == 0 {
+        let joined = *deadline == 0;
+        if joined {
             let limit = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
             *deadline = now.saturating_add(limit).clamp(1, IDLE - 1);
         }
@@ -133,7 +148,11 @@ impl LineTimer {
             _ => *deadline,
         };
         if now >= due {
+            self.inner.timed_out.store(true, Ordering::Relaxed);
             return Ok(true);
+        }
+        if joined && self.inner.joined_behind() {
+            return Ok(false);
         }
         self.inner.ensure(due, now)?;
         Ok(false)
@@ -161,10 +180,22 @@ impl LineTimer {
     /// A waiter left the line (served, rejected or dropped, its acquire
     /// gone): if the sleep is idle, it may have been the one woken to look
     /// at its deadline, so the new front waiter looks.
+    ///
+    /// After a waiter was rejected at its deadline, the new front waiter
+    /// looks whatever the sleep is armed for (`timed_out`): its deadline
+    /// may have passed too, and a waiter polled for another reason while
+    /// the front one was looking may have armed the sleep for its own,
+    /// later deadline; the chain of looks puts the sleep back at the
+    /// front's. A served waiter pays one load for it.
     #[inline]
     pub(crate) fn pass_on(&self) {
-        if self.inner.armed_at.load(Ordering::SeqCst) == IDLE && self.inner.sem.queue_len() != 0 {
-            self.inner.sem.wake_front();
+        let inner = &*self.inner;
+        let timed_out = inner.timed_out.load(Ordering::Relaxed)
+            && inner.timed_out.swap(false, Ordering::Relaxed);
+        if (timed_out || inner.armed_at.load(Ordering::SeqCst) == IDLE)
+            && inner.sem.queue_len() != 0
+        {
+            inner.sem.wake_front();
         }
     }
 }
@@ -188,6 +219,17 @@ impl Inner {
     fn now(&self) -> u64 {
         let since = self.clock.now().saturating_duration_since(self.base);
         u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// A waiter that has just joined the line has others ahead of it:
+    /// their deadlines are no later than its own, so the sleep armed for
+    /// them, or the look the front one was woken for, covers it too. It
+    /// must not arm the sleep itself: with the front waiter woken to look
+    /// (the sleep idle), it would arm it for its own, later deadline, and
+    /// the waiters between would be looked at only then.
+    #[inline]
+    fn joined_behind(&self) -> bool {
+        self.sem.queue_len() > 1
     }
 
     /// Makes sure the sleep fires no later than `deadline` (`now` is the
