@@ -1472,3 +1472,130 @@ async fn holders_lists_labels_fences_and_ages() {
     c.release().await.unwrap();
     assert!(alpha.holders().await.unwrap().is_empty());
 }
+
+// ---------------------------------------------------------------------------
+// Quarantine after Redis lost writes
+// ---------------------------------------------------------------------------
+
+/// Restarts `server` (persistence off: it comes back empty) off the async
+/// runtime.
+async fn restart_empty(server: &Arc<RedisServer>) {
+    let server = server.clone();
+    tokio::task::spawn_blocking(move || server.restart())
+        .await
+        .unwrap();
+}
+
+/// `try_acquire` until it stops failing for want of a connection (the
+/// handle reconnects after the restart); returns the first other outcome.
+async fn try_after_reconnect(sem: &RedisSemaphore) -> Result<LeasedPermit, LeaseError> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match sem.try_acquire().await {
+            Err(LeaseError::Unavailable(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A client granted fence 1, after Redis restarted empty, finds the fence
+/// counter behind what it was granted: its next acquire refuses grants to
+/// every client for one lease time to live, and the fences go on from
+/// where they were, never repeating one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_counter_gone_back_quarantines_every_client() {
+    const NAME: &str = "quarantine-fence";
+    const TTL: Duration = Duration::from_millis(1_000);
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let server = Arc::new(server);
+    let a = builder(&server.url(), NAME)
+        .lease_ttl(TTL)
+        .build()
+        .await
+        .unwrap();
+    let b = builder(&server.url(), NAME)
+        .lease_ttl(TTL)
+        .build()
+        .await
+        .unwrap();
+    let first = a.try_acquire().await.unwrap();
+    let fence = first.fence();
+    first.release().await.unwrap();
+
+    restart_empty(&server).await;
+    let refused = Instant::now();
+    let Err(LeaseError::Quarantined { retry_after }) = try_after_reconnect(&a).await else {
+        panic!("the client that saw a fence must find the counter gone back")
+    };
+    assert!(
+        retry_after <= TTL && retry_after > TTL / 2,
+        "{retry_after:?}"
+    );
+    // Every client is refused, not only the one that noticed.
+    assert!(matches!(
+        b.try_acquire().await,
+        Err(LeaseError::Quarantined { .. })
+    ));
+    // A waiting acquire waits the quarantine out.
+    let permit = timeout(PATIENCE, b.acquire()).await.unwrap().unwrap();
+    let waited = refused.elapsed();
+    assert!(waited >= TTL - Duration::from_millis(50), "{waited:?}");
+    assert!(
+        permit.fence() > fence,
+        "fences never repeat: {} after {fence}",
+        permit.fence()
+    );
+    permit.release().await.unwrap();
+}
+
+/// A holder whose renewal finds its lease gone before its own deadline
+/// (Redis forgot it) starts the quarantine at once, so that a client that
+/// was never granted anything is refused too; with `quarantine(false)`,
+/// the forgotten permit is granted again at once (more than `limit` at
+/// work), which is what the quarantine prevents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgotten_lease_found_by_its_renewal_quarantines_new_grants() {
+    const TTL: Duration = Duration::from_millis(1_500);
+    for quarantine in [true, false] {
+        let name = format!("quarantine-renew-{quarantine}");
+        let Some(server) = RedisServer::start_or_skip() else {
+            return;
+        };
+        let server = Arc::new(server);
+        let holder = builder(&server.url(), &name)
+            .lease_ttl(TTL)
+            .quarantine(quarantine)
+            .build()
+            .await
+            .unwrap();
+        let newcomer = builder(&server.url(), &name)
+            .lease_ttl(TTL)
+            .quarantine(quarantine)
+            .build()
+            .await
+            .unwrap();
+        let held = holder.try_acquire().await.unwrap();
+        restart_empty(&server).await;
+        // The holder's next renewal (a third of the time to live) finds the
+        // lease gone, well before the holder's own deadline.
+        let reason = timeout(TTL, held.lost())
+            .await
+            .expect("the renewal finds it gone");
+        assert_eq!(reason, LostReason::Expired);
+        let got = try_after_reconnect(&newcomer).await;
+        if quarantine {
+            assert!(
+                matches!(got, Err(LeaseError::Quarantined { .. })),
+                "{got:?}"
+            );
+        } else {
+            let permit = got.expect("without the quarantine, granted again at once");
+            permit.release().await.unwrap();
+        }
+        let _ = held.release().await;
+    }
+}

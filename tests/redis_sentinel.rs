@@ -16,8 +16,16 @@ fn backend(set: &SentinelSet) -> Backend {
     Backend::sentinel(vec![set.sentinel_url()], SERVICE, None).unwrap()
 }
 
+/// A semaphore on the set's primary, without the quarantine: these tests
+/// time how fast the semaphore follows
+/// a failover, and after `SENTINEL FAILOVER` the old primary goes on
+/// granting for a moment, grants the new one never sees; a client that was
+/// granted one finds the new primary's fence counter behind it, and the
+/// quarantine then holds every grant for a lease time to live (10 s here),
+/// as it should (`tests/redis_faults.rs` tests the quarantine itself).
 async fn semaphore(set: &SentinelSet, name: &str, limit: usize) -> RedisSemaphore {
     RedisSemaphore::builder(backend(set), name)
+        .quarantine(false)
         .limit(limit)
         .lease_ttl(Duration::from_secs(10))
         .max_poll(Duration::from_secs(30))
@@ -221,6 +229,7 @@ fn works_on_smol_outside_tokio() {
             smol::block_on(async move {
                 assert!(tokio::runtime::Handle::try_current().is_err());
                 let sem = RedisSemaphore::builder(backend(&set), "smol")
+                    .quarantine(false) // as `semaphore` says
                     .max_poll(Duration::from_secs(30))
                     .build()
                     .await

@@ -20,6 +20,9 @@ enum Grant {
     Busy {
         retry_after: Option<Duration>,
         limit: usize,
+        /// Refused because Redis lost writes (the acquire script's
+        /// quarantine); `retry_after` is what is left of it.
+        quarantined: bool,
     },
 }
 
@@ -32,6 +35,7 @@ enum Found {
         down_since: Option<Instant>,
         retry_after: Option<Duration>,
         limit: usize,
+        quarantined: bool,
     },
 }
 
@@ -106,12 +110,17 @@ impl RedisSemaphore {
         });
         match self.inner.grant(pending, bound).await {
             Ok(Grant::Granted(permit)) => Ok(Found::Granted(permit)),
-            Ok(Grant::Busy { retry_after, limit }) => Ok(Found::Wait {
+            Ok(Grant::Busy {
+                retry_after,
+                limit,
+                quarantined,
+            }) => Ok(Found::Wait {
                 listener,
                 pause: self.inner.pause(retry_after),
                 down_since: None,
                 retry_after,
                 limit,
+                quarantined,
             }),
             Err(LeaseError::Unavailable(e)) if tolerate => {
                 // `pending` keeps its id (a grant may have landed): the
@@ -126,6 +135,7 @@ impl RedisSemaphore {
                     down_since: Some(since),
                     retry_after: None,
                     limit: self.limit_seen(),
+                    quarantined: false,
                 })
             }
             Err(e) => Err(e),
@@ -153,12 +163,16 @@ impl RedisSemaphore {
             let _ = Timeout::new(listener, self.inner.timer.sleep(pause)).await;
             let found = self.attempt_with(&mut pending, down_since, true).await;
             // An attempt that failed for good (denied, refused) is no
-            // outage; the wait ends with its error anyway.
+            // outage; the wait ends with its error anyway. A quarantine
+            // counts as one: the permits cannot be counted meanwhile.
             down.store(
                 matches!(
                     found,
                     Ok(Found::Wait {
                         down_since: Some(_),
+                        ..
+                    }) | Ok(Found::Wait {
+                        quarantined: true,
                         ..
                     })
                 ),
@@ -186,6 +200,13 @@ impl RedisSemaphore {
         let mut pending = self.inner.pending();
         match self.attempt_with(&mut pending, None, false).await? {
             Found::Granted(permit) => Ok(permit),
+            Found::Wait {
+                quarantined: true,
+                retry_after,
+                ..
+            } => Err(LeaseError::Quarantined {
+                retry_after: retry_after.unwrap_or_default(),
+            }),
             Found::Wait {
                 retry_after, limit, ..
             } => Err(LeaseError::NoPermits { retry_after, limit }),
@@ -231,14 +252,17 @@ impl Inner {
                 .key(&self.keys.fence)
                 .key(&self.keys.limit)
                 .key(&self.keys.channel)
+                .key(&self.keys.quarantine)
                 .arg(&pending.id)
                 .arg(self.ttl.as_millis() as u64)
                 .arg(self.default_limit)
-                .arg(&self.label);
+                .arg(&self.label)
+                .arg(self.fence_seen.load(Ordering::Relaxed))
+                .arg(self.quarantine_ms);
             let mut conn = self.conn.clone();
             let script = call.invoke_async(&mut conn);
             let cut = bound.and_then(|b| (attempt > 0 || b.cut_first).then_some(b.end));
-            let answer: redis::RedisResult<(i64, u64, i64, i64, i64)> = match cut {
+            let answer: redis::RedisResult<(i64, u64, i64, i64, i64, i64)> = match cut {
                 None => script.await,
                 Some(end) => {
                     let left = end.saturating_duration_since(sent);
@@ -248,7 +272,7 @@ impl Inner {
                 }
             };
             match answer {
-                Ok((granted, fence, ms, limit, _holders)) => {
+                Ok((granted, fence, ms, limit, _holders, quarantined)) => {
                     let limit = usize::try_from(limit).unwrap_or(0);
                     self.limit_seen.store(limit, Ordering::Relaxed);
                     if granted == 0 {
@@ -256,8 +280,10 @@ impl Inner {
                         return Ok(Grant::Busy {
                             retry_after: u64::try_from(ms).ok().map(Duration::from_millis),
                             limit,
+                            quarantined: quarantined == 1,
                         });
                     }
+                    self.fence_seen.fetch_max(fence, Ordering::Relaxed);
                     let lease = Arc::new(Lease::new(
                         core::mem::take(&mut pending.id),
                         fence,

@@ -2,7 +2,7 @@
 //! and the connection and lease keeper that `build` starts.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,6 +34,7 @@ pub struct RedisSemaphoreBuilder {
     timer: Option<Arc<dyn Timer>>,
     pubsub: bool,
     drift_margin: Option<Duration>,
+    quarantine: bool,
 }
 
 impl RedisSemaphoreBuilder {
@@ -54,6 +55,7 @@ impl RedisSemaphoreBuilder {
             timer: None,
             pubsub: true,
             drift_margin: None,
+            quarantine: true,
         }
     }
 
@@ -158,6 +160,29 @@ impl RedisSemaphoreBuilder {
         self
     }
 
+    /// Whether grants stop for one lease time to live after Redis is found
+    /// to have lost writes (default `true`).
+    ///
+    /// Redis that restarts without persistence, or a replica promoted
+    /// before it received the last grants, forgets leases that their
+    /// holders still count on, and would grant those permits again: more
+    /// than `limit` holders at once, for up to one time to live. The
+    /// acquire script notices when the fence counter is below a fence this
+    /// process was granted; it then sets the counter back up (fences keep
+    /// increasing) and refuses new grants to every client for one lease
+    /// time to live, by when the forgotten leases have expired (or been
+    /// renewed, which writes them back). Meanwhile `try_acquire` fails with
+    /// [`LeaseError::Quarantined`](super::LeaseError::Quarantined), a
+    /// waiting `acquire` waits, and a `RedisBulkhead` rejects as
+    /// `Unavailable`. The loss is seen by the first acquire of a client
+    /// that was granted a lost fence; grants made before that are not
+    /// prevented (see `docs/distributed.md`). With `false` the script does
+    /// not look, as before.
+    pub fn quarantine(mut self, enabled: bool) -> Self {
+        self.quarantine = enabled;
+        self
+    }
+
     /// How much sooner than Redis this process stops counting on a lease
     /// (default: 1% of the time to live, at least 10 ms, at most a quarter
     /// of the time to live).
@@ -257,6 +282,7 @@ impl RedisSemaphoreBuilder {
             fence: format!("{base}:fence"),
             limit: format!("{base}:limit"),
             channel: format!("{base}:wake"),
+            quarantine: format!("{base}:quarantine"),
         };
         let scripts = Scripts::new(connected.publish);
         check_scripts(&conn, &scripts, &keys).await?;
@@ -288,6 +314,11 @@ impl RedisSemaphoreBuilder {
             closed: AtomicBool::new(false),
             limit_seen: AtomicUsize::new(self.limit),
             ids: IdSource::new(),
+            fence_seen: AtomicU64::new(0),
+            quarantine_ms: match self.quarantine {
+                true => u64::try_from(self.lease_ttl.as_millis()).unwrap_or(u64::MAX),
+                false => 0,
+            },
         });
         keeper::start(&inner, connected.subscriber, self.pubsub);
         Ok(RedisSemaphore { inner })
@@ -304,6 +335,7 @@ async fn check_scripts(conn: &Conn, scripts: &Scripts, keys: &Keys) -> Result<()
         .key(&keys.fence)
         .key(&keys.limit)
         .key(&keys.channel)
+        .key(&keys.quarantine)
         .invoke_async(&mut conn.clone())
         .await
         .map_err(ConfigError::of)?;

@@ -383,6 +383,8 @@ fn reason_of(e: &LeaseError) -> RejectReason {
         | LeaseError::Script(_) => RejectReason::Unavailable,
         // Not an acquire's error: only `call` reports it.
         LeaseError::Lost(_) => RejectReason::Unavailable,
+        // Redis lost writes: the permits cannot be counted for a while.
+        LeaseError::Quarantined { .. } => RejectReason::Unavailable,
     }
 }
 

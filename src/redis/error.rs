@@ -39,6 +39,15 @@ pub enum LeaseError {
     /// type) or answered what this version does not expect. Returned at
     /// once, never retried.
     Script(redis::RedisError),
+    /// Redis was found to have lost writes (a restart without persistence,
+    /// a failover to a replica that was behind), and grants are refused
+    /// for one lease time to live, to every client, so that leases it
+    /// forgot cannot be granted twice: see
+    /// [`quarantine`](super::RedisSemaphoreBuilder::quarantine).
+    Quarantined {
+        /// How long the quarantine has left, as Redis counts it.
+        retry_after: Duration,
+    },
     /// The lease was lost while [`RedisSemaphore::call`](super::RedisSemaphore::call)
     /// ran its work, which was dropped unfinished. The reason is the
     /// [`source`](std::error::Error::source).
@@ -57,6 +66,11 @@ impl fmt::Display for LeaseError {
             Self::Auth(_) => f.write_str("redis refused the credentials"),
             Self::Script(_) => f.write_str("the semaphore's script failed in redis"),
             Self::Lost(_) => f.write_str("the lease was lost, the call was dropped"),
+            Self::Quarantined { retry_after } => write!(
+                f,
+                "redis lost writes; grants resume in {} ms",
+                retry_after.as_millis()
+            ),
         }
     }
 }
@@ -66,7 +80,7 @@ impl std::error::Error for LeaseError {
         match self {
             Self::Unavailable(e) | Self::Denied(e) | Self::Auth(e) | Self::Script(e) => Some(e),
             Self::Lost(reason) => Some(reason),
-            Self::NoPermits { .. } | Self::Closed => None,
+            Self::NoPermits { .. } | Self::Closed | Self::Quarantined { .. } => None,
         }
     }
 }

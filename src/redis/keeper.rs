@@ -129,12 +129,20 @@ impl Inner {
                 Timeout::new(renewal, self.timer.sleep(budget)).await.ok();
             match answer {
                 Some(Ok(ttls)) => {
+                    let mut forgotten = false;
                     for (lease, ttl) in chunk.iter().zip(ttls) {
                         if ttl > 0 {
                             lease.renewed(sent, self.life);
                         } else {
+                            // Sent before the holder's own deadline, which
+                            // comes before Redis's: Redis should still
+                            // have had it, and lost it.
+                            forgotten |= sent < lease.deadline();
                             self.lost(lease, LostReason::Expired);
                         }
+                    }
+                    if forgotten && self.quarantine_ms > 0 {
+                        self.start_quarantine().await;
                     }
                 }
                 Some(Err(_)) | None => {
@@ -150,6 +158,27 @@ impl Inner {
             }
         }
         self.lock_leases().values().map(|l| l.deadline()).min()
+    }
+
+    /// Redis forgot a lease it should still hold (a restart without
+    /// persistence, a failover to a replica that was behind): stops new
+    /// grants to every client for one quarantine (see the acquire script).
+    /// Best effort: if this call fails, the next acquire of a client that
+    /// was granted a lost fence still starts it.
+    async fn start_quarantine(&self) {
+        let mut call = self.scripts.quarantine.prepare_invoke();
+        call.key(&self.keys.leases)
+            .key(&self.keys.info)
+            .key(&self.keys.fence)
+            .key(&self.keys.limit)
+            .key(&self.keys.channel)
+            .key(&self.keys.quarantine)
+            .arg(self.fence_seen.load(Ordering::Relaxed))
+            .arg(self.quarantine_ms);
+        let mut conn = self.conn.clone();
+        let within = self.timer.sleep(self.renew_every);
+        let _: Result<redis::RedisResult<i64>, _> =
+            Timeout::new(call.invoke_async(&mut conn), within).await;
     }
 
     fn lost(&self, lease: &super::permit::Lease, reason: LostReason) {

@@ -27,8 +27,11 @@
 //!   that instant; `call_to_end` lets it finish and reports the loss.
 //! * This is a load-protection limit, not mutual exclusion: a Redis
 //!   failover or restart without persistence can forget leases and admit
-//!   more than `limit` for up to one time to live. Where correctness
-//!   depends on exclusivity, check fencing tokens at the resource.
+//!   more than `limit` until the loss is seen (a holder's renewal or an
+//!   acquire finds it); then no grant is made for one lease time to live
+//!   (the [quarantine](RedisSemaphoreBuilder::quarantine)). Where
+//!   correctness depends on exclusivity, check fencing tokens at the
+//!   resource.
 //!
 //! See `docs/distributed.md` for the design, configuration and operations.
 //!

@@ -9,6 +9,9 @@
 //! * `KEYS[3]` `…:fence`: the fence counter (never expires).
 //! * `KEYS[4]` `…:limit`: the limit every client obeys.
 //! * `KEYS[5]` `…:wake`: the pub/sub channel (only published to).
+//! * `KEYS[6]` `…:quarantine` (the acquire script only): present, with a
+//!   time to live, while new grants are refused after this server was found
+//!   to have lost writes (see `ACQUIRE`).
 //!
 //! The wake-ups are published with `PUBLISH`, or with `SPUBLISH` on a
 //! Redis Cluster (sharded pub/sub: the message stays on the shard that owns
@@ -46,13 +49,25 @@ local function limit_of(default)
 end
 ";
 
-/// `ARGV`: id, ttl_ms, default limit, label.
+/// `ARGV`: id, ttl_ms, default limit, label, the highest fence this client
+/// has been granted (0: none yet), the quarantine in ms (0: off).
 ///
-/// Returns `{1, fence, ttl_left_ms, limit, holders}` when granted (also for
-/// a retry of an id that already holds: same fence, lease extended), or
-/// `{0, 0, retry_after_ms, limit, holders}`, where `retry_after_ms` is the
-/// time until the earliest lease expires (-1 when nothing is held, as with
-/// a limit of zero).
+/// Returns `{1, fence, ttl_left_ms, limit, holders, 0}` when granted (also
+/// for a retry of an id that already holds: same fence, lease extended), or
+/// `{0, 0, retry_after_ms, limit, holders, 0}`, where `retry_after_ms` is
+/// the time until the earliest lease expires (-1 when nothing is held, as
+/// with a limit of zero), or `{0, 0, quarantine_left_ms, limit, holders,
+/// 1}` while grants are refused.
+///
+/// **Quarantine.** A fence counter below a fence this client was granted
+/// means the server lost writes: it restarted without persistence, or a
+/// replica that had not received the last grants was promoted. The leases
+/// it forgot may still be held, so a grant now could put more than `limit`
+/// holders to work. The script then sets the counter back up to the fence
+/// seen (fences keep increasing) and refuses every new grant, to every
+/// client, for one quarantine (the lease time to live: by then every lease
+/// granted before the loss has expired, or been renewed, which puts it
+/// back). Consul's lock-delay does the same after a session is lost.
 const ACQUIRE: &str = r"
 purge()
 local id, ttl = ARGV[1], tonumber(ARGV[2])
@@ -61,21 +76,34 @@ local info = redis.call('HGET', KEYS[2], id)
 if info then
   redis.call('ZADD', KEYS[1], 'XX', now + ttl, id)
   local fence = string.match(info, '^(%d+):')
-  return {1, tonumber(fence), ttl, limit, redis.call('ZCARD', KEYS[1])}
+  return {1, tonumber(fence), ttl, limit, redis.call('ZCARD', KEYS[1]), 0}
 end
 local holders = redis.call('ZCARD', KEYS[1])
+local quarantine = tonumber(ARGV[6])
+if quarantine > 0 then
+  local left = redis.call('PTTL', KEYS[6])
+  if left > 0 then
+    return {0, 0, left, limit, holders, 1}
+  end
+  local seen = tonumber(ARGV[5])
+  if seen > (tonumber(redis.call('GET', KEYS[3])) or 0) then
+    redis.call('SET', KEYS[3], seen)
+    redis.call('SET', KEYS[6], seen, 'PX', quarantine)
+    return {0, 0, quarantine, limit, holders, 1}
+  end
+end
 if holders < limit then
   local fence = redis.call('INCR', KEYS[3])
   redis.call('ZADD', KEYS[1], now + ttl, id)
   redis.call('HSET', KEYS[2], id, fence .. ':' .. now .. ':' .. ARGV[4])
-  return {1, fence, ttl, limit, holders + 1}
+  return {1, fence, ttl, limit, holders + 1, 0}
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local retry = -1
 if first[2] then
   retry = tonumber(first[2]) - now
 end
-return {0, 0, retry, limit, holders}
+return {0, 0, retry, limit, holders, 0}
 ";
 
 /// `ARGV`: ttl_ms, then the ids to renew. Returns one number per id: the
@@ -144,14 +172,30 @@ purge()
 return old
 ";
 
+/// `KEYS`: as the others, with `KEYS[6]` the quarantine. `ARGV`: the
+/// highest fence this client was granted, the quarantine in ms. A renewal
+/// found a lease gone that Redis should still have held (its renewal was
+/// sent before the holder's own deadline, which is earlier than Redis's):
+/// Redis lost writes. Starts the quarantine unless one runs, and sets the
+/// fence counter back up to the fence seen. Returns 1.
+const QUARANTINE: &str = r"
+local seen = tonumber(ARGV[1])
+if seen > (tonumber(redis.call('GET', KEYS[3])) or 0) then
+  redis.call('SET', KEYS[3], seen)
+end
+redis.call('SET', KEYS[6], seen, 'PX', tonumber(ARGV[2]), 'NX')
+return 1
+";
+
 /// `build`'s check that the user may run the scripts: sent by SHA like
 /// the others (so `EVALSHA`, then `SCRIPT LOAD` on `NOSCRIPT`), with all
-/// five keys (Redis checks a script's declared keys for read and write
+/// six keys (Redis checks a script's declared keys for read and write
 /// rights before running it), and reads what the scripts read. Changes
 /// nothing. Returns 1.
 const PROBE: &str = r"
 redis.call('ZCARD', KEYS[1])
 redis.call('GET', KEYS[4])
+redis.call('PTTL', KEYS[6])
 return 1
 ";
 
@@ -164,6 +208,7 @@ pub(super) struct Scripts {
     pub(super) holders: Script,
     pub(super) set_limit: Script,
     pub(super) probe: Script,
+    pub(super) quarantine: Script,
 }
 
 impl Scripts {
@@ -179,6 +224,7 @@ impl Scripts {
             holders: with_prelude(HOLDERS),
             set_limit: with_prelude(SET_LIMIT),
             probe: with_prelude(PROBE),
+            quarantine: with_prelude(QUARANTINE),
         }
     }
 }

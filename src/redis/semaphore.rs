@@ -3,7 +3,7 @@
 
 use core::fmt;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -54,6 +54,11 @@ pub(super) struct Inner {
     /// The limit in Redis, as of the last script that read it.
     pub(super) limit_seen: AtomicUsize,
     pub(super) ids: IdSource,
+    /// The highest fence this process was granted: a server whose counter
+    /// is below it lost writes (see the acquire script's quarantine).
+    pub(super) fence_seen: AtomicU64,
+    /// The quarantine after such a loss, in ms (0: off).
+    pub(super) quarantine_ms: u64,
 }
 
 /// The names of the semaphore's keys (see `scripts.rs`).
@@ -63,6 +68,7 @@ pub(super) struct Keys {
     pub(super) fence: String,
     pub(super) limit: String,
     pub(super) channel: String,
+    pub(super) quarantine: String,
 }
 
 /// What the release script found.
