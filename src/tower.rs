@@ -46,6 +46,55 @@
 //! response future, as the bulkhead's policy says. Set `max_wait` and
 //! `max_queue` as you would for any caller.
 //!
+//! # Deadlines
+//!
+//! A request that carries its deadline can be admitted as
+//! [`Bulkhead::call_by`] admits a call: give the layer a function that
+//! reads it, [`BulkheadLayer::deadline_from`]. A request that cannot make
+//! its deadline (the wait it can expect plus the time a call holds its
+//! permit does not fit in the time it has left) is turned away at once
+//! with `WontMakeDeadline`, before it takes a seat in the line; one that
+//! is admitted waits no longer than it could still finish in time. The
+//! function runs in `call` (`poll_ready` has no request to read); a layer
+//! without it reads nothing and pays nothing.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::time::{Duration, Instant};
+//! use bulkhead::Bulkhead;
+//! use bulkhead::tower::BulkheadLayer;
+//! use tower::{ServiceBuilder, ServiceExt};
+//!
+//! /// A request that says how long its caller waits for the answer.
+//! struct Lookup {
+//!     patience: Duration,
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower::BoxError> {
+//! let bh = Bulkhead::builder()
+//!     .name("catalog")
+//!     .max_concurrent_calls(8)
+//!     .max_wait(Duration::from_secs(1))
+//!     .queue_delay(Duration::from_millis(5), Duration::from_millis(100))
+//!     .build()?;
+//! let service = ServiceBuilder::new()
+//!     .layer(
+//!         BulkheadLayer::new(bh.clone())
+//!             .deadline_from(|r: &Lookup| Some(Instant::now() + r.patience)),
+//!     )
+//!     .service_fn(|_: Lookup| async { Ok::<_, Infallible>("found") });
+//!
+//! let found = service.oneshot(Lookup { patience: Duration::from_millis(300) }).await?;
+//! assert_eq!(found, "found");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `examples/overload_http.rs` reads the deadline from an HTTP header and
+//! drives a hyper server past its capacity, with and without these
+//! options; see `docs/overload.md`.
+//!
 //! # Errors
 //!
 //! The service's error is a [`BoxError`] (the same type as
@@ -53,7 +102,7 @@
 //!
 //! | what happened | downcast to |
 //! |---|---|
-//! | the bulkhead turned the request away | [`Rejected`](crate::Rejected), with its [`reason()`](crate::Rejected::reason): `Full`, `Timeout`, `Closed` |
+//! | the bulkhead turned the request away | [`Rejected`](crate::Rejected), with its [`reason()`](crate::Rejected::reason): `Full`, `Timeout`, `Closed`, `QueueDelay` (with `queue_delay`), `WontMakeDeadline` (with [`deadline_from`](BulkheadLayer::deadline_from)) |
 //! | the request ran past `call_timeout` and was dropped | [`CallTimeout`] |
 //! | the inner service failed | the inner service's own error type, as its `Into<BoxError>` boxed it |
 //!
@@ -119,6 +168,7 @@ use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll, ready};
 use std::error::Error;
+use std::time::Instant;
 
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
@@ -139,6 +189,12 @@ pub type BoxError = Box<dyn Error + Send + Sync>;
 /// bulkhead (its limit, line, metrics and observer): one layer, applied to
 /// each connection a server accepts, caps the requests in flight across all
 /// of them.
+///
+/// With [`deadline_from`](Self::deadline_from), requests that carry a
+/// deadline are admitted as [`Bulkhead::call_by`] admits a call: turned
+/// away at once if they cannot make it, and waiting no longer than they
+/// still could. The type parameter `D` is what reads a request's deadline;
+/// the default, [`NoDeadline`], reads none and costs nothing.
 ///
 /// # Examples
 ///
@@ -161,9 +217,10 @@ pub type BoxError = Box<dyn Error + Send + Sync>;
 /// let _old = ServiceBuilder::new().layer(ConcurrencyLimitLayer::new(5));
 /// let _new = ServiceBuilder::new().layer(BulkheadLayer::new(bh));
 /// ```
-#[derive(Clone, Debug)]
-pub struct BulkheadLayer {
+#[derive(Clone)]
+pub struct BulkheadLayer<D = NoDeadline> {
     bulkhead: Bulkhead,
+    deadline: D,
 }
 
 impl BulkheadLayer {
@@ -182,12 +239,94 @@ impl BulkheadLayer {
     /// assert_eq!(layer.bulkhead().name(), "db");
     /// ```
     pub fn new(bulkhead: Bulkhead) -> Self {
-        Self { bulkhead }
+        Self {
+            bulkhead,
+            deadline: NoDeadline,
+        }
+    }
+}
+
+impl<D> BulkheadLayer<D> {
+    /// Admits each request by the deadline `deadline` reads from it
+    /// (deadline-aware admission, as [`Bulkhead::call_by`]): a request
+    /// whose deadline has passed, or whose expected wait plus the expected
+    /// time a call holds its permit does not fit in the time it has left,
+    /// is rejected at once with [`RejectReason::WontMakeDeadline`]; one
+    /// that is admitted waits at most until it could still finish in time
+    /// (or `max_wait`, if sooner). A request it reads `None` from is
+    /// admitted as without this option.
+    ///
+    /// `deadline` is anything that implements [`RequestDeadline`], most
+    /// often a closure `Fn(&Req) -> Option<Instant>`; it runs in the
+    /// service's `call`, before the request is admitted, so keep it cheap
+    /// (read a header, an extension, a field). The crate does not depend
+    /// on `http`: how a request says its deadline (a header such as gRPC's
+    /// `grpc-timeout`, an extension set by a layer above) is yours to
+    /// read. The deadline is read on the bulkhead's clock, as
+    /// [`call_by`](Bulkhead::call_by)'s.
+    ///
+    /// Without this option the layer reads nothing: the default
+    /// [`NoDeadline`] always answers `None` and the check is compiled out.
+    ///
+    /// [`RejectReason::WontMakeDeadline`]: crate::RejectReason::WontMakeDeadline
+    ///
+    /// # Examples
+    ///
+    /// A deadline carried as milliseconds from now in a header (here on a
+    /// plain tuple standing for a request):
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::time::{Duration, Instant};
+    /// use bulkhead::{Bulkhead, RejectReason, Rejected};
+    /// use bulkhead::tower::BulkheadLayer;
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// // (deadline in ms from now, body); an HTTP server would read a
+    /// // header of an `http::Request` instead.
+    /// type Req = (Option<u64>, &'static str);
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower::BoxError> {
+    /// let bh = Bulkhead::builder().name("search").max_concurrent_calls(4).build()?;
+    /// let layer = BulkheadLayer::new(bh.clone()).deadline_from(|req: &Req| {
+    ///     req.0.map(|ms| Instant::now() + Duration::from_millis(ms))
+    /// });
+    /// let service = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|(_, q): Req| async move { Ok::<_, Infallible>(q.len()) });
+    ///
+    /// // Time to spare, or no deadline at all: admitted.
+    /// assert_eq!(service.clone().oneshot((Some(500), "rust")).await?, 4);
+    /// assert_eq!(service.clone().oneshot((None, "tower")).await?, 5);
+    ///
+    /// // No time left: turned away before it reaches the service.
+    /// let err = service.oneshot((Some(0), "late")).await.unwrap_err();
+    /// let rejected = err.downcast_ref::<Rejected>().expect("a rejection");
+    /// assert_eq!(rejected.reason(), RejectReason::WontMakeDeadline);
+    /// assert_eq!(bh.metrics().rejected_deadline(), 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn deadline_from<F>(self, deadline: F) -> BulkheadLayer<F> {
+        BulkheadLayer {
+            bulkhead: self.bulkhead,
+            deadline,
+        }
     }
 
     /// The bulkhead the layer admits requests through.
     pub fn bulkhead(&self) -> &Bulkhead {
         &self.bulkhead
+    }
+}
+
+impl<D> fmt::Debug for BulkheadLayer<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BulkheadLayer")
+            .field("bulkhead", &self.bulkhead)
+            .field("deadline", &core::any::type_name::<D>())
+            .finish()
     }
 }
 
@@ -197,11 +336,82 @@ impl From<Bulkhead> for BulkheadLayer {
     }
 }
 
-impl<S> Layer<S> for BulkheadLayer {
-    type Service = BulkheadService<S>;
+impl<S, D: Clone> Layer<S> for BulkheadLayer<D> {
+    type Service = BulkheadService<S, D>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        BulkheadService::new(inner, self.bulkhead.clone())
+        BulkheadService {
+            inner,
+            bulkhead: self.bulkhead.clone(),
+            deadline: self.deadline.clone(),
+        }
+    }
+}
+
+/// Reads the deadline a request carries, for a layer or service with
+/// [`deadline_from`](BulkheadLayer::deadline_from).
+///
+/// Implemented by every `Fn(&Req) -> Option<Instant>` and by
+/// [`NoDeadline`]; implement it for a type of your own to name the
+/// service's type (a closure cannot be named).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use bulkhead::tower::RequestDeadline;
+///
+/// /// A job that says how long it may take in all.
+/// struct Job {
+///     budget: Duration,
+/// }
+///
+/// #[derive(Clone)]
+/// struct JobBudget;
+///
+/// impl RequestDeadline<Job> for JobBudget {
+///     fn deadline(&self, job: &Job) -> Option<Instant> {
+///         Some(Instant::now() + job.budget)
+///     }
+/// }
+///
+/// let by = JobBudget.deadline(&Job { budget: Duration::from_secs(1) });
+/// assert!(by.is_some());
+/// ```
+pub trait RequestDeadline<Req> {
+    /// The time by which `request` must be done, or `None` if it carries
+    /// no deadline (it is admitted as without one).
+    fn deadline(&self, request: &Req) -> Option<Instant>;
+}
+
+impl<Req, F> RequestDeadline<Req> for F
+where
+    F: Fn(&Req) -> Option<Instant>,
+{
+    #[inline]
+    fn deadline(&self, request: &Req) -> Option<Instant> {
+        self(request)
+    }
+}
+
+/// The [`RequestDeadline`] of a layer without
+/// [`deadline_from`](BulkheadLayer::deadline_from): no request carries a
+/// deadline, and nothing is read.
+///
+/// # Examples
+///
+/// ```
+/// use bulkhead::tower::{NoDeadline, RequestDeadline};
+///
+/// assert_eq!(NoDeadline.deadline(&"any request"), None);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoDeadline;
+
+impl<Req> RequestDeadline<Req> for NoDeadline {
+    #[inline(always)]
+    fn deadline(&self, _request: &Req) -> Option<Instant> {
+        None
     }
 }
 
@@ -213,7 +423,8 @@ impl<S> Layer<S> for BulkheadLayer {
 /// (see the [module documentation](self)). Requests wait, time out or are
 /// rejected in the response future, under the bulkhead's policy; errors are
 /// [`BoxError`]s that downcast to [`Rejected`](crate::Rejected),
-/// [`CallTimeout`], or the inner service's error.
+/// [`CallTimeout`], or the inner service's error. `D` reads each request's
+/// deadline, if it has one (see [`BulkheadLayer::deadline_from`]).
 ///
 /// The inner service must be `Clone` (`call` moves the instance that was
 /// polled ready into the response future and keeps a clone). The response
@@ -243,16 +454,54 @@ impl<S> Layer<S> for BulkheadLayer {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone, Debug)]
-pub struct BulkheadService<S> {
+#[derive(Clone)]
+pub struct BulkheadService<S, D = NoDeadline> {
     inner: S,
     bulkhead: Bulkhead,
+    deadline: D,
 }
 
 impl<S> BulkheadService<S> {
     /// Wraps `inner`, admitting each request through `bulkhead`.
     pub fn new(inner: S, bulkhead: Bulkhead) -> Self {
-        Self { inner, bulkhead }
+        Self {
+            inner,
+            bulkhead,
+            deadline: NoDeadline,
+        }
+    }
+}
+
+impl<S, D> BulkheadService<S, D> {
+    /// Admits each request by the deadline `deadline` reads from it, as
+    /// [`BulkheadLayer::deadline_from`] does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::time::Instant;
+    /// use bulkhead::{Bulkhead, RejectReason, Rejected};
+    /// use bulkhead::tower::BulkheadService;
+    /// use tower::{ServiceExt, service_fn};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    /// let echo = service_fn(|by: Instant| async move { Ok::<_, Infallible>(by) });
+    /// // The request is its own deadline.
+    /// let service = BulkheadService::new(echo, bh).deadline_from(|by: &Instant| Some(*by));
+    ///
+    /// let err = service.oneshot(Instant::now()).await.unwrap_err();
+    /// let rejected = err.downcast_ref::<Rejected>().unwrap();
+    /// assert_eq!(rejected.reason(), RejectReason::WontMakeDeadline);
+    /// # });
+    /// ```
+    pub fn deadline_from<F>(self, deadline: F) -> BulkheadService<S, F> {
+        BulkheadService {
+            inner: self.inner,
+            bulkhead: self.bulkhead,
+            deadline,
+        }
     }
 
     /// The bulkhead requests are admitted through.
@@ -276,10 +525,21 @@ impl<S> BulkheadService<S> {
     }
 }
 
-impl<S, Req> Service<Req> for BulkheadService<S>
+impl<S: fmt::Debug, D> fmt::Debug for BulkheadService<S, D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BulkheadService")
+            .field("inner", &self.inner)
+            .field("bulkhead", &self.bulkhead)
+            .field("deadline", &core::any::type_name::<D>())
+            .finish()
+    }
+}
+
+impl<S, D, Req> Service<Req> for BulkheadService<S, D>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
+    D: RequestDeadline<Req>,
 {
     type Response = S::Response;
     type Error = BoxError;
@@ -293,13 +553,16 @@ where
 
     #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
+        // Read before the request moves into the future; `NoDeadline`
+        // reads nothing.
+        let by = self.deadline.deadline(&request);
         // Call the instance that was polled ready; keep a fresh clone for
         // the next request (which will be polled ready in turn).
         let clone = self.inner.clone();
         let inner = core::mem::replace(&mut self.inner, clone);
         ResponseFuture {
             state: State::Admit {
-                admission: self.bulkhead.admission(),
+                admission: self.bulkhead.admission(by),
                 call: Some((inner, request)),
             },
         }

@@ -10,7 +10,7 @@ use std::future::pending;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bulkhead::observer::{Finished, Observer};
 use bulkhead::tower::{BoxError, BulkheadLayer, BulkheadService, CallTimeout};
@@ -808,6 +808,264 @@ async fn a_panicking_inner_call_releases_the_permit() {
     assert_eq!(outcomes.take(), [CallOutcome::Panicked]);
 }
 
+// ---------------------------------------------------------------------------
+// Deadlines (`deadline_from`)
+// ---------------------------------------------------------------------------
+
+/// A request of the deadline tests: its deadline, if any, and how long the
+/// inner service works on it.
+type Timed = (Option<Instant>, Duration);
+
+/// Sleeps for the request's work; counts the requests it was called with.
+fn sleeping_service(
+    called: Arc<AtomicUsize>,
+) -> impl Service<Timed, Response = (), Error = Infallible, Future: Send> + Clone + Send + 'static {
+    tower::service_fn(move |(_, work): Timed| {
+        called.fetch_add(1, Ordering::SeqCst);
+        async move {
+            sleep(work).await;
+            Ok::<_, Infallible>(())
+        }
+    })
+}
+
+/// A bulkhead of one that waits up to `max_wait`, with an observer (so that
+/// every call's hold time is measured), and has learned that a call holds
+/// its permit about `hold`.
+async fn learned_bulkhead(name: &'static str, max_wait: Duration, hold: Duration) -> Bulkhead {
+    let bh = Bulkhead::builder()
+        .name(name)
+        .max_concurrent_calls(1)
+        .max_wait(max_wait)
+        .observer(Arc::new(Outcomes::default()))
+        .build()
+        .unwrap();
+    for _ in 0..6 {
+        bh.call(async {
+            sleep(hold).await;
+            Ok::<_, Infallible>(())
+        })
+        .await
+        .unwrap();
+    }
+    bh
+}
+
+fn reason(err: &BoxError) -> RejectReason {
+    err.downcast_ref::<Rejected>()
+        .unwrap_or_else(|| panic!("not a rejection: {err}"))
+        .reason()
+}
+
+/// A request whose deadline has passed, or whose deadline is shorter than
+/// the expected wait plus the call's hold time, is rejected at once with
+/// `WontMakeDeadline`, without reaching the inner service; a request the
+/// function reads no deadline from is admitted as before.
+#[tokio::test]
+async fn a_request_that_cannot_make_its_deadline_is_rejected_at_once() {
+    timeout(PATIENCE, async {
+        let hold = Duration::from_millis(40);
+        let bh = learned_bulkhead("deadlines", Duration::from_secs(10), hold).await;
+        let called = Arc::new(AtomicUsize::new(0));
+        let service = ServiceBuilder::new()
+            .layer(BulkheadLayer::new(bh.clone()).deadline_from(|req: &Timed| req.0))
+            .service(sleeping_service(called.clone()));
+
+        // Passed already, with a permit free.
+        let passed = Some(Instant::now() - Duration::from_millis(1));
+        let err = service.clone().oneshot((passed, Duration::ZERO)).await;
+        assert_eq!(reason(&err.unwrap_err()), RejectReason::WontMakeDeadline);
+
+        // The bulkhead is full and a call holds its permit about 40 ms: a
+        // request with 10 ms left cannot make it, and does not wait.
+        let held = bh.try_acquire().unwrap();
+        let start = Instant::now();
+        let short = Some(Instant::now() + Duration::from_millis(10));
+        let err = service
+            .clone()
+            .oneshot((short, Duration::ZERO))
+            .await
+            .unwrap_err();
+        assert_eq!(reason(&err), RejectReason::WontMakeDeadline);
+        assert_eq!(
+            err.downcast_ref::<Rejected>().unwrap().waited(),
+            Duration::ZERO
+        );
+        // "At once": far from the 10 s of `max_wait`.
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(called.load(Ordering::SeqCst), 0);
+
+        // No deadline: waits in line as without the option.
+        let mut waiting = Box::pin(service.clone().oneshot((None, Duration::ZERO)));
+        assert!(poll_once(&mut waiting).is_none());
+        drop(held);
+        waiting.await.unwrap();
+        assert_eq!(called.load(Ordering::SeqCst), 1);
+
+        let m = bh.metrics();
+        assert_eq!(
+            (m.rejected_deadline(), m.rejected(), m.in_flight()),
+            (2, 2, 0)
+        );
+    })
+    .await
+    .expect("the test hung");
+}
+
+/// A request with time to spare is admitted: served if a permit frees in
+/// time, else rejected with `WontMakeDeadline` once it could no longer
+/// finish, long before `max_wait`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_time_is_admitted_and_its_wait_bounded() {
+    timeout(PATIENCE, async {
+        let hold = Duration::from_millis(30);
+        let bh = learned_bulkhead("bounded", Duration::from_secs(10), hold).await;
+        let called = Arc::new(AtomicUsize::new(0));
+        let service = ServiceBuilder::new()
+            .layer(BulkheadLayer::new(bh.clone()).deadline_from(|req: &Timed| req.0))
+            .service(sleeping_service(called.clone()));
+
+        // A free permit: admitted at once and served.
+        let by = Some(Instant::now() + Duration::from_secs(2));
+        service.clone().oneshot((by, hold)).await.unwrap();
+
+        // Full, but the permit comes back within the deadline: served.
+        let held = bh.try_acquire().unwrap();
+        let by = Some(Instant::now() + Duration::from_secs(2));
+        let served = tokio::spawn(service.clone().oneshot((by, hold)));
+        sleep(Duration::from_millis(20)).await;
+        drop(held);
+        served.await.unwrap().unwrap();
+        assert_eq!(called.load(Ordering::SeqCst), 2);
+
+        // Full, and the permit never comes back: the request waits at most
+        // until its deadline less a call's hold time (about 570 ms here),
+        // not the 10 s of `max_wait`.
+        let _held = bh.try_acquire().unwrap();
+        let start = Instant::now();
+        let by = Some(Instant::now() + Duration::from_millis(600));
+        let err = service
+            .clone()
+            .oneshot((by, Duration::ZERO))
+            .await
+            .unwrap_err();
+        let took = start.elapsed();
+        assert_eq!(reason(&err), RejectReason::WontMakeDeadline);
+        let waited = err.downcast_ref::<Rejected>().unwrap().waited();
+        assert!(
+            waited > Duration::from_millis(100),
+            "gave up after {waited:?}"
+        );
+        assert!(took < Duration::from_secs(3), "took {took:?}");
+        assert_eq!(called.load(Ordering::SeqCst), 2);
+        let m = bh.metrics();
+        assert_eq!((m.rejected_deadline(), m.rejected_timeout()), (1, 0));
+    })
+    .await
+    .expect("the test hung");
+}
+
+/// Without `deadline_from`, or with a function that reads no deadline, the
+/// layer admits as it always did: a full bulkhead makes the request wait
+/// out `max_wait` and rejects it with `Timeout`, whatever the request says.
+#[tokio::test]
+async fn a_layer_without_deadlines_behaves_as_before() {
+    const MAX_WAIT: Duration = Duration::from_millis(50);
+    let bh = learned_bulkhead("plain", MAX_WAIT, Duration::from_millis(20)).await;
+    let called = Arc::new(AtomicUsize::new(0));
+    let plain = ServiceBuilder::new()
+        .layer(BulkheadLayer::new(bh.clone()))
+        .service(sleeping_service(called.clone()));
+    let none = ServiceBuilder::new()
+        .layer(BulkheadLayer::new(bh.clone()).deadline_from(|_: &Timed| None))
+        .service(sleeping_service(called.clone()));
+
+    // A deadline in the request that nobody reads.
+    let passed = Some(Instant::now() - Duration::from_secs(1));
+    plain
+        .clone()
+        .oneshot((passed, Duration::ZERO))
+        .await
+        .unwrap();
+    none.clone()
+        .oneshot((passed, Duration::ZERO))
+        .await
+        .unwrap();
+
+    let _held = bh.try_acquire().unwrap();
+    for err in [
+        plain.oneshot((passed, Duration::ZERO)).await.unwrap_err(),
+        none.oneshot((passed, Duration::ZERO)).await.unwrap_err(),
+    ] {
+        assert_eq!(reason(&err), RejectReason::Timeout);
+        let waited = err.downcast_ref::<Rejected>().unwrap().waited();
+        assert!(waited >= MAX_WAIT, "waited {waited:?}");
+    }
+    assert_eq!(called.load(Ordering::SeqCst), 2);
+    let m = bh.metrics();
+    assert_eq!((m.rejected_timeout(), m.rejected_deadline()), (2, 0));
+}
+
+/// The deadline from an HTTP header, end to end: a hyper server whose
+/// layer reads `x-deadline-ms` answers a request with no time left with a
+/// 503 `deadline`, and serves one with time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_header_in_a_hyper_server() {
+    fn deadline_ms(request: &Request<Incoming>) -> Option<Instant> {
+        let ms = request.headers().get("x-deadline-ms")?.to_str().ok()?;
+        Some(Instant::now() + Duration::from_millis(ms.parse().ok()?))
+    }
+    async fn get_by(addr: SocketAddr, ms: u64) -> Result<(StatusCode, Option<String>), BoxError> {
+        let stream = TcpStream::connect(addr).await?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(connection);
+        let request = Request::get("/")
+            .header(header::HOST, addr.to_string())
+            .header("x-deadline-ms", ms)
+            .body(Empty::<Bytes>::new())?;
+        let response = sender.send_request(request).await?;
+        let reason = response
+            .headers()
+            .get("x-bulkhead-reject-reason")
+            .map(|v| v.to_str().unwrap().to_owned());
+        Ok((response.status(), reason))
+    }
+
+    timeout(PATIENCE, async {
+        let bh = Bulkhead::builder()
+            .name("http-deadline")
+            .max_concurrent_calls(2)
+            .build()
+            .unwrap();
+        let stats = Arc::new(Stats::default());
+        let service = ServiceBuilder::new()
+            .map_result(rejection_to_503)
+            .layer(BulkheadLayer::new(bh.clone()).deadline_from(deadline_ms))
+            .service_fn({
+                let stats = stats.clone();
+                move |_request: Request<Incoming>| {
+                    handle(stats.clone(), Work::Sleep(Duration::from_millis(5)))
+                }
+            });
+        let server = serve(service).await;
+
+        let (status, reason) = get_by(server.addr, 0).await.expect("request failed");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(reason.as_deref(), Some("deadline"));
+        let (status, _) = get_by(server.addr, 5_000).await.expect("request failed");
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(stats.served(), 1);
+        assert_eq!(bh.metrics().rejected_deadline(), 1);
+    })
+    .await
+    .expect("the test hung");
+}
+
 /// What hyper, tonic and axum ask of a layer and its service: the layer and
 /// the service are `Send + Sync` (axum's `Router::layer`), the response
 /// future is `Send` (spawned on a multi-threaded runtime).
@@ -816,6 +1074,7 @@ fn the_layer_fits_multi_threaded_stacks() {
     fn send_sync<T: Send + Sync + 'static>() {}
     fn send<T: Send + 'static>() {}
     send_sync::<BulkheadLayer>();
+    send_sync::<BulkheadLayer<fn(&()) -> Option<Instant>>>();
     type Inner = tower::util::BoxCloneSyncService<(), (), BoxError>;
     send_sync::<BulkheadService<Inner>>();
     send::<bulkhead::tower::ResponseFuture<Inner, ()>>();

@@ -489,12 +489,14 @@ impl Bulkhead {
 
     /// One call's admission as a named `'static` future that owns a handle
     /// of the bulkhead (for the tower layer's response future); see
-    /// [`Admission`].
+    /// [`Admission`]. With `by`, it is deadline-aware, as
+    /// [`call_by`](Self::call_by)'s.
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     #[inline]
-    pub(crate) fn admission(&self) -> Admission {
+    pub(crate) fn admission(&self, by: Option<Instant>) -> Admission {
         Admission {
             shared: Some(self.shared.clone()),
+            by,
             waiting: None,
         }
     }
@@ -588,6 +590,29 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// [`admit_now_by`](Self::admit_now_by) for an [`Admission`]: a call
+    /// that is to wait gets its wait in `waiting` (with the limit that
+    /// deadline-aware admission left in its line), and `None`.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    #[cold]
+    fn admit_now_by_owned(
+        &self,
+        by: Instant,
+        mut waiting: Pin<&mut Option<Waiting<QueuedOwned>>>,
+    ) -> Option<Result<Admitted, Rejected>> {
+        let mut line = Line::by(&self.policy, by);
+        let now = self.admit_now_by(&mut line);
+        if now.is_none() {
+            let queued = QueuedOwned {
+                acquire: self.sem.acquire_owned(),
+            };
+            waiting.set(Some(Waiting::in_line(queued, line)));
+        }
+        now
+    }
+}
+
 pin_project! {
     /// The semaphore's acquire for a bulkhead: on drop, a permit it was
     /// handed but never delivered has gone back through the semaphore, so
@@ -640,6 +665,9 @@ pin_project! {
     pub(crate) struct Admission {
         // The bulkhead, until it moves into the permit; `None` once done.
         shared: Option<Arc<Shared>>,
+        // The deadline of a call that carries one, until the first poll
+        // has looked at it (as `CallBy`'s).
+        by: Option<Instant>,
         // The wait in line, once no permit was free at once; `None` again
         // when it ends. Its place in line is given back with `shared`'s
         // policy, by the drop if the wait did not end.
@@ -677,13 +705,19 @@ impl Future for Admission {
         let out = if this.waiting.is_some() {
             ready!(poll_waiting(this.waiting.as_mut(), shared, cx))
         } else {
-            match shared.admit_now(true) {
+            let now = match this.by.take() {
+                None => shared.admit_now(true),
+                Some(by) => shared.admit_now_by_owned(by, this.waiting.as_mut()),
+            };
+            match now {
                 Some(now) => now,
                 None => {
-                    let queued = QueuedOwned {
-                        acquire: shared.sem.acquire_owned(),
-                    };
-                    this.waiting.set(Some(Waiting::new(queued)));
+                    if this.waiting.is_none() {
+                        let queued = QueuedOwned {
+                            acquire: shared.sem.acquire_owned(),
+                        };
+                        this.waiting.set(Some(Waiting::new(queued)));
+                    }
                     ready!(poll_waiting(this.waiting.as_mut(), shared, cx))
                 }
             }

@@ -866,6 +866,18 @@ impl<A> Waiting<A> {
         }
     }
 
+    /// [`new`](Self::new) from `line`: a call that carries a deadline,
+    /// once [`Policy::admit_by`] has looked at it.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    #[inline]
+    pub(crate) fn in_line(acquire: A, line: Line) -> Self {
+        Self {
+            acquire,
+            deadline: Deadline::new(),
+            line,
+        }
+    }
+
     /// Gives the place in `policy`'s line back, if this still holds one.
     /// Call it before dropping a wait that may not have ended.
     #[inline]
