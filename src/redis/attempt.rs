@@ -246,13 +246,8 @@ impl Inner {
         loop {
             pending.maybe_granted = true;
             let sent = Instant::now();
-            let mut call = self.scripts.acquire.prepare_invoke();
-            call.key(&self.keys.leases)
-                .key(&self.keys.info)
-                .key(&self.keys.fence)
-                .key(&self.keys.limit)
-                .key(&self.keys.channel)
-                .key(&self.keys.quarantine)
+            let mut call = self.keys.call(&self.scripts.acquire);
+            call.key(&self.keys.quarantine)
                 .arg(&pending.id)
                 .arg(self.ttl.as_millis() as u64)
                 .arg(self.default_limit)

@@ -328,13 +328,8 @@ impl RedisSemaphoreBuilder {
 /// Runs the probe script: the user may run `EVALSHA` and `SCRIPT LOAD`,
 /// and read and write the semaphore's keys.
 async fn check_scripts(conn: &Conn, scripts: &Scripts, keys: &Keys) -> Result<(), ConfigError> {
-    let _one: i64 = scripts
-        .probe
-        .key(&keys.leases)
-        .key(&keys.info)
-        .key(&keys.fence)
-        .key(&keys.limit)
-        .key(&keys.channel)
+    let _one: i64 = keys
+        .call(&scripts.probe)
         .key(&keys.quarantine)
         .invoke_async(&mut conn.clone())
         .await

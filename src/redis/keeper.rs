@@ -108,13 +108,8 @@ impl Inner {
                 continue;
             }
             let sent = Instant::now();
-            let mut call = self.scripts.renew.prepare_invoke();
-            call.key(&self.keys.leases)
-                .key(&self.keys.info)
-                .key(&self.keys.fence)
-                .key(&self.keys.limit)
-                .key(&self.keys.channel)
-                .arg(self.ttl.as_millis() as u64);
+            let mut call = self.keys.call(&self.scripts.renew);
+            call.arg(self.ttl.as_millis() as u64);
             for lease in &chunk {
                 call.arg(&lease.id);
             }
@@ -166,13 +161,8 @@ impl Inner {
     /// Best effort: if this call fails, the next acquire of a client that
     /// was granted a lost fence still starts it.
     async fn start_quarantine(&self) {
-        let mut call = self.scripts.quarantine.prepare_invoke();
-        call.key(&self.keys.leases)
-            .key(&self.keys.info)
-            .key(&self.keys.fence)
-            .key(&self.keys.limit)
-            .key(&self.keys.channel)
-            .key(&self.keys.quarantine)
+        let mut call = self.keys.call(&self.scripts.quarantine);
+        call.key(&self.keys.quarantine)
             .arg(self.fence_seen.load(Ordering::Relaxed))
             .arg(self.quarantine_ms);
         let mut conn = self.conn.clone();

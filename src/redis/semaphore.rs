@@ -71,6 +71,21 @@ pub(super) struct Keys {
     pub(super) quarantine: String,
 }
 
+impl Keys {
+    /// A call of `script` with the keys every script takes, `KEYS[1]` to
+    /// `KEYS[5]` in the order `scripts.rs` gives (the acquire script's
+    /// quarantine key is added by its caller).
+    pub(super) fn call<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+        let mut call = script.prepare_invoke();
+        call.key(&self.leases)
+            .key(&self.info)
+            .key(&self.fence)
+            .key(&self.limit)
+            .key(&self.channel);
+        call
+    }
+}
+
 /// What the release script found.
 pub(super) enum ReleaseOutcome {
     /// The lease was unexpired and is now gone.
@@ -174,13 +189,8 @@ impl RedisSemaphore {
     pub async fn holders(&self) -> Result<Vec<Holder>, redis::RedisError> {
         let inner = &*self.inner;
         let raw: Vec<redis::Value> = inner
-            .scripts
-            .holders
-            .key(&inner.keys.leases)
-            .key(&inner.keys.info)
-            .key(&inner.keys.fence)
-            .key(&inner.keys.limit)
-            .key(&inner.keys.channel)
+            .keys
+            .call(&inner.scripts.holders)
             .arg(inner.default_limit)
             .invoke_async(&mut inner.conn.clone())
             .await?;
@@ -247,13 +257,8 @@ impl RedisSemaphore {
         );
         let inner = &*self.inner;
         let _old: i64 = inner
-            .scripts
-            .set_limit
-            .key(&inner.keys.leases)
-            .key(&inner.keys.info)
-            .key(&inner.keys.fence)
-            .key(&inner.keys.limit)
-            .key(&inner.keys.channel)
+            .keys
+            .call(&inner.scripts.set_limit)
             .arg(limit)
             .invoke_async(&mut inner.conn.clone())
             .await?;
@@ -298,13 +303,8 @@ impl Inner {
 
     pub(super) async fn release_id(&self, id: &str) -> redis::RedisResult<ReleaseOutcome> {
         let left: Option<i64> = self
-            .scripts
-            .release
-            .key(&self.keys.leases)
-            .key(&self.keys.info)
-            .key(&self.keys.fence)
-            .key(&self.keys.limit)
-            .key(&self.keys.channel)
+            .keys
+            .call(&self.scripts.release)
             .arg(id)
             .invoke_async(&mut self.conn.clone())
             .await?;
