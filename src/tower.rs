@@ -251,7 +251,8 @@ impl<D> BulkheadLayer<D> {
     /// (deadline-aware admission, as [`Bulkhead::call_by`]): a request
     /// whose deadline has passed, or whose expected wait plus the expected
     /// time a call holds its permit does not fit in the time it has left,
-    /// is rejected at once with [`RejectReason::WontMakeDeadline`]; one
+    /// is rejected at once with
+    /// [`RejectReason::WontMakeDeadline`](crate::RejectReason::WontMakeDeadline); one
     /// that is admitted waits at most until it could still finish in time
     /// (or `max_wait`, if sooner). A request it reads `None` from is
     /// admitted as without this option.
@@ -267,8 +268,6 @@ impl<D> BulkheadLayer<D> {
     ///
     /// Without this option the layer reads nothing: the default
     /// [`NoDeadline`] always answers `None` and the check is compiled out.
-    ///
-    /// [`RejectReason::WontMakeDeadline`]: crate::RejectReason::WontMakeDeadline
     ///
     /// # Examples
     ///
