@@ -420,6 +420,39 @@ async fn a_black_hole_ends_at_the_outage_tolerance() {
     );
 }
 
+/// The same black hole for `try_acquire`: one response timeout in all,
+/// not one per retry (with 2 retries of 300 ms and their back-offs it took
+/// about 1 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_hole_costs_try_acquire_one_response_timeout() {
+    const RESPONSE: Duration = Duration::from_millis(300);
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let sem = RedisSemaphore::builder(redis::Client::open(server.url()).unwrap(), "jobs")
+        .response_timeout(RESPONSE)
+        .retries(2)
+        .build()
+        .await
+        .unwrap();
+    sem.try_acquire().await.unwrap().release().await.unwrap();
+    server.freeze();
+    let start = Instant::now();
+    let got = timeout(PATIENCE, sem.try_acquire()).await;
+    let took = start.elapsed();
+    server.thaw();
+    let got = got.expect("try_acquire hung");
+    assert!(
+        matches!(got, Err(LeaseError::Unavailable(_))),
+        "expected Unavailable, got {got:?}"
+    );
+    eprintln!("black hole: try_acquire gave up after {took:?} (response timeout {RESPONSE:?})");
+    assert!(
+        took >= RESPONSE && took < RESPONSE + Duration::from_millis(250),
+        "try_acquire gave up after {took:?}, with a response timeout of {RESPONSE:?}"
+    );
+}
+
 /// The same black hole under a bulkhead whose `max_wait` is shorter than
 /// the tolerance: its first attempt gets no answer, and it is rejected as
 /// `Unavailable` at `max_wait`, not at the tolerance.

@@ -104,11 +104,22 @@ impl RedisSemaphore {
         // (but the first call of an outage, which nobody knew of when it
         // was sent, gets its whole response timeout).
         let since = down_since.unwrap_or(attempt_start);
-        let bound = tolerate.then(|| Bound {
-            end: since + self.inner.outage_tolerance,
-            cut_first: down_since.is_some(),
-        });
-        match self.inner.grant(pending, bound).await {
+        let bound = match tolerate {
+            true => Bound {
+                end: since + self.inner.outage_tolerance,
+                cut_first: down_since.is_some(),
+            },
+            // `try_acquire`: no outage to ride out. Its first call gets the
+            // whole response timeout, and a retry (of a call that failed
+            // fast: a dropped connection) only what is left of it, so an
+            // unanswering Redis costs one response timeout, not one per
+            // retry.
+            false => Bound {
+                end: attempt_start + self.inner.response_timeout,
+                cut_first: false,
+            },
+        };
+        match self.inner.grant(pending, Some(bound)).await {
             Ok(Grant::Granted(permit)) => Ok(Found::Granted(permit)),
             Ok(Grant::Busy {
                 retry_after,

@@ -119,7 +119,9 @@ impl RedisSemaphoreBuilder {
     /// outcome may be unknown) is retried with the same permit id before
     /// the call fails with [`LeaseError::Unavailable`](super::LeaseError::Unavailable)
     /// (default 2). A refusal (`Denied`, `Auth`, `Script`) is never
-    /// retried.
+    /// retried. In [`try_acquire`](RedisSemaphore::try_acquire), the
+    /// retries fit in one [`response_timeout`](Self::response_timeout): a
+    /// call that went unanswered for that long is not tried again.
     pub fn retries(mut self, retries: usize) -> Self {
         self.retries = retries;
         self
@@ -135,7 +137,8 @@ impl RedisSemaphoreBuilder {
     /// [`response_timeout`](Self::response_timeout), so the acquire fails
     /// after at most the longer of the two.
     /// [`try_acquire`](RedisSemaphore::try_acquire) never waits: it fails
-    /// once its `retries` are used up.
+    /// once its `retries` are used up, or one `response_timeout` has
+    /// passed, whichever is first.
     pub fn outage_tolerance(mut self, tolerance: Duration) -> Self {
         self.outage_tolerance = tolerance;
         self
@@ -307,6 +310,7 @@ impl RedisSemaphoreBuilder {
             default_limit: self.limit,
             retries: self.retries,
             outage_tolerance: self.outage_tolerance,
+            response_timeout: self.response_timeout,
             timer,
             spawner,
             signals,

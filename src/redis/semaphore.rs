@@ -45,6 +45,9 @@ pub(super) struct Inner {
     pub(super) default_limit: usize,
     pub(super) retries: usize,
     pub(super) outage_tolerance: Duration,
+    /// How long one call may go unanswered; also all that `try_acquire`
+    /// spends on retries.
+    pub(super) response_timeout: Duration,
     pub(super) timer: Arc<dyn Timer>,
     pub(super) spawner: Spawner,
     pub(super) signals: Arc<Signals>,
@@ -173,8 +176,12 @@ impl RedisSemaphore {
     ///
     /// # Errors
     ///
-    /// [`LeaseError::NoPermits`] with a retry hint, or as for
-    /// [`acquire`](Self::acquire).
+    /// [`LeaseError::NoPermits`] with a retry hint;
+    /// [`LeaseError::Quarantined`] while Redis is quarantined after losing
+    /// writes; [`LeaseError::Unavailable`] if Redis did not answer within
+    /// one `response_timeout` (a call that failed fast, such as a dropped
+    /// connection, is retried within it, up to `retries` times); otherwise
+    /// as for [`acquire`](Self::acquire).
     pub async fn try_acquire(&self) -> Result<LeasedPermit, LeaseError> {
         self.sole_attempt().await
     }
