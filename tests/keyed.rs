@@ -363,6 +363,79 @@ fn a_custom_hasher_hashes_the_keys_and_the_bulkhead_behaves_the_same() {
     assert_eq!(reason(kb.try_acquire(&7)), KeyedRejectReason::KeyFull);
 }
 
+/// Hashes a `u32` to itself, and panics on any other key than `only`
+/// while `only` is set: user code that may panic.
+#[derive(Clone, Default)]
+struct Tripwire(Arc<std::sync::atomic::AtomicU64>);
+
+const UNSET: u64 = u64::MAX;
+
+struct TripwireHasher(Arc<std::sync::atomic::AtomicU64>, u64);
+
+impl std::hash::Hasher for TripwireHasher {
+    fn finish(&self) -> u64 {
+        self.1
+    }
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("only u32 keys")
+    }
+    fn write_u32(&mut self, n: u32) {
+        let only = self.0.load(Ordering::SeqCst);
+        assert!(
+            only == UNSET || only == u64::from(n),
+            "the hasher trips on {n}"
+        );
+        self.1 = u64::from(n);
+    }
+}
+
+impl std::hash::BuildHasher for Tripwire {
+    type Hasher = TripwireHasher;
+    fn build_hasher(&self) -> TripwireHasher {
+        TripwireHasher(self.0.clone(), 0)
+    }
+}
+
+/// The hasher is user code: it runs before any shard is locked, never while
+/// a table rehashes (which would hash every key in it, and a panic there
+/// would leave the table half rehashed), and a hasher that panics loses
+/// nothing.
+#[test]
+fn a_hasher_that_panics_runs_outside_the_registry_and_loses_nothing() {
+    let wire = Tripwire::default();
+    wire.0.store(UNSET, Ordering::SeqCst);
+    let kb: KeyedBulkhead<u32, Tripwire> = KeyedBulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_keys(1_000)
+        .hasher(wire.clone())
+        .build()
+        .unwrap();
+    // Each new key may grow its shard's table: only the new key is hashed.
+    for key in 0..500 {
+        wire.0.store(u64::from(key), Ordering::SeqCst);
+        drop(kb.try_acquire(&key).unwrap());
+    }
+    wire.0.store(UNSET, Ordering::SeqCst);
+    assert_eq!(kb.keys_tracked(), 500);
+    // A key whose hashing panics: the call panics before it touches
+    // anything.
+    let held = kb.try_acquire(&3).unwrap();
+    wire.0.store(3, Ordering::SeqCst);
+    let tripped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| kb.try_acquire(&7)));
+    assert!(tripped.is_err(), "the hasher panicked");
+    wire.0.store(UNSET, Ordering::SeqCst);
+    assert_eq!(kb.keys_tracked(), 500);
+    assert_eq!(reason(kb.try_acquire(&3)), KeyedRejectReason::KeyFull);
+    drop(held);
+    for key in 0..500 {
+        drop(kb.try_acquire(&key).unwrap());
+    }
+    drop(kb.try_acquire(&7).unwrap());
+    assert_eq!(kb.keys_tracked(), 500);
+    kb.set_limit_for(&9, 2);
+    let (_a, _b) = (kb.try_acquire(&9).unwrap(), kb.try_acquire(&9).unwrap());
+}
+
 /// Waits until the clock has moved on, so that the next key to go idle
 /// goes idle strictly later than the last (on a clock of any resolution).
 fn tick() {

@@ -27,6 +27,9 @@ pub(super) struct Entry {
     /// by its last user leaving, who may then keep its place (see
     /// [`leave`](Self::leave)).
     link: AtomicU64,
+    /// The key's hash ([`Registry::hash`](super::registry::Registry::hash)),
+    /// which the shard's table rehashes by as it grows.
+    pub(super) hash: u64,
     /// The entry's place in its shard's idle order; fixed for its life.
     pub(super) slot: u32,
     /// Its shard's idle order, to link the key at the back when it goes
@@ -50,12 +53,14 @@ impl Entry {
     pub(super) fn new(
         bulkhead: Bulkhead,
         label: Option<Arc<str>>,
+        hash: u64,
         slot: u32,
         idle: Arc<IdleOrder>,
     ) -> Self {
         Self {
             bulkhead,
             label,
+            hash,
             users: AtomicUsize::new(1),
             link: AtomicU64::new(UNLINKED),
             slot,

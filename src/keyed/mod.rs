@@ -207,8 +207,9 @@ struct Inner<K, S> {
     /// The tracked keys, in shards, with their eviction order. No lock of
     /// it is held across an await, nor while user code runs (`limit_for`,
     /// `key_label`, observers and metrics recorders, all called by a key's
-    /// bulkhead's construction); only `K`'s own `Hash`, `Eq`, `Clone` and
-    /// `Drop` run under one.
+    /// bulkhead's construction); only `K`'s own `Eq`, `Clone` and `Drop`
+    /// run under one (keys are hashed before a shard is locked, and the
+    /// tables rehash by the hashes they keep).
     registry: Registry<K, S>,
     /// Serialises `set_limit_for` and `clear_limit_for`, so the last one to
     /// record an override is the last one to apply it.

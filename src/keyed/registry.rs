@@ -20,8 +20,11 @@
 //!
 //! Locks are taken in one order, a shard's map before its idle order, and
 //! never two shards' at once, so they cannot deadlock. None is held across
-//! an await or while user code runs: only `K`'s `Hash`, `Eq`, `Clone` and
-//! `Drop`. Evicted entries are dropped after every lock is released.
+//! an await or while user code runs: only `K`'s `Eq`, `Clone` and `Drop`.
+//! `K`'s `Hash` and the hasher run before a shard is locked, and the
+//! tables rehash as they grow by the hash each entry keeps, so a hasher
+//! that panics cannot leave a table half rehashed. Evicted entries are
+//! dropped after every lock is released.
 //!
 //! **Why eviction cannot take a key in use.** A caller becomes a user of
 //! an entry with its shard's map lock held (read is enough: the count is
@@ -81,12 +84,6 @@ const SHARD_SHIFT: u32 = 48;
 /// see [`Registry::hash`].
 const SPREAD: u64 = 0x9e37_79b9_7f4a_7c15;
 
-/// [`Registry::hash`], also for the tables' rehashing as they grow.
-#[inline]
-fn spread_hash<S: BuildHasher, Q: Hash + ?Sized>(hasher: &S, key: &Q) -> u64 {
-    hasher.hash_one(key).wrapping_mul(SPREAD)
-}
-
 /// Why a new key was not tracked.
 pub(super) enum Refused {
     Closed,
@@ -123,7 +120,8 @@ struct Map<K> {
     keys: HashTable<(K, Arc<Entry>)>,
     /// Limits from `set_limit_for`, which outlive an eviction. As many as
     /// the application set, not as many as keys were seen.
-    overrides: HashTable<(K, usize)>,
+    /// Each with its key's hash, for the table's rehashing.
+    overrides: HashTable<(K, usize, u64)>,
 }
 
 impl<K> Map<K> {
@@ -210,7 +208,7 @@ where
     /// integers) still spreads keys over every shard. One multiplication.
     #[inline]
     pub(super) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
-        spread_hash(&self.hasher, key)
+        self.hasher.hash_one(key).wrapping_mul(SPREAD)
     }
 
     #[inline]
@@ -305,17 +303,18 @@ where
         }
         // An override recorded before this point is applied here; one
         // recorded after finds the entry in the map.
-        if let Some(&(_, limit_now)) = map.overrides.find(hash, |(k, _)| *k == key) {
+        if let Some(&(_, limit_now, _)) = map.overrides.find(hash, |(k, ..)| *k == key) {
             if limit_now != limit {
                 // Not shared yet: nobody waits on it.
                 bulkhead.set_max_concurrent_calls(limit_now);
             }
         }
         let slot = shard.idle.lock().alloc(hash);
-        let entry = Arc::new(Entry::new(bulkhead, label, slot, shard.idle.clone()));
-        let hasher = &self.hasher;
+        let entry = Arc::new(Entry::new(bulkhead, label, hash, slot, shard.idle.clone()));
+        // Rehashing reads the hashes kept, so that no user code (the
+        // hasher, `K`'s `Hash`) runs with the shard locked.
         map.keys
-            .insert_unique(hash, (key, entry.clone()), |(k, _)| spread_hash(hasher, k));
+            .insert_unique(hash, (key, entry.clone()), |(_, entry)| entry.hash);
         self.keys_created.fetch_add(1, Ordering::Relaxed);
         Ok(User::adopt(entry))
     }
@@ -464,16 +463,18 @@ where
     {
         let hash = self.hash(key);
         let mut map = write(self.shard(hash));
-        let found = map.overrides.find_entry(hash, |(k, _)| k.borrow() == key);
+        let found = map.overrides.find_entry(hash, |(k, ..)| k.borrow() == key);
         match (found, limit) {
             (Ok(mut found), Some(limit)) => found.get_mut().1 = limit,
             (Ok(found), None) => drop(found.remove()),
             (Err(_), Some(limit)) => {
-                let hasher = &self.hasher;
-                map.overrides
-                    .insert_unique(hash, (key.to_owned(), limit), |(k, _)| {
-                        spread_hash(hasher, k)
-                    });
+                // `to_owned` (`K`'s `Clone`) runs with the shard locked, as
+                // the module notes say; the hasher does not.
+                map.overrides.insert_unique(
+                    hash,
+                    (key.to_owned(), limit, hash),
+                    |&(_, _, hash)| hash,
+                );
             }
             (Err(_), None) => {}
         }
