@@ -45,12 +45,10 @@
 //! `<criterion dir>/redis_extra.json` for `benches/redis_report.py`.
 
 use std::fmt::Write as _;
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use bulkhead::redis::RedisSemaphore;
@@ -86,163 +84,13 @@ const LIMIT: usize = 4;
 const RB_REQUESTS: u64 = 100_000;
 const RB_REPEATS: usize = 3;
 
-/// How long the server may take to answer `PING` after it was started.
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
-
 // ---------------------------------------------------------------------------
 // The server
 // ---------------------------------------------------------------------------
 
-/// A `redis-server` child on `127.0.0.1:<free port>`, persistence off, with
-/// a temporary directory for its log. Dropping it kills the server.
-struct Server {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl Server {
-    fn start() -> Server {
-        let bin = std::env::var("BULKHEAD_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        let mut last_error = String::new();
-        for attempt in 0..5 {
-            let port = free_port();
-            let dir = std::env::temp_dir().join(format!(
-                "bulkhead-bench-redis-{}-{attempt}",
-                std::process::id()
-            ));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir)
-                .unwrap_or_else(|e| panic!("could not create {}: {e}", dir.display()));
-            let child = Command::new(&bin)
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-                .arg("--dir")
-                .arg(&dir)
-                .arg("--logfile")
-                .arg(dir.join("redis.log"))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| {
-                    panic!("could not run {bin:?} (set BULKHEAD_REDIS_SERVER to override): {e}")
-                });
-            let mut server = Server { child, port, dir };
-            match server.wait_ready() {
-                Ok(()) => return server,
-                // Most likely the port was taken in between: try another.
-                Err(e) => last_error = e,
-            }
-        }
-        panic!("redis-server did not start: {last_error}");
-    }
-
-    /// Waits until this child (not some other process on the port) answers.
-    fn wait_ready(&mut self) -> Result<(), String> {
-        let pid = self.child.id();
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!("exited with {status}: {}", self.log_tail()));
-            }
-            let ours = self
-                .try_query::<String>(redis::cmd("INFO").arg("server"))
-                .is_ok_and(|info| info.contains(&format!("process_id:{pid}\r\n")));
-            if ours {
-                return Ok(());
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-        Err(format!(
-            "no answer within {STARTUP_TIMEOUT:?}: {}",
-            self.log_tail()
-        ))
-    }
-
-    fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(5)..].join("\n")
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    fn client(&self) -> redis::Client {
-        redis::Client::open(self.url()).expect("a valid redis URL")
-    }
-
-    /// One command over a fresh blocking connection.
-    fn try_query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
-        let mut conn = self.client().get_connection()?;
-        cmd.query(&mut conn)
-    }
-
-    fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
-        self.try_query(cmd)
-            .unwrap_or_else(|e| panic!("{cmd:?} on port {} failed: {e}", self.port))
-    }
-
-    fn reset_stats(&self) {
-        let _: () = self.query(redis::cmd("CONFIG").arg("RESETSTAT"));
-    }
-
-    /// Script calls (`EVALSHA` and `EVAL`) since the last reset, and the
-    /// microseconds the server spent in them.
-    fn script_stats(&self) -> ScriptStats {
-        let info: String = self.query(redis::cmd("INFO").arg("commandstats"));
-        let mut stats = ScriptStats::default();
-        for line in info.lines() {
-            let Some(rest) = line
-                .strip_prefix("cmdstat_evalsha:")
-                .or_else(|| line.strip_prefix("cmdstat_eval:"))
-            else {
-                continue;
-            };
-            for field in rest.split(',') {
-                match field.split_once('=') {
-                    Some(("calls", n)) => stats.calls += n.trim().parse::<u64>().unwrap_or(0),
-                    Some(("usec", n)) => stats.usec += n.trim().parse::<u64>().unwrap_or(0),
-                    _ => {}
-                }
-            }
-        }
-        stats
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A port that was free a moment ago.
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .expect("could not bind 127.0.0.1:0")
-        .port()
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct ScriptStats {
-    calls: u64,
-    usec: u64,
-}
-
-impl ScriptStats {
-    fn usec_per_call(self) -> f64 {
-        if self.calls == 0 {
-            0.0
-        } else {
-            self.usec as f64 / self.calls as f64
-        }
-    }
-}
+#[path = "common/redis_server.rs"]
+mod redis_server;
+use redis_server::{ScriptStats, Server};
 
 // ---------------------------------------------------------------------------
 // The criterion cases
