@@ -288,6 +288,119 @@ fn bench_cases(c: &mut Criterion, server: &Server) -> Vec<CaseStats> {
 }
 
 // ---------------------------------------------------------------------------
+// The same cycle on a Redis Cluster
+// ---------------------------------------------------------------------------
+
+/// The test harness's cluster (three primaries on loopback, started and
+/// joined with `redis-cli --cluster create`).
+#[cfg(feature = "redis-cluster")]
+#[path = "../tests/common/redis_server.rs"]
+mod harness;
+
+/// Script calls and time in Redis summed over every node of the cluster.
+#[cfg(feature = "redis-cluster")]
+fn cluster_stats(cluster: &harness::RedisCluster, reset: bool) -> ScriptStats {
+    let mut stats = ScriptStats::default();
+    for node in cluster.nodes() {
+        if reset {
+            let _: () = node.cmd(&["CONFIG", "RESETSTAT"]);
+            continue;
+        }
+        let info: String = node.cmd(&["INFO", "commandstats"]);
+        let one = ScriptStats::parse(&info);
+        stats.calls += one.calls;
+        stats.usec += one.usec;
+    }
+    stats
+}
+
+/// `cluster_acquire_release` and `cluster_redis_rs_evalsha`: the
+/// uncontended cycle (current-thread runtime) through a
+/// `redis::cluster::ClusterClient` over RESP3, and the redis-rs floor on
+/// the same cluster connection type, routed by the key's slot.
+#[cfg(feature = "redis-cluster")]
+fn bench_cluster(c: &mut Criterion) -> Vec<CaseStats> {
+    use redis::cluster::ClusterClient;
+
+    let mut stats = Vec::new();
+    let Some(cluster) = harness::RedisCluster::start_or_skip(3) else {
+        eprintln!("no redis-server here: the cluster cases are skipped");
+        return stats;
+    };
+    let client = || ClusterClient::new(cluster.urls("?protocol=3")).expect("cluster URLs");
+    let mut g = c.benchmark_group("redis");
+    g.throughput(Throughput::Elements(1));
+    let rt = current_thread();
+
+    let mut case = |name: &'static str, nominal: u64, run: &mut dyn FnMut(u64) -> Duration| {
+        cluster_stats(&cluster, true);
+        let cycles = Arc::new(AtomicU64::new(0));
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                cycles.fetch_add(iters, Ordering::Relaxed);
+                run(iters)
+            })
+        });
+        let cycles = cycles.load(Ordering::Relaxed);
+        if cycles > 0 {
+            stats.push(CaseStats {
+                name,
+                nominal_calls: nominal,
+                cycles,
+                scripts: cluster_stats(&cluster, false),
+            });
+        }
+    };
+
+    let sem = rt
+        .block_on(
+            RedisSemaphore::builder(client(), "bench-cluster")
+                .limit(1)
+                .build(),
+        )
+        .expect("the semaphore connects to the cluster");
+    case("cluster_acquire_release", 2, &mut |iters| {
+        rt.block_on(async {
+            let start = Instant::now();
+            for _ in 0..iters {
+                let permit = sem.acquire().await.expect("a permit");
+                permit.release().await.expect("released in time");
+            }
+            start.elapsed()
+        })
+    });
+
+    let conn = rt
+        .block_on(client().get_async_connection())
+        .expect("a cluster connection");
+    let script = redis::Script::new(COMPARABLE_SCRIPT);
+    case("cluster_redis_rs_evalsha", 1, &mut |iters| {
+        let mut conn = conn.clone();
+        rt.block_on(async {
+            let start = Instant::now();
+            for _ in 0..iters {
+                let out: (i64, i64, i64) = script
+                    .key(COMPARABLE_KEY)
+                    .arg(COMPARABLE_MEMBER)
+                    .invoke_async(&mut conn)
+                    .await
+                    .expect("the script runs");
+                std::hint::black_box(out);
+            }
+            start.elapsed()
+        })
+    });
+    g.finish();
+    stats
+}
+
+#[cfg(not(feature = "redis-cluster"))]
+fn bench_cluster(_: &mut Criterion) -> Vec<CaseStats> {
+    eprintln!("built without the `redis-cluster` feature: the cluster cases are skipped");
+    Vec::new()
+}
+
+// ---------------------------------------------------------------------------
 // redis-benchmark
 // ---------------------------------------------------------------------------
 
@@ -540,7 +653,8 @@ fn bench(c: &mut Criterion) {
     };
 
     let server = Server::start();
-    let cases = bench_cases(c, &server);
+    let mut cases = bench_cases(c, &server);
+    cases.extend(bench_cluster(c));
     let runs = run_redis_benchmark(&server, requests, repeats);
     report(&server, &cases, &runs, requests, repeats);
 }

@@ -113,24 +113,7 @@ impl Server {
     /// Script calls (`EVALSHA` and `EVAL`) since the last reset, and the
     /// microseconds the server spent in them.
     pub fn script_stats(&self) -> ScriptStats {
-        let info: String = self.query(redis::cmd("INFO").arg("commandstats"));
-        let mut stats = ScriptStats::default();
-        for line in info.lines() {
-            let Some(rest) = line
-                .strip_prefix("cmdstat_evalsha:")
-                .or_else(|| line.strip_prefix("cmdstat_eval:"))
-            else {
-                continue;
-            };
-            for field in rest.split(',') {
-                match field.split_once('=') {
-                    Some(("calls", n)) => stats.calls += n.trim().parse::<u64>().unwrap_or(0),
-                    Some(("usec", n)) => stats.usec += n.trim().parse::<u64>().unwrap_or(0),
-                    _ => {}
-                }
-            }
-        }
-        stats
+        ScriptStats::parse(&self.query::<String>(redis::cmd("INFO").arg("commandstats")))
     }
 }
 
@@ -157,6 +140,28 @@ pub struct ScriptStats {
 }
 
 impl ScriptStats {
+    /// The script calls (`EVALSHA` and `EVAL`) and their microseconds in
+    /// the text of `INFO commandstats`.
+    pub fn parse(info: &str) -> ScriptStats {
+        let mut stats = ScriptStats::default();
+        for line in info.lines() {
+            let Some(rest) = line
+                .strip_prefix("cmdstat_evalsha:")
+                .or_else(|| line.strip_prefix("cmdstat_eval:"))
+            else {
+                continue;
+            };
+            for field in rest.split(',') {
+                match field.split_once('=') {
+                    Some(("calls", n)) => stats.calls += n.trim().parse::<u64>().unwrap_or(0),
+                    Some(("usec", n)) => stats.usec += n.trim().parse::<u64>().unwrap_or(0),
+                    _ => {}
+                }
+            }
+        }
+        stats
+    }
+
     pub fn usec_per_call(self) -> f64 {
         if self.calls == 0 {
             0.0
