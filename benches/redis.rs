@@ -264,27 +264,35 @@ fn bench_cases(c: &mut Criterion, server: &Server) -> Vec<CaseStats> {
         let script = redis::Script::new(COMPARABLE_SCRIPT);
         g.bench_function("redis_rs_evalsha", |b| {
             b.iter_custom(|iters| {
-                let mut conn = conn.clone();
-                rt.block_on(async {
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        let out: (i64, i64, i64) = script
-                            .key(COMPARABLE_KEY)
-                            .arg(COMPARABLE_MEMBER)
-                            .invoke_async(&mut conn)
-                            .await
-                            .expect("the script runs");
-                        std::hint::black_box(out);
-                    }
-                    cycles.fetch_add(iters, Ordering::Relaxed);
-                    start.elapsed()
-                })
+                let elapsed = rt.block_on(comparable_calls(&script, conn.clone(), iters));
+                cycles.fetch_add(iters, Ordering::Relaxed);
+                elapsed
             })
         });
     });
 
     g.finish();
     stats
+}
+
+/// `iters` calls of [`COMPARABLE_SCRIPT`] on `conn`, one at a time: the
+/// redis-rs floor, on whichever connection type.
+async fn comparable_calls(
+    script: &redis::Script,
+    mut conn: impl redis::aio::ConnectionLike,
+    iters: u64,
+) -> Duration {
+    let start = Instant::now();
+    for _ in 0..iters {
+        let out: (i64, i64, i64) = script
+            .key(COMPARABLE_KEY)
+            .arg(COMPARABLE_MEMBER)
+            .invoke_async(&mut conn)
+            .await
+            .expect("the script runs");
+        std::hint::black_box(out);
+    }
+    start.elapsed()
 }
 
 // ---------------------------------------------------------------------------
@@ -375,20 +383,7 @@ fn bench_cluster(c: &mut Criterion) -> Vec<CaseStats> {
         .expect("a cluster connection");
     let script = redis::Script::new(COMPARABLE_SCRIPT);
     case("cluster_redis_rs_evalsha", 1, &mut |iters| {
-        let mut conn = conn.clone();
-        rt.block_on(async {
-            let start = Instant::now();
-            for _ in 0..iters {
-                let out: (i64, i64, i64) = script
-                    .key(COMPARABLE_KEY)
-                    .arg(COMPARABLE_MEMBER)
-                    .invoke_async(&mut conn)
-                    .await
-                    .expect("the script runs");
-                std::hint::black_box(out);
-            }
-            start.elapsed()
-        })
+        rt.block_on(comparable_calls(&script, conn.clone(), iters))
     });
     g.finish();
     stats
