@@ -35,6 +35,7 @@ pub struct RedisSemaphoreBuilder {
     pubsub: bool,
     drift_margin: Option<Duration>,
     quarantine: bool,
+    fair: bool,
 }
 
 impl RedisSemaphoreBuilder {
@@ -56,6 +57,7 @@ impl RedisSemaphoreBuilder {
             pubsub: true,
             drift_margin: None,
             quarantine: true,
+            fair: true,
         }
     }
 
@@ -186,6 +188,38 @@ impl RedisSemaphoreBuilder {
         self
     }
 
+    /// Whether waiters in every process are granted permits in arrival
+    /// order (default `true`, as for the local
+    /// [`Semaphore`](crate::semaphore::Semaphore)).
+    ///
+    /// Fair: a waiting [`acquire`](RedisSemaphore::acquire) that finds no
+    /// permit free joins a line in Redis, and a release, an expired lease
+    /// or a raised limit grants the line's head inside the same script,
+    /// then tells only that waiter's process, on a channel of its own: a
+    /// contended grant costs two script calls (the waiter's acquire and
+    /// the holder's release) and one wake-up, and no process can starve
+    /// another by asking more often. A waiter's entry is heartbeaten with
+    /// this process's renewals; the entry of a process that stops (a
+    /// crash) expires after one lease time to live, and the line moves on.
+    ///
+    /// Unfair (`false`, the behaviour before the line existed): waiters
+    /// are not queued; every release publishes `free 1` to every process,
+    /// whose waiters race to run the acquire script, so a process that
+    /// asks again at once after releasing (barging) may take the permit
+    /// before older waiters elsewhere. It saves the hop from the
+    /// releaser to the waiter's process when one process does most of the
+    /// work, at the price of more script calls per grant under contention
+    /// and no bound on how long a waiter waits.
+    ///
+    /// Processes of both kinds may share a semaphore: every release serves
+    /// the line first, and only the permits left over are raced for.
+    /// [`try_acquire`](RedisSemaphore::try_acquire) never joins the line,
+    /// and takes a permit only if nobody waits in it.
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
     /// How much sooner than Redis this process stops counting on a lease
     /// (default: 1% of the time to live, at least 10 ms, at most a quarter
     /// of the time to live).
@@ -286,13 +320,24 @@ impl RedisSemaphoreBuilder {
             limit: format!("{base}:limit"),
             channel: format!("{base}:wake"),
             quarantine: format!("{base}:quarantine"),
+            queue: format!("{base}:queue"),
+            queue_beat: format!("{base}:queue:beat"),
+            queue_info: format!("{base}:queue:info"),
+            queue_seq: format!("{base}:queue:seq"),
         };
         let scripts = Scripts::new(connected.publish);
         check_scripts(&conn, &scripts, &keys).await?;
+        let ids = IdSource::new();
+        let token = format!("{:016x}", ids.random());
         if self.pubsub {
+            // The channel the subscriber will keep (see `Inner::channel`).
+            let channel = match self.fair {
+                true => format!("{}:{token}", keys.channel),
+                false => keys.channel.clone(),
+            };
             connected
                 .subscriber
-                .check(&keys.channel, &*timer, self.response_timeout)
+                .check(&channel, &*timer, self.response_timeout)
                 .await?;
         }
         let label = self.label.unwrap_or_else(default_label);
@@ -317,12 +362,14 @@ impl RedisSemaphoreBuilder {
             leases: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             limit_seen: AtomicUsize::new(self.limit),
-            ids: IdSource::new(),
+            ids,
             fence_seen: AtomicU64::new(0),
             quarantine_ms: match self.quarantine {
                 true => u64::try_from(self.lease_ttl.as_millis()).unwrap_or(u64::MAX),
                 false => 0,
             },
+            fair: self.fair,
+            token,
         });
         keeper::start(&inner, connected.subscriber, self.pubsub);
         Ok(RedisSemaphore { inner })
@@ -333,8 +380,7 @@ impl RedisSemaphoreBuilder {
 /// and read and write the semaphore's keys.
 async fn check_scripts(conn: &Conn, scripts: &Scripts, keys: &Keys) -> Result<(), ConfigError> {
     let _one: i64 = keys
-        .call(&scripts.probe)
-        .key(&keys.quarantine)
+        .call_all(&scripts.probe)
         .invoke_async(&mut conn.clone())
         .await
         .map_err(ConfigError::of)?;

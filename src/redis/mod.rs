@@ -64,6 +64,7 @@ mod conn;
 mod error;
 mod id;
 mod keeper;
+mod line;
 mod permit;
 mod scripts;
 mod semaphore;

@@ -62,6 +62,12 @@ pub(super) struct Inner {
     pub(super) fence_seen: AtomicU64,
     /// The quarantine after such a loss, in ms (0: off).
     pub(super) quarantine_ms: u64,
+    /// Whether a waiting acquire joins the fair line (see
+    /// [`RedisSemaphoreBuilder::fair`]).
+    pub(super) fair: bool,
+    /// This handle's suffix of its own channel, `{channel}:{token}`, where
+    /// its waiters' grants are announced (hex digits).
+    pub(super) token: String,
 }
 
 /// The names of the semaphore's keys (see `scripts.rs`).
@@ -72,6 +78,10 @@ pub(super) struct Keys {
     pub(super) limit: String,
     pub(super) channel: String,
     pub(super) quarantine: String,
+    pub(super) queue: String,
+    pub(super) queue_beat: String,
+    pub(super) queue_info: String,
+    pub(super) queue_seq: String,
 }
 
 impl Keys {
@@ -85,6 +95,19 @@ impl Keys {
             .key(&self.fence)
             .key(&self.limit)
             .key(&self.channel);
+        call
+    }
+
+    /// A call of `script` with all ten keys (`KEYS[6]` the quarantine,
+    /// `KEYS[7]` to `KEYS[10]` the fair line): for the scripts that change
+    /// leases, since each of them serves the line.
+    pub(super) fn call_all<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+        let mut call = self.call(script);
+        call.key(&self.quarantine)
+            .key(&self.queue)
+            .key(&self.queue_beat)
+            .key(&self.queue_info)
+            .key(&self.queue_seq);
         call
     }
 }
@@ -265,7 +288,7 @@ impl RedisSemaphore {
         let inner = &*self.inner;
         let _old: i64 = inner
             .keys
-            .call(&inner.scripts.set_limit)
+            .call_all(&inner.scripts.set_limit)
             .arg(limit)
             .invoke_async(&mut inner.conn.clone())
             .await?;
@@ -279,6 +302,7 @@ impl RedisSemaphore {
     pub fn close(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
         self.inner.signals.wake.notify(usize::MAX);
+        self.inner.signals.line.wake_all();
     }
 
     /// Whether [`close`](Self::close) was called.
@@ -300,6 +324,15 @@ impl fmt::Debug for RedisSemaphore {
 }
 
 impl Inner {
+    /// The channel this process subscribes to: its own in fair mode, where
+    /// its waiters' grants are announced, else the shared one.
+    pub(super) fn channel(&self) -> String {
+        match self.fair {
+            true => format!("{}:{}", self.keys.channel, self.token),
+            false => self.keys.channel.clone(),
+        }
+    }
+
     pub(super) fn lock_leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Lease>>> {
         self.leases.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -311,7 +344,7 @@ impl Inner {
     pub(super) async fn release_id(&self, id: &str) -> redis::RedisResult<ReleaseOutcome> {
         let left: Option<i64> = self
             .keys
-            .call(&self.scripts.release)
+            .call_all(&self.scripts.release)
             .arg(id)
             .invoke_async(&mut self.conn.clone())
             .await?;
