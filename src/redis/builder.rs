@@ -379,12 +379,22 @@ impl RedisSemaphoreBuilder {
 /// Runs the probe script: the user may run `EVALSHA` and `SCRIPT LOAD`,
 /// and read and write the semaphore's keys.
 async fn check_scripts(conn: &Conn, scripts: &Scripts, keys: &Keys) -> Result<(), ConfigError> {
-    let _one: i64 = keys
+    let probe: redis::RedisResult<i64> = keys
         .call_all(&scripts.probe)
         .invoke_async(&mut conn.clone())
-        .await
-        .map_err(ConfigError::of)?;
-    Ok(())
+        .await;
+    match probe {
+        Ok(_one) => Ok(()),
+        // A client that has not authenticated may send no command of more
+        // than 10 arguments (the probe has 13): a `PING` gets the server's
+        // own `NOAUTH` for the error.
+        Err(e) if e.detail().is_some_and(|d| d.contains("unauthenticated")) => {
+            let ping: redis::RedisResult<String> =
+                redis::cmd("PING").query_async(&mut conn.clone()).await;
+            Err(ConfigError::of(ping.err().unwrap_or(e)))
+        }
+        Err(e) => Err(ConfigError::of(e)),
+    }
 }
 
 /// The label of a lease when none is set: host name and process id.

@@ -142,8 +142,12 @@ impl Inner {
                         } else {
                             // Sent before the holder's own deadline, which
                             // comes before Redis's: Redis should still
-                            // have had it, and lost it.
-                            forgotten |= sent < lease.deadline();
+                            // have had it, and lost it. Unless it was
+                            // released meanwhile (a release forgets the
+                            // lease before it is sent, and may reach Redis
+                            // before this renewal did).
+                            let released = !self.lock_leases().contains_key(&lease.id);
+                            forgotten |= sent < lease.deadline() && !released;
                             self.lost(lease, LostReason::Expired);
                         }
                     }

@@ -71,7 +71,11 @@ local function serve()
   if free <= 0 or redis.call('EXISTS', KEYS[6]) == 1 then
     return
   end
-  for _, id in ipairs(redis.call('ZRANGE', KEYS[7], 0, free - 1)) do
+  while free > 0 do
+    local id = redis.call('ZRANGE', KEYS[7], 0, 0)[1]
+    if not id then
+      return
+    end
     local w = redis.call('HGET', KEYS[9], id) or ''
     redis.call('ZREM', KEYS[7], id)
     redis.call('ZREM', KEYS[8], id)
@@ -82,6 +86,7 @@ local function serve()
       redis.call('ZADD', KEYS[1], now + tonumber(ttl), id)
       redis.call('HSET', KEYS[2], id, fence .. ':' .. now .. ':' .. label)
       redis.pcall(PUBLISH, KEYS[5] .. ':' .. token, 'grant ' .. id .. ' ' .. fence .. ' ' .. ttl .. ' ' .. limit)
+      free = free - 1
     end
   end
 end

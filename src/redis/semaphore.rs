@@ -170,7 +170,11 @@ impl RedisSemaphore {
 
     /// Waits for a permit: one script call per attempt, woken by pub/sub
     /// when a lease is released or expires, and by the earliest lease's
-    /// deadline or `max_poll` otherwise.
+    /// deadline or `max_poll` otherwise. In fair mode (the default, see
+    /// [`RedisSemaphoreBuilder::fair`]) a busy first attempt joins the line
+    /// in Redis, and the release that frees a permit grants it to the
+    /// line's head and tells its process: the waiter takes it without
+    /// another script call.
     ///
     /// # Errors
     ///
@@ -186,7 +190,9 @@ impl RedisSemaphore {
     /// # Cancel safety
     ///
     /// Dropping the future at any point leaks no lease: a grant whose
-    /// answer was not read is released in the background, and expires
+    /// answer was not read, or an id waiting in the line (which a release
+    /// may grant at any moment), is released in the background (leaving
+    /// the line, and handing on a permit granted to it), and expires
     /// within its time to live if Redis cannot be reached.
     pub async fn acquire(&self) -> Result<LeasedPermit, LeaseError> {
         match self.first_attempt().await? {
