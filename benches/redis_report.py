@@ -31,7 +31,8 @@ CASES = [
     ("try_acquire_release", "`try_acquire` + `release`, current-thread runtime"),
     ("acquire_release", "`acquire` + `release`, current-thread runtime"),
     ("acquire_release_mt", "`acquire` + `release` in a task, multi-thread runtime (2 workers)"),
-    ("contended_t16_p4", "16 tasks, limit 4, multi-thread runtime: wall time / cycles"),
+    ("contended_t16_p4", "16 tasks, limit 4, multi-thread runtime, fair line: wall time / cycles"),
+    ("contended_t16_p4_unfair", "the same with `fair(false)`: wall time / cycles"),
     ("redis_rs_evalsha", "redis-rs alone: one `invoke_async` of the comparable script"),
 ]
 REFERENCE = "EVALSHA -c 1 -P 1"

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::conn::{Backend, Conn, Settings};
-use super::error::ConfigError;
+use super::error::{ConfigError, Failure, classify};
 use super::id::IdSource;
 use super::keeper;
 use super::scripts::Scripts;
@@ -386,12 +386,22 @@ async fn check_scripts(conn: &Conn, scripts: &Scripts, keys: &Keys) -> Result<()
     match probe {
         Ok(_one) => Ok(()),
         // A client that has not authenticated may send no command of more
-        // than 10 arguments (the probe has 13): a `PING` gets the server's
-        // own `NOAUTH` for the error.
+        // than 10 arguments (the probe has 13), and Redis closes its
+        // connection: a `PING` (on the connection made again) gets the
+        // server's own `NOAUTH` for the error. Either way it is `Auth`.
         Err(e) if e.detail().is_some_and(|d| d.contains("unauthenticated")) => {
-            let ping: redis::RedisResult<String> =
-                redis::cmd("PING").query_async(&mut conn.clone()).await;
-            Err(ConfigError::of(ping.err().unwrap_or(e)))
+            for _ in 0..3 {
+                let ping: redis::RedisResult<String> =
+                    redis::cmd("PING").query_async(&mut conn.clone()).await;
+                match ping {
+                    Err(noauth) if classify(&noauth) == Failure::Auth => {
+                        return Err(ConfigError::of(noauth));
+                    }
+                    Err(_) => continue,
+                    Ok(_) => break,
+                }
+            }
+            Err(ConfigError::of(e))
         }
         Err(e) => Err(ConfigError::of(e)),
     }
