@@ -747,3 +747,56 @@ async fn a_thousand_waiters_over_ten_processes_cost_two_calls_per_grant() {
         "{messages} messages for {grants} grants"
     );
 }
+
+/// While a quarantine runs (Redis lost writes), a release does not grant
+/// the line's head: nothing is granted to anyone. Once it has ended, the
+/// next script call (here the waiter's heartbeat) serves the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_line_is_not_served_during_a_quarantine() {
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let name = "quarantined";
+    let ttl = Duration::from_millis(900);
+    let holder = builder(&server.url(), name)
+        .lease_ttl(ttl)
+        .build()
+        .await
+        .unwrap();
+    let waiter = builder(&server.url(), name)
+        .lease_ttl(ttl)
+        .build()
+        .await
+        .unwrap();
+    let held = holder.acquire().await.unwrap();
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move {
+            let permit = waiter.acquire().await;
+            (Instant::now(), permit)
+        }
+    });
+    until_in_line(&server, name, 1).await;
+    let _: String = server.cmd(&["SET", &key(name, "quarantine"), "1", "PX", "600"]);
+    let quarantined = Instant::now();
+    held.release().await.unwrap();
+    sleep(Duration::from_millis(200)).await;
+    let leases: i64 = server.cmd(&["ZCARD", &key(name, "leases")]);
+    assert_eq!(
+        (leases, in_line(&server, name)),
+        (0, 1),
+        "granted during the quarantine"
+    );
+    assert!(!waiting.is_finished());
+    let (granted_at, permit) = timeout(PATIENCE, waiting).await.unwrap().unwrap();
+    let after = granted_at - quarantined;
+    assert!(
+        after >= Duration::from_millis(600),
+        "granted {after:?} into a 600 ms quarantine"
+    );
+    assert!(
+        after < Duration::from_millis(600 + 300 + 300),
+        "served {after:?} after the quarantine began"
+    );
+    drop(permit.unwrap());
+}
