@@ -130,9 +130,9 @@ end
 /// line meanwhile: same fence, lease extended), or `{0, 0, retry_after_ms,
 /// limit, holders, 0, queued}`, where `retry_after_ms` is the time until
 /// the earliest lease expires (-1 when nothing is held, as with a limit of
-/// zero) and `queued` is 1 if the id waits in the line (its entry's
-/// deadline pushed back: a retry of an id already in line keeps its
-/// place), or `{0, 0, quarantine_left_ms, limit, holders, 1, queued}` while
+/// zero) and `queued` is the id's place in the line plus one (0: not in
+/// it; an id already in line keeps its place, and its entry's deadline is
+/// pushed back), or `{0, 0, quarantine_left_ms, limit, holders, 1, queued}` while
 /// grants are refused.
 ///
 /// A free permit is taken only if nobody waits in the line: `purge` has
@@ -160,9 +160,10 @@ if info then
 end
 local holders = redis.call('ZCARD', KEYS[1])
 local queued = 0
-if redis.call('ZSCORE', KEYS[7], id) then
+local rank = redis.call('ZRANK', KEYS[7], id)
+if rank then
   redis.call('ZADD', KEYS[8], 'XX', now + ttl, id)
-  queued = 1
+  queued = rank + 1
 end
 local quarantine = tonumber(ARGV[6])
 if quarantine > 0 then
@@ -187,7 +188,7 @@ if queued == 0 and ARGV[7] == '1' then
   redis.call('ZADD', KEYS[7], redis.call('INCR', KEYS[10]), id)
   redis.call('ZADD', KEYS[8], now + ttl, id)
   redis.call('HSET', KEYS[9], id, ttl .. ':' .. ARGV[8] .. ':' .. ARGV[4])
-  queued = 1
+  queued = redis.call('ZCARD', KEYS[7])
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local retry = -1
