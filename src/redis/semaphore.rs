@@ -86,8 +86,9 @@ pub(super) struct Keys {
 
 impl Keys {
     /// A call of `script` with the keys every script takes, `KEYS[1]` to
-    /// `KEYS[5]` in the order `scripts.rs` gives (the acquire script's
-    /// quarantine key is added by its caller).
+    /// `KEYS[5]` in the order `scripts.rs` gives (the quarantine script
+    /// adds the quarantine key; the scripts that change leases take
+    /// [`call_all`](Self::call_all)).
     pub(super) fn call<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
         let mut call = script.prepare_invoke();
         call.key(&self.leases)
