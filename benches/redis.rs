@@ -21,7 +21,10 @@
 //! - `contended_t16_p4`: 16 tasks share a limit of 4 on a two-worker
 //!   multi-thread runtime, each looping acquire, release (no work while
 //!   holding). The time is wall time divided by the cycles done: the
-//!   inverse of throughput, not a latency.
+//!   inverse of throughput, not a latency. Fair mode (the default: a
+//!   waiter joins the line in Redis and is granted by the release).
+//! - `contended_t16_p4_unfair`: the same with `fair(false)` (waiters race
+//!   on `free 1`).
 //! - `redis_rs_evalsha`: the floor for any client written with redis-rs:
 //!   one `Script::invoke_async` of [`COMPARABLE_SCRIPT`] on a
 //!   `ConnectionManager` configured like the semaphore's. One iteration is
@@ -109,8 +112,14 @@ fn multi_thread() -> Runtime {
 }
 
 async fn semaphore(server: &Server, name: &str, limit: usize) -> RedisSemaphore {
+    semaphore_fair(server, name, limit, true).await
+}
+
+/// A semaphore in fair mode (the default: waiters queue in Redis) or not.
+async fn semaphore_fair(server: &Server, name: &str, limit: usize, fair: bool) -> RedisSemaphore {
     RedisSemaphore::builder(server.client(), name)
         .limit(limit)
+        .fair(fair)
         .build()
         .await
         .expect("the semaphore connects")
@@ -217,39 +226,14 @@ fn bench_cases(c: &mut Criterion, server: &Server) -> Vec<CaseStats> {
         });
     });
 
-    // (c) TASKS tasks share LIMIT permits.
-    let name = "contended_t16_p4";
-    with_stats(server, &mut stats, name, 2, |cycles| {
-        let rt = multi_thread();
-        let sem = rt.block_on(semaphore(server, "bench-contended", LIMIT));
-        g.bench_function(name, |b| {
-            b.iter_custom(|iters| {
-                let left = Arc::new(AtomicI64::new(iters as i64));
-                rt.block_on(async {
-                    let start = Instant::now();
-                    let tasks: Vec<_> = (0..TASKS)
-                        .map(|_| {
-                            let (sem, left, cycles) = (sem.clone(), left.clone(), cycles.clone());
-                            tokio::spawn(async move {
-                                while left.fetch_sub(1, Ordering::Relaxed) > 0 {
-                                    let permit = sem.acquire().await.expect("a permit");
-                                    permit.release().await.expect("released in time");
-                                    cycles.fetch_add(1, Ordering::Relaxed);
-                                }
-                            })
-                        })
-                        .collect();
-                    for task in tasks {
-                        task.await.expect("a bench task");
-                    }
-                    start.elapsed()
-                })
-            })
-        });
-        // Every cycle released its permit: nothing may be left behind.
-        let holders = rt.block_on(sem.holders()).expect("holders");
-        assert!(holders.is_empty(), "leases left after the run: {holders:?}");
-    });
+    // (c) TASKS tasks share LIMIT permits, in fair mode (the default) and
+    // in unfair mode.
+    for (name, fair) in [
+        ("contended_t16_p4", true),
+        ("contended_t16_p4_unfair", false),
+    ] {
+        contended(server, &mut stats, &mut g, name, fair);
+    }
 
     // The redis-rs floor: one EVALSHA per iteration, no bulkhead.
     with_stats(server, &mut stats, "redis_rs_evalsha", 1, |cycles| {
@@ -393,6 +377,48 @@ fn bench_cluster(c: &mut Criterion) -> Vec<CaseStats> {
 fn bench_cluster(_: &mut Criterion) -> Vec<CaseStats> {
     eprintln!("built without the `redis-cluster` feature: the cluster cases are skipped");
     Vec::new()
+}
+
+/// `TASKS` tasks share `LIMIT` permits, each looping acquire, release (no
+/// work while holding); one iteration is one cycle of one task.
+fn contended(
+    server: &Server,
+    stats: &mut Vec<CaseStats>,
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &'static str,
+    fair: bool,
+) {
+    with_stats(server, stats, name, 2, |cycles| {
+        let rt = multi_thread();
+        let sem = rt.block_on(semaphore_fair(server, name, LIMIT, fair));
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let left = Arc::new(AtomicI64::new(iters as i64));
+                rt.block_on(async {
+                    let start = Instant::now();
+                    let tasks: Vec<_> = (0..TASKS)
+                        .map(|_| {
+                            let (sem, left, cycles) = (sem.clone(), left.clone(), cycles.clone());
+                            tokio::spawn(async move {
+                                while left.fetch_sub(1, Ordering::Relaxed) > 0 {
+                                    let permit = sem.acquire().await.expect("a permit");
+                                    permit.release().await.expect("released in time");
+                                    cycles.fetch_add(1, Ordering::Relaxed);
+                                }
+                            })
+                        })
+                        .collect();
+                    for task in tasks {
+                        task.await.expect("a bench task");
+                    }
+                    start.elapsed()
+                })
+            })
+        });
+        // Every cycle released its permit: nothing may be left behind.
+        let holders = rt.block_on(sem.holders()).expect("holders");
+        assert!(holders.is_empty(), "leases left after the run: {holders:?}");
+    });
 }
 
 // ---------------------------------------------------------------------------

@@ -27,6 +27,10 @@
 //!   one channel for all or one per process): the wake-ups that reach a
 //!   process, each of which may wake several of its waiters.
 //!
+//! Each setup runs in fair mode (the default: waiters queue in Redis and a
+//! release grants the head, telling only its process) and in unfair mode
+//! (`fair(false)`: every waiter races on a `free` message to all).
+//!
 //! `--test` (as `cargo test --benches` passes) runs each setup briefly.
 
 use std::collections::BTreeMap;
@@ -55,7 +59,7 @@ const TEST_WINDOW: Duration = Duration::from_millis(300);
 const SETTLE: Duration = Duration::from_millis(1500);
 
 /// The environment variable that makes this binary a child, and what it
-/// carries: `url|name|tasks|start_unix_ms|warm_up_ms|window_ms`.
+/// carries: `url|name|fair|tasks|start_unix_ms|warm_up_ms|window_ms`.
 const CHILD: &str = "BULKHEAD_REDIS_PROCS_CHILD";
 
 fn unix_ms() -> u64 {
@@ -87,22 +91,36 @@ fn main() {
     };
 
     let server = Server::start();
-    let setups = [("1 process", 1), ("10 processes", PROCS)];
+    // Fair mode (the default: waiters queue in Redis) and unfair mode.
+    let setups = [
+        ("fair", true, 1),
+        ("fair", true, PROCS),
+        ("unfair", false, 1),
+        ("unfair", false, PROCS),
+    ];
     let mut rows = Vec::new();
-    for (i, (label, procs)) in setups.into_iter().enumerate() {
+    for (i, (label, fair, procs)) in setups.into_iter().enumerate() {
         let name = format!("procs-{i}");
-        rows.push((label, procs, run(&server, &name, procs, warm_up, window)));
+        rows.push((
+            label,
+            procs,
+            run(&server, &name, fair, procs, warm_up, window),
+        ));
     }
 
     eprintln!();
     eprintln!(
         "{WAITERS} waiters, limit {LIMIT}, each holding for one yield; window {window:?} after {warm_up:?}:"
     );
-    let alone = rows[0].2.grants_per_s(window);
     for (label, procs, r) in &rows {
+        // The same mode in one process.
+        let alone = rows
+            .iter()
+            .find(|(l, p, _)| l == label && *p == 1)
+            .map_or(f64::NAN, |(_, _, r)| r.grants_per_s(window));
         let per = |n: u64| n as f64 / r.grants.max(1) as f64;
         eprintln!(
-            "  {label:<13} {procs:>2} x {:>4} tasks: {:>8.0} grants/s ({:.2} of one process), \
+            "  {label:<6} {procs:>2} x {:>4} tasks: {:>8.0} grants/s ({:.2} of one process), \
              {:.3} script calls, {:.3} publishes, {:.3} messages delivered per grant \
              (channels: {})",
             WAITERS / procs,
@@ -152,11 +170,18 @@ impl Outcome {
     }
 }
 
-fn run(server: &Server, name: &str, procs: usize, warm_up: Duration, window: Duration) -> Outcome {
+fn run(
+    server: &Server,
+    name: &str,
+    fair: bool,
+    procs: usize,
+    warm_up: Duration,
+    window: Duration,
+) -> Outcome {
     let start = unix_ms() + SETTLE.as_millis() as u64;
     let exe = std::env::current_exe().expect("the bench's own path");
     let spec = format!(
-        "{}|{name}|{}|{start}|{}|{}",
+        "{}|{name}|{fair}|{}|{start}|{}|{}",
         server.url(),
         WAITERS / procs,
         warm_up.as_millis(),
@@ -242,7 +267,7 @@ fn wake_channels(server: &Server) -> BTreeMap<String, u64> {
 /// they got within it.
 fn child(spec: &str) {
     let parts: Vec<&str> = spec.split('|').collect();
-    let [url, name, tasks, start, warm_up, window] = parts[..] else {
+    let [url, name, fair, tasks, start, warm_up, window] = parts[..] else {
         panic!("bad {CHILD}: {spec}");
     };
     let num = |s: &str| s.parse::<u64>().expect("a number in the child's spec");
@@ -257,6 +282,7 @@ fn child(spec: &str) {
         let client = redis::Client::open(url).expect("a valid URL");
         let sem = RedisSemaphore::builder(client, name)
             .limit(LIMIT)
+            .fair(fair == "true")
             .build()
             .await
             .expect("the semaphore connects");
