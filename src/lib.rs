@@ -139,6 +139,10 @@ mod error;
 pub mod keyed;
 #[allow(unsafe_code)]
 mod list;
+// Under loom only its own model uses it (the semaphore takes loom's mutex).
+#[allow(unsafe_code)]
+#[cfg_attr(loom, allow(dead_code))]
+mod lock;
 mod loom;
 #[cfg(not(loom))]
 mod overload;

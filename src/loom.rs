@@ -9,10 +9,9 @@ pub(crate) use loom::sync::{
 };
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::{
-    Mutex, MutexGuard,
-    atomic::{AtomicUsize, Ordering},
-};
+pub(crate) use crate::lock::{Mutex, MutexGuard};
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// An `UnsafeCell` with loom's closure-based API, so the same code tracks
 /// accesses under loom and compiles to a plain cell otherwise.
@@ -41,13 +40,21 @@ impl<T> UnsafeCell<T> {
     }
 }
 
-/// Locks `mutex`, ignoring poison: the semaphore never leaves its list in an
-/// inconsistent state across a call that can panic, so a poisoned lock still
-/// guards a valid list.
+/// Locks `mutex`, ignoring poison under loom: the semaphore never leaves its
+/// list in an inconsistent state across a call that can panic, so a
+/// poisoned lock still guards a valid list.
+#[cfg(loom)]
 #[inline]
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     match mutex.lock() {
         Ok(guard) => guard,
         Err(poisoned) => poisoned.into_inner(),
     }
+}
+
+/// Locks `mutex` (the crate's own lock, which has no poisoning).
+#[cfg(not(loom))]
+#[inline]
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock()
 }

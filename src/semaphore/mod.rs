@@ -5,7 +5,7 @@
 //! All permit accounting lives in one atomic word (see [`state`]): the
 //! balance of available permits, which may be negative, a `CLOSED` flag and
 //! a `WAITERS` flag. Waiting acquirers sit in an intrusive FIFO list guarded
-//! by a mutex; each list node (a [`Waiter`]) lives inside the acquire future
+//! by a lock (the crate's spin lock, `src/lock.rs`); each list node (a [`Waiter`]) lives inside the acquire future
 //! that owns it, so waiting allocates nothing.
 //!
 //! **Fast paths.** `try_acquire` and the first poll of `acquire` take
