@@ -220,7 +220,7 @@ impl<T: Linked> List<T> {
 
     /// Walks the list and panics if its links are inconsistent: a broken
     /// back-pointer, a wrong tail, or a length that does not match.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn assert_valid(&self) {
         let mut prev: Option<NonNull<T>> = None;
         let mut cur = self.head;
