@@ -262,8 +262,25 @@ mod tests {
     #[test]
     fn malformed_grpc_timeouts_carry_no_deadline() {
         let bad: [&[u8]; 20] = [
-            b"", b"S", b"m", b"10", b"10s", b"10h", b"10x", b"-1S", b"+1S", b" 1S", b"1S ",
-            b"1 S", b"1.5S", b"1SS", b"1Sm", b"\xff1S", b"1\xffS", b"1\0S", b"\xd9\xa3S",
+            b"",
+            b"S",
+            b"m",
+            b"10",
+            b"10s",
+            b"10h",
+            b"10x",
+            b"-1S",
+            b"+1S",
+            b" 1S",
+            b"1S ",
+            b"1 S",
+            b"1.5S",
+            b"1SS",
+            b"1Sm",
+            b"\xff1S",
+            b"1\xffS",
+            b"1\0S",
+            b"\xd9\xa3S",
             b"1e3m",
         ];
         for value in bad {
