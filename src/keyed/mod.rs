@@ -63,6 +63,20 @@
 //! key's line holding nothing that others need: at most its limit of them
 //! can be in the global line, which is FIFO, so every key gets its turn.
 //!
+//! # Overload options
+//!
+//! Controlled delay ([`queue_delay`](KeyedBulkheadBuilder::queue_delay))
+//! runs on every key's line and on the global line, each judged on its
+//! own: a tenant's standing line is cut to the target without touching
+//! other tenants' lines. Deadline-aware admission
+//! ([`call_by`](KeyedBulkhead::call_by),
+//! [`acquire_by`](KeyedBulkhead::acquire_by)) judges a call at both
+//! stages, each with its own hold-time average. Both are off until used,
+//! and reject with their own reasons
+//! ([`KeyQueueDelay`](KeyedRejectReason::KeyQueueDelay),
+//! [`GlobalWontMakeDeadline`](KeyedRejectReason::GlobalWontMakeDeadline),
+//! and so on), counted per key and by the bulkhead that said no.
+//!
 //! # Costs
 //!
 //! A call for a tracked key takes no lock that all keys share: the keys are
@@ -372,9 +386,6 @@ where
     /// [`Bulkhead::call_by`]). A call without a deadline
     /// ([`call`](Self::call)) pays nothing for this.
     ///
-    /// [`KeyWontMakeDeadline`]: KeyedRejectReason::KeyWontMakeDeadline
-    /// [`GlobalWontMakeDeadline`]: KeyedRejectReason::GlobalWontMakeDeadline
-    ///
     /// # Errors
     ///
     /// As [`call`](Self::call), and [`KeyedError::Rejected`] with
@@ -410,6 +421,9 @@ where
     /// assert_eq!(tenants.metrics_for("acme").unwrap().rejected_deadline(), 1);
     /// # });
     /// ```
+    ///
+    /// [`KeyWontMakeDeadline`]: KeyedRejectReason::KeyWontMakeDeadline
+    /// [`GlobalWontMakeDeadline`]: KeyedRejectReason::GlobalWontMakeDeadline
     pub async fn call_by<Q, F, T, E>(
         &self,
         key: &Q,
