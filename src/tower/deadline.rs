@@ -131,6 +131,7 @@ impl<Req: GrpcTimeoutHeader> RequestDeadline<Req> for GrpcTimeout {
 }
 
 #[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 impl<B> GrpcTimeoutHeader for http::Request<B> {
     #[inline]
     fn grpc_timeout(&self) -> Option<&[u8]> {
@@ -184,6 +185,7 @@ pub struct Deadline(pub Instant);
 pub struct DeadlineExtension;
 
 #[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 impl<B> RequestDeadline<http::Request<B>> for DeadlineExtension {
     #[inline]
     fn deadline(&self, request: &http::Request<B>) -> Option<Instant> {
