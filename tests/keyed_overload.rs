@@ -702,4 +702,19 @@ fn a_panicking_observer_leaves_no_permit_or_gauge_wrong() {
     let g = kb.global_metrics().unwrap();
     assert_eq!((g.permitted(), g.in_flight()), (1, 0));
     assert_at_rest(&kb, "after an admission that panicked");
+    // The same after waiting for the global permit (its limit 0 meanwhile).
+    let blocker = kb.global().unwrap().clone();
+    blocker.set_max_concurrent_calls(0);
+    let mut waiter = Box::pin(
+        kb.call_by(&7, Instant::now() + Duration::from_secs(5), async {
+            Ok::<_, ()>(7)
+        }),
+    );
+    assert!(poll_once(waiter.as_mut()).is_pending());
+    assert_eq!(kb.metrics_for(&7).unwrap().waiting_for_global(), 1);
+    blocker.set_max_concurrent_calls(1);
+    let admitted = catch_unwind(AssertUnwindSafe(|| poll_once(waiter.as_mut())));
+    assert!(admitted.is_err(), "the waiter's admission panicked");
+    drop(waiter);
+    assert_at_rest(&kb, "after a waiting admission that panicked");
 }
