@@ -274,6 +274,14 @@ impl Policy {
         waited
     }
 
+    /// Sets the waiting line's length, for a line kept elsewhere (the
+    /// priority classes'), which then stands for it in `queued`.
+    #[inline]
+    pub(crate) fn set_queued(&self, queued: usize) {
+        debug_assert!(self.line_of.is_none(), "a line counted twice");
+        self.waiting.store(queued, Ordering::Relaxed);
+    }
+
     /// Callers in the waiting line now.
     #[inline]
     pub(crate) fn queued(&self) -> usize {
@@ -334,6 +342,7 @@ impl Policy {
             rejected_unavailable: Counters::get(&c.rejected_unavailable),
             rejected_deadline: Counters::get(&c.rejected_deadline),
             rejected_queue_delay: Counters::get(&c.rejected_queue_delay),
+            rejected_displaced: Counters::get(&c.rejected_displaced),
             call_timeouts: Counters::get(&c.call_timeouts),
             leaks_suspected: Counters::get(&c.leaks_suspected),
         }
@@ -497,7 +506,7 @@ impl Policy {
 
     /// A rejection because the timer cannot run (its runtime is gone).
     #[cold]
-    fn reject_timer_gone(&self, waited: Duration) -> Rejected {
+    pub(crate) fn reject_timer_gone(&self, waited: Duration) -> Rejected {
         self.rejected(RejectReason::Unavailable, true, nanos(waited))
     }
 
@@ -514,6 +523,7 @@ impl Policy {
             RejectReason::Unavailable => &c.rejected_unavailable,
             RejectReason::WontMakeDeadline => &c.rejected_deadline,
             RejectReason::QueueDelay => &c.rejected_queue_delay,
+            RejectReason::Displaced => &c.rejected_displaced,
         });
         if self.observed() {
             self.tell_rejected(reason, waited_ns);
@@ -588,7 +598,7 @@ impl Policy {
     /// The time now on the clock the line's sleeps run on, where it can be
     /// read (a paused tokio clock included), else the system's.
     #[inline]
-    fn line_now(&self) -> Instant {
+    pub(crate) fn line_now(&self) -> Instant {
         self.clock.as_ref().unwrap_or(&AUTO).now()
     }
 
