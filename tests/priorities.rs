@@ -685,3 +685,71 @@ impl Drop for Out<'_> {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
+
+#[cfg(feature = "tower")]
+#[tokio::test]
+async fn the_tower_layer_picks_the_class_per_request() {
+    use bulkhead::tower::BulkheadLayer;
+    use tower::{Service, ServiceBuilder, ServiceExt};
+
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .priorities(&[1, 1])
+        .max_queue(2)
+        .build()
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (release, hold) = tokio::sync::oneshot::channel::<()>();
+    let hold = Arc::new(Mutex::new(Some(hold)));
+    // (class, name); the first request holds its seat until released. A
+    // class past the last (7) is the least important one.
+    let mut service = ServiceBuilder::new()
+        .layer(BulkheadLayer::new(bh.clone()).priority_from(|r: &(usize, &'static str)| r.0))
+        .service_fn({
+            let order = order.clone();
+            move |(_, name): (usize, &'static str)| {
+                let order = order.clone();
+                let hold = hold.lock().unwrap().take();
+                async move {
+                    if let Some(hold) = hold {
+                        let _ = hold.await;
+                    }
+                    order.lock().unwrap().push(name);
+                    Ok::<_, std::convert::Infallible>(name)
+                }
+            }
+        });
+    let first = tokio::spawn(service.ready().await.unwrap().call((1, "first")));
+    while bh.metrics().in_flight() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let low = tokio::spawn(service.ready().await.unwrap().call((7, "low")));
+    let lower = tokio::spawn(service.ready().await.unwrap().call((1, "lower")));
+    while bh.metrics().queued() < 2 {
+        tokio::task::yield_now().await;
+    }
+    // The line is full: a class 0 request displaces the newest class 1 one.
+    let high = tokio::spawn(service.ready().await.unwrap().call((0, "high")));
+    let displaced = lower.await.unwrap().unwrap_err();
+    let rejected = displaced.downcast_ref::<Rejected>().expect("a rejection");
+    assert_eq!(rejected.reason(), RejectReason::Displaced);
+    release.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), "first");
+    assert_eq!(high.await.unwrap().unwrap(), "high");
+    assert_eq!(low.await.unwrap().unwrap(), "low");
+    // The class 0 request, though it came last, was served first.
+    assert_eq!(*order.lock().unwrap(), ["first", "high", "low"]);
+    assert_eq!(bh.metrics().rejected_displaced(), 1);
+    assert_eq!((bh.metrics().in_flight(), bh.metrics().queued()), (0, 0));
+
+    // Without `priority_from`, a request is a plain call: it never waits.
+    let plain = ServiceBuilder::new()
+        .layer(BulkheadLayer::new(bh.clone()))
+        .service_fn(|()| async { Ok::<_, std::convert::Infallible>(()) });
+    let _held = bh.try_acquire_as(0).unwrap();
+    let err = plain.oneshot(()).await.unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<Rejected>().unwrap().reason(),
+        RejectReason::Full
+    );
+}

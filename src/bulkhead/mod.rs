@@ -55,6 +55,7 @@ pub use error::{BuildError, BuildErrorKind, BulkheadError, RejectReason, Rejecte
 pub use metrics::Metrics;
 pub use observer::{CallOutcome, Observer};
 pub use permit::BulkheadPermit;
+pub(crate) use seating::AdmissionAs;
 
 use core::fmt;
 use core::future::Future;
@@ -679,6 +680,20 @@ impl Bulkhead {
 
     pub(crate) fn from_shared(shared: Arc<Shared>) -> Self {
         Self { shared }
+    }
+
+    /// [`admission`](Self::admission) for a call of priority `class`, on a
+    /// bulkhead with classes (`None` without: the call is a plain one).
+    /// A class past the last is the least important one.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn admission_as(
+        &self,
+        class: usize,
+        by: Option<Instant>,
+    ) -> Option<seating::AdmissionAs> {
+        let classes = self.shared.classes.as_deref()?;
+        let class = class.min(classes.least());
+        Some(seating::AdmissionAs::new(self.shared.clone(), class, by))
     }
 
     /// One call's admission as a named `'static` future that owns a handle

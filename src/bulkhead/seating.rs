@@ -5,6 +5,7 @@ use core::future::Future;
 use core::ops::Deref;
 use core::pin::Pin;
 use core::task::{Context, Poll, ready};
+use std::sync::Arc;
 use std::time::Instant;
 
 use pin_project_lite::pin_project;
@@ -12,6 +13,8 @@ use pin_project_lite::pin_project;
 use super::Shared;
 use super::classes::{Admit, GaveUp, NONE};
 use super::error::{RejectReason, Rejected};
+use super::permit::{Admitted, BulkheadPermit};
+use super::policy::Line;
 use super::policy::Waited;
 use crate::timer::Deadline;
 
@@ -168,5 +171,77 @@ impl<S: Deref<Target = Shared>> Future for Seating<S> {
             }),
             Err(reason) => Err(policy.reject(reason, waited)),
         })
+    }
+}
+
+pin_project! {
+    /// One classed call's admission as a named `'static` future that owns
+    /// a handle of the bulkhead (the tower layer's, with `priority_from`):
+    /// deadline-aware admission first if it carries a deadline (rejected
+    /// at once if it cannot make it; its wait is bounded by `max_wait`
+    /// only), then a seat now or a wait in its class's line. Resolves to
+    /// the call's permit, already reported as permitted, whose outcome is
+    /// `Cancelled` until set.
+    pub(crate) struct AdmissionAs {
+        // The bulkhead, until it moves into the permit.
+        shared: Option<Arc<Shared>>,
+        class: usize,
+        by: Option<Instant>,
+        #[pin]
+        seating: Option<Seating<Arc<Shared>>>,
+    }
+}
+
+impl AdmissionAs {
+    pub(crate) fn new(shared: Arc<Shared>, class: usize, by: Option<Instant>) -> Self {
+        Self {
+            shared: Some(shared),
+            class,
+            by,
+            seating: None,
+        }
+    }
+}
+
+impl Future for AdmissionAs {
+    type Output = Result<BulkheadPermit, Rejected>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let class = *this.class;
+        let admitted = match this.seating.as_mut().as_pin_mut() {
+            Some(seating) => {
+                let waited = ready!(seating.poll(cx));
+                this.seating.set(None);
+                waited.map(Admitted::Waited)
+            }
+            None => {
+                let shared = this
+                    .shared
+                    .as_ref()
+                    .expect("admission polled after completion");
+                if let Some(by) = this.by.take() {
+                    let mut line = Line::by(&shared.policy, by);
+                    let free = isize::try_from(shared.seats_left()).unwrap_or(isize::MAX);
+                    if let Err(rejected) = shared.policy.admit_by(&mut line, free) {
+                        this.shared.take();
+                        return Poll::Ready(Err(rejected));
+                    }
+                }
+                match Shared::seat(shared.clone(), class, true) {
+                    Err(rejected) => Err(rejected),
+                    Ok(Seat::Now) => Ok(Admitted::Now),
+                    Ok(Seat::Wait(seating)) => {
+                        this.seating.set(Some(seating));
+                        let seating = this.seating.as_mut().as_pin_mut().expect("just set");
+                        let waited = ready!(seating.poll(cx));
+                        this.seating.set(None);
+                        waited.map(Admitted::Waited)
+                    }
+                }
+            }
+        };
+        let shared = this.shared.take().expect("checked above");
+        Poll::Ready(admitted.map(|admitted| BulkheadPermit::admitted(shared, class, admitted)))
     }
 }
