@@ -95,6 +95,13 @@
 //! drives a hyper server past its capacity, with and without these
 //! options; see `docs/overload.md`.
 //!
+//! # Priority classes
+//!
+//! On a bulkhead with [`priorities`](crate::BulkheadBuilder::priorities),
+//! [`BulkheadLayer::priority_from`] reads each request's class (a header,
+//! an extension) and admits it as [`Bulkhead::call_as`] does; without it,
+//! requests are plain calls, which on such a bulkhead never wait.
+//!
 //! # Errors
 //!
 //! The service's error is a [`BoxError`] (the same type as
@@ -102,7 +109,7 @@
 //!
 //! | what happened | downcast to |
 //! |---|---|
-//! | the bulkhead turned the request away | [`Rejected`](crate::Rejected), with its [`reason()`](crate::Rejected::reason): `Full`, `Timeout`, `Closed`, `QueueDelay` (with `queue_delay`), `WontMakeDeadline` (with [`deadline_from`](BulkheadLayer::deadline_from)) |
+//! | the bulkhead turned the request away | [`Rejected`](crate::Rejected), with its [`reason()`](crate::Rejected::reason): `Full`, `Timeout`, `Closed`, `QueueDelay` (with `queue_delay`), `WontMakeDeadline` (with [`deadline_from`](BulkheadLayer::deadline_from)), `Displaced` (with [`priority_from`](BulkheadLayer::priority_from)) |
 //! | the request ran past `call_timeout` and was dropped | [`CallTimeout`] |
 //! | the inner service failed | the inner service's own error type, as its `Into<BoxError>` boxed it |
 //!

@@ -33,6 +33,12 @@
 //! * **A permit handed to a cancelled waiter** goes back through the
 //!   semaphore, not a guard: `Call` and `Queued` check for idle after
 //!   cancelling the acquire.
+//! * **Priority classes** (`priorities`): the seats live in `classes.rs`
+//!   (`Seats` and one line per class under one mutex) and the semaphore
+//!   has no permits, so a plain call's `try_take` fails into the branch
+//!   that looks for them (a plain call is of the least important class
+//!   and never waits); `Local::give_back` tests `classes` once. A classed
+//!   waiter is a `Seating` (`seating.rs`) with its own `max_wait` sleep.
 
 pub(crate) mod builder;
 mod call;
@@ -763,11 +769,13 @@ impl Shared {
         let reason = match self.sem.try_take(1) {
             Ok(()) => return Some(Ok(Admitted::Now)),
             Err(TryAcquireError::Closed) => RejectReason::Closed,
+            // With priority classes, the semaphore has no permits: the
+            // seats are the classes'.
+            Err(TryAcquireError::NoPermits) if may_wait && !self.policy.fails_fast() => {
+                return self.classes.as_ref().map(|_| self.admit_plain());
+            }
             Err(TryAcquireError::NoPermits) if self.classes.is_some() => {
                 return Some(self.admit_plain());
-            }
-            Err(TryAcquireError::NoPermits) if may_wait && !self.policy.fails_fast() => {
-                return None;
             }
             Err(TryAcquireError::NoPermits) => RejectReason::Full,
         };

@@ -24,9 +24,7 @@ impl<S: Deref<Target = Shared>> Source for Local<S> {
     fn give_back(&mut self) {
         let shared = &*self.0;
         if shared.classes.is_some() {
-            // With priority classes, a plain call's seat is of the least
-            // important class.
-            return shared.give_seat_back(shared.classes_on().least());
+            return shared.give_plain_seat_back();
         }
         let balance = shared.sem.release(1);
         if balance >= shared.limit() as isize {

@@ -77,6 +77,14 @@ impl Shared {
         }
     }
 
+    /// A plain call's seat comes back: with priority classes, it is of the
+    /// least important class.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn give_plain_seat_back(&self) {
+        self.give_seat_back(self.classes_on().least());
+    }
+
     /// A seat of `class` comes back: to the waiter it is owed to, if any.
     #[inline(never)]
     pub(crate) fn give_seat_back(&self, class: usize) {
