@@ -525,15 +525,18 @@ impl BulkheadBuilder {
             Some(shares) => Some(Box::new(Classes::new(limit, shares, self.max_queue))),
         };
         let mut policy = self.into_policy(None, limit)?;
-        // With classes, the seats are theirs: the semaphore has none, so a
-        // plain call's fast path goes to where they are.
+        // With classes, the seats are theirs: the semaphore has none and is
+        // closed, so a plain call's fast path fails into the branch for a
+        // closed bulkhead, which goes to where they are.
         let permits = if classes.is_some() { 0 } else { limit };
         let sem = Arc::new(if fair {
             Semaphore::new(permits)
         } else {
             Semaphore::new_unfair(permits)
         });
-        if classes.is_none() {
+        if classes.is_some() {
+            sem.close();
+        } else {
             policy.line_of(&sem);
             policy.time_line(&sem);
             policy.delay_line(&sem);

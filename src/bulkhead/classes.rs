@@ -5,9 +5,9 @@
 //! # Implementation notes
 //!
 //! With classes on, the seats live here, not in the semaphore: the
-//! bulkhead's semaphore is built with no permits (so a plain call's fast
-//! path, `try_take`, fails and goes to its contended branch, which looks
-//! here) and is used only for `close`. Every seat taken, waited for,
+//! bulkhead's semaphore is built with no permits and closed (so a plain
+//! call's fast path, `try_take`, fails as closed, and the branch for a
+//! closed bulkhead, off the fast and the contended paths, looks here). Every seat taken, waited for,
 //! handed over or given back goes through `state`'s mutex, so there is no
 //! lost wake-up to guard against: a releaser that finds nobody waiting and
 //! a joiner that finds no seat free cannot both happen, since each decides
@@ -128,6 +128,11 @@ impl Classes {
     #[inline]
     pub(crate) fn least(&self) -> usize {
         self.least
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.lock().closed
     }
 
     /// Seats held now, and callers waiting.

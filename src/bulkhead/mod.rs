@@ -551,7 +551,7 @@ impl Bulkhead {
     pub fn metrics(&self) -> Metrics {
         let s = &*self.shared;
         let (limit, in_flight) = s.limit_and_in_flight();
-        s.policy.metrics(limit, in_flight, s.sem.is_closed())
+        s.policy.metrics(limit, in_flight, s.is_closed())
     }
 
     /// Changes the limit on calls in flight, at once and without blocking.
@@ -640,7 +640,7 @@ impl Bulkhead {
     /// assert!(bh.is_closed());
     /// ```
     pub fn is_closed(&self) -> bool {
-        self.shared.sem.is_closed()
+        self.shared.is_closed()
     }
 
     /// Resolves once no call is in flight: the graceful-shutdown companion
@@ -768,18 +768,35 @@ impl Shared {
     fn admit_now(&self, may_wait: bool) -> Option<Result<Admitted, Rejected>> {
         let reason = match self.sem.try_take(1) {
             Ok(()) => return Some(Ok(Admitted::Now)),
-            Err(TryAcquireError::Closed) => RejectReason::Closed,
-            // With priority classes, the semaphore has no permits: the
-            // seats are the classes'.
+            // With priority classes the semaphore is closed from the start
+            // (the seats are the classes'): a plain call finds them here,
+            // off the paths that find a permit or find none.
+            Err(TryAcquireError::Closed) => return Some(self.closed_or_classed()),
             Err(TryAcquireError::NoPermits) if may_wait && !self.policy.fails_fast() => {
-                return self.classes.as_ref().map(|_| self.admit_plain());
-            }
-            Err(TryAcquireError::NoPermits) if self.classes.is_some() => {
-                return Some(self.admit_plain());
+                return None;
             }
             Err(TryAcquireError::NoPermits) => RejectReason::Full,
         };
         Some(Err(self.policy.reject_now(reason)))
+    }
+
+    /// [`admit_now`](Self::admit_now) on a closed semaphore: closed, or
+    /// the classes' seats.
+    #[cold]
+    #[inline(never)]
+    fn closed_or_classed(&self) -> Result<Admitted, Rejected> {
+        if self.classes.is_some() {
+            return self.admit_plain();
+        }
+        Err(self.policy.reject_now(RejectReason::Closed))
+    }
+
+    /// Whether the bulkhead was closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        match self.classes.as_deref() {
+            Some(classes) => classes.is_closed(),
+            None => self.sem.is_closed(),
+        }
     }
 
     /// [`admit_now`](Self::admit_now) with priority classes on: a plain
@@ -1120,7 +1137,7 @@ impl fmt::Debug for Bulkhead {
             .field("max_concurrent_calls", &limit)
             .field("in_flight", &in_flight)
             .field("queued", &self.shared.policy.queued())
-            .field("closed", &self.shared.sem.is_closed())
+            .field("closed", &self.shared.is_closed())
             .field("timer", &self.shared.policy.clock())
             .finish()
     }
