@@ -339,9 +339,10 @@ impl<D, P> BulkheadLayer<D, P> {
     /// call and the class is ignored; without this option, a request is a
     /// plain call, which on a bulkhead with classes never waits (see
     /// [`priorities`](crate::BulkheadBuilder::priorities)). With
-    /// [`deadline_from`](Self::deadline_from) too, a request that cannot
-    /// make its deadline is rejected at once; a classed request's wait is
-    /// bounded by `max_wait` only.
+    /// [`deadline_from`](Self::deadline_from) too, a classed request's
+    /// expected wait counts the waiters served before it (its class and
+    /// the more important ones): it is rejected at once if it cannot make
+    /// its deadline, and waits at most until it could still finish.
     ///
     /// # Examples
     ///

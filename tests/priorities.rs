@@ -753,3 +753,72 @@ async fn the_tower_layer_picks_the_class_per_request() {
         RejectReason::Full
     );
 }
+
+/// With `deadline_from` too, a classed request's expected wait counts the
+/// waiters served before it (its class and the more important ones), not
+/// the whole line: a critical request behind a long batch line is
+/// admitted, and waits no longer than it could still finish.
+#[cfg(feature = "tower")]
+#[tokio::test(flavor = "current_thread")]
+async fn a_classed_deadline_counts_only_the_waiters_ahead() {
+    use std::time::Instant;
+
+    use bulkhead::tower::BulkheadLayer;
+    use tower::ServiceExt;
+
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .priorities(&[1, 1])
+        .build()
+        .unwrap();
+    // Teach the bulkhead that a call holds its seat about 20 ms.
+    for _ in 0..8 {
+        let p = bh.acquire_as(0).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(p);
+    }
+    // (class, deadline in ms from now)
+    type Req = (usize, u64);
+    let service = tower::ServiceBuilder::new()
+        .layer(
+            BulkheadLayer::new(bh.clone())
+                .priority_from(|r: &Req| r.0)
+                .deadline_from(|r: &Req| Some(Instant::now() + Duration::from_millis(r.1))),
+        )
+        .service_fn(|_: Req| async { Ok::<_, std::convert::Infallible>(()) });
+    let held = bh.try_acquire_as(1).unwrap();
+    let batch: Vec<_> = (0..20).map(|_| waiter(&bh, 1)).collect();
+    // A batch request with 300 ms: 20 ahead of it at ~20 ms each do not
+    // fit; turned away at once.
+    let err = service.clone().oneshot((1, 300)).await.unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<Rejected>().unwrap().reason(),
+        RejectReason::WontMakeDeadline
+    );
+    // A critical one with 300 ms: nobody ahead of it; it waits, and is
+    // served when the seat frees.
+    let critical = tokio::spawn(service.clone().oneshot((0, 300)));
+    while bh.metrics().queued() < 21 {
+        tokio::task::yield_now().await;
+    }
+    drop(held);
+    critical.await.unwrap().unwrap();
+    // (Its seat went on to a batch waiter.)
+    drop(batch);
+    // A critical one whose wait runs past its deadline: out of time,
+    // `WontMakeDeadline`, well before a `max_wait` (none is set).
+    let held = bh.try_acquire_as(0).unwrap();
+    let start = Instant::now();
+    let err = service.clone().oneshot((0, 120)).await.unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<Rejected>().unwrap().reason(),
+        RejectReason::WontMakeDeadline
+    );
+    assert!(
+        start.elapsed() < Duration::from_millis(120),
+        "{:?}",
+        start.elapsed()
+    );
+    drop(held);
+    assert_eq!((bh.metrics().in_flight(), bh.metrics().queued()), (0, 0));
+}

@@ -141,6 +141,15 @@ impl Classes {
         (state.seats.in_use(), state.seats.queued())
     }
 
+    /// The waiters served before a newcomer of `class` (those of its class
+    /// and of the more important ones), and the seats free now.
+    pub(crate) fn ahead_of(&self, class: usize) -> (usize, usize) {
+        let state = self.lock();
+        let s = &state.seats;
+        let ahead = (0..=class).map(|c| s.waiting(c)).sum();
+        (ahead, s.free())
+    }
+
     /// Per class: its nominal seats, the seats it holds, its waiters.
     pub(crate) fn per_class(&self) -> Vec<(usize, usize, usize)> {
         let state = self.lock();

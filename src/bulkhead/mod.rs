@@ -496,7 +496,7 @@ impl Bulkhead {
         if self.shared.classes.is_none() {
             return self.try_acquire();
         }
-        match Shared::seat(&*self.shared, class, false)? {
+        match Shared::seat(&*self.shared, class, false, None)? {
             seating::Seat::Now => {}
             seating::Seat::Wait(_) => unreachable!("a caller that may not wait never queues"),
         }
@@ -805,7 +805,7 @@ impl Shared {
     #[cold]
     #[inline(never)]
     fn admit_plain(&self) -> Result<Admitted, Rejected> {
-        match Shared::seat(self, self.plain_class(), false)? {
+        match Shared::seat(self, self.plain_class(), false, None)? {
             seating::Seat::Now => Ok(Admitted::Now),
             seating::Seat::Wait(_) => unreachable!("a plain call never waits for a classed seat"),
         }
@@ -1113,7 +1113,7 @@ pub struct ClassSeats {
 impl Shared {
     /// A classed caller's admission: a seat now, or a wait in its line.
     async fn seat_as(&self, class: usize) -> Result<Admitted, Rejected> {
-        match Shared::seat(self, class, true)? {
+        match Shared::seat(self, class, true, None)? {
             seating::Seat::Now => Ok(Admitted::Now),
             seating::Seat::Wait(wait) => Ok(Admitted::Waited(wait.await?)),
         }

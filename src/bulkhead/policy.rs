@@ -638,6 +638,19 @@ impl Policy {
     /// may wait until its deadline.
     #[cold]
     pub(crate) fn admit_by(&self, line: &mut Line, free: isize) -> Result<(), Rejected> {
+        self.admit_by_behind(line, free, self.queued())
+    }
+
+    /// [`admit_by`](Self::admit_by) for a caller served after `waiting`
+    /// others (a priority class's: the waiters of its class and the more
+    /// important ones), not the whole line.
+    #[cold]
+    pub(crate) fn admit_by_behind(
+        &self,
+        line: &mut Line,
+        free: isize,
+        waiting: usize,
+    ) -> Result<(), Rejected> {
         let now = self.since_origin(self.line_now());
         let remaining = line.deadline.saturating_sub(now);
         if remaining == 0 {
@@ -647,7 +660,7 @@ impl Policy {
         let max_wait = self.max_wait.map(nanos);
         let verdict = estimate.admit(
             remaining,
-            self.queued(),
+            waiting,
             usize::try_from(free).unwrap_or(0),
             self.hint_limit.load(Ordering::Relaxed),
             max_wait,
@@ -664,6 +677,16 @@ impl Policy {
                 Ok(())
             }
         }
+    }
+
+    /// After [`admit_by`](Self::admit_by): how long from now the call may
+    /// still wait and finish in time, if that ends its wait before
+    /// `max_wait` does.
+    pub(crate) fn wait_budget(&self, line: &Line) -> Option<Duration> {
+        (line.deadline != 0).then(|| {
+            let now = self.since_origin(self.line_now());
+            Duration::from_nanos(line.deadline.saturating_sub(now))
+        })
     }
 
     /// Tells the observers that a call granted at `since` ended. Call it

@@ -6,7 +6,7 @@ use core::ops::Deref;
 use core::pin::Pin;
 use core::task::{Context, Poll, ready};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pin_project_lite::pin_project;
 
@@ -16,7 +16,11 @@ use super::error::{RejectReason, Rejected};
 use super::permit::{Admitted, BulkheadPermit};
 use super::policy::Line;
 use super::policy::Waited;
-use crate::timer::Deadline;
+use crate::timer::{Clock, Deadline};
+
+/// The clock of a bulkhead that has no timer setting, for a classed wait
+/// bounded by a deadline only.
+static AUTO_CLOCK: Clock = Clock::Auto;
 
 /// How a classed caller was admitted, or that it must wait.
 pub(crate) enum Seat<S: Deref<Target = Shared>> {
@@ -51,10 +55,14 @@ impl Shared {
     /// A classed caller of `class` takes a seat now, joins its class's
     /// line (`may_wait`, and the policy does not fail fast), or is
     /// rejected. A waiter it displaced is woken here, with no lock held.
+    /// With `until`, the wait ends then too, rejected as
+    /// `WontMakeDeadline` (the latest a call that carries a deadline can
+    /// start and still finish in time).
     pub(crate) fn seat<S: Deref<Target = Shared>>(
         this: S,
         class: usize,
         may_wait: bool,
+        until: Option<Duration>,
     ) -> Result<Seat<S>, Rejected> {
         let policy = &this.policy;
         let may_wait = may_wait && !policy.fails_fast();
@@ -71,6 +79,7 @@ impl Shared {
                     shared: this,
                     slot,
                     start,
+                    until,
                     deadline: Deadline::new(),
                 }))
             }
@@ -112,7 +121,9 @@ pin_project! {
         // Its slot in the classes' line; `NONE` once it has its verdict.
         slot: u32,
         start: Instant,
-        // `max_wait`, armed at the first poll that finds no seat yet.
+        // A call's deadline budget, if it ends the wait before `max_wait`.
+        until: Option<Duration>,
+        // `max_wait` or `until`, whichever is sooner, armed at the first poll that finds no seat yet.
         #[pin]
         deadline: Deadline,
     }
@@ -152,10 +163,18 @@ impl<S: Deref<Target = Shared>> Future for Seating<S> {
         let verdict = match classes.poll(*this.slot, cx) {
             Poll::Ready(verdict) => verdict,
             Poll::Pending => {
-                let Some(max) = policy.max_wait() else {
-                    return Poll::Pending;
+                let (limit, reason) = match (policy.max_wait(), *this.until) {
+                    (None, None) => return Poll::Pending,
+                    (Some(max), Some(until)) if until < max => {
+                        (until, RejectReason::WontMakeDeadline)
+                    }
+                    (Some(max), _) => (max, RejectReason::Timeout),
+                    (None, Some(until)) => (until, RejectReason::WontMakeDeadline),
                 };
-                let fired = ready!(this.deadline.poll_at(policy.clock(), max, cx));
+                // A deadline's limit needs a timer even where `max_wait` does
+                // not: the bulkhead's clock, as for `call_by`.
+                let clock = policy.clock().or(Some(&AUTO_CLOCK));
+                let fired = ready!(this.deadline.poll_at(clock, limit, cx));
                 match classes.give_up(*this.slot, policy) {
                     GaveUp::Granted => Ok(()),
                     GaveUp::Rejected(reason) => Err(reason),
@@ -163,7 +182,7 @@ impl<S: Deref<Target = Shared>> Future for Seating<S> {
                         *this.slot = NONE;
                         let waited = policy.line_now().saturating_duration_since(*this.start);
                         return Poll::Ready(Err(match fired {
-                            Ok(()) => policy.reject(RejectReason::Timeout, waited),
+                            Ok(()) => policy.reject(reason, waited),
                             Err(_gone) => policy.reject_timer_gone(waited),
                         }));
                     }
@@ -185,9 +204,10 @@ impl<S: Deref<Target = Shared>> Future for Seating<S> {
 pin_project! {
     /// One classed call's admission as a named `'static` future that owns
     /// a handle of the bulkhead (the tower layer's, with `priority_from`):
-    /// deadline-aware admission first if it carries a deadline (rejected
-    /// at once if it cannot make it; its wait is bounded by `max_wait`
-    /// only), then a seat now or a wait in its class's line. Resolves to
+    /// deadline-aware admission first if it carries a deadline (counting
+    /// the waiters served before it; rejected at once if it cannot make
+    /// it, else waiting at most until it could still finish), then a seat
+    /// now or a wait in its class's line. Resolves to
     /// the call's permit, already reported as permitted, whose outcome is
     /// `Cancelled` until set.
     pub(crate) struct AdmissionAs {
@@ -228,15 +248,20 @@ impl Future for AdmissionAs {
                     .shared
                     .as_ref()
                     .expect("admission polled after completion");
+                let mut until = None;
                 if let Some(by) = this.by.take() {
+                    // Only the waiters served before it count for its
+                    // expected wait.
                     let mut line = Line::by(&shared.policy, by);
-                    let free = isize::try_from(shared.seats_left()).unwrap_or(isize::MAX);
-                    if let Err(rejected) = shared.policy.admit_by(&mut line, free) {
+                    let (ahead, free) = shared.classes_on().ahead_of(class);
+                    let free = isize::try_from(free).unwrap_or(isize::MAX);
+                    if let Err(rejected) = shared.policy.admit_by_behind(&mut line, free, ahead) {
                         this.shared.take();
                         return Poll::Ready(Err(rejected));
                     }
+                    until = shared.policy.wait_budget(&line);
                 }
-                match Shared::seat(shared.clone(), class, true) {
+                match Shared::seat(shared.clone(), class, true, until) {
                     Err(rejected) => Err(rejected),
                     Ok(Seat::Now) => Ok(Admitted::Now),
                     Ok(Seat::Wait(seating)) => {
