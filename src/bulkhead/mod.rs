@@ -35,8 +35,8 @@
 //!   cancelling the acquire.
 //! * **Priority classes** (`priorities`): the seats live in `classes.rs`
 //!   (`Seats` and one line per class under one mutex) and the semaphore
-//!   has no permits, so a plain call's `try_take` fails into the branch
-//!   that looks for them (a plain call is of the least important class
+//!   has no permits and is closed, so a plain call's `try_take` fails into
+//!   the closed branch, which looks for them (a plain call is of the least important class
 //!   and never waits); `Local::give_back` tests `classes` once. A classed
 //!   waiter is a `Seating` (`seating.rs`) with its own `max_wait` sleep.
 
@@ -125,7 +125,8 @@ pub(crate) struct Shared {
     /// [`Admission`]).
     pub(crate) sem: Arc<Semaphore>,
     /// Priority classes, if on (`BulkheadBuilder::priorities`): then the
-    /// seats live here, and `sem` has no permits (see `classes.rs`).
+    /// seats live here, and `sem` has no permits and is closed (see
+    /// `classes.rs`).
     pub(crate) classes: Option<Box<classes::Classes>>,
     /// The configured limit. Held while changing the limit and while reading
     /// `limit - balance`, so the two are read as one.
