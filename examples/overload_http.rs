@@ -1,6 +1,7 @@
 //! Overload control in an HTTP server: the same hyper server driven at 1x,
-//! 2x and 5x what it can serve, once with a plain first-come line and once
-//! with deadline-aware admission and controlled delay.
+//! 2x and 5x what it can serve, once with a plain first-come line, once
+//! with deadline-aware admission and controlled delay, and once with
+//! priority classes.
 //!
 //! The server's handler stands for a downstream call: it takes 40 ms, and
 //! the bulkhead lets 4 run at once, so the server serves 100 requests a
@@ -15,16 +16,20 @@
 //!   header (a request that cannot make its deadline is turned away at
 //!   once, one that can waits no longer than it could still finish) and
 //!   `queue_delay(5 ms, 100 ms)` (a line that stands is cut to 5 ms).
+//! - **classes**: `max_wait` and the line as **off**, plus
+//!   `priorities(&[3, 1])` with `BulkheadLayer::priority_from` reading
+//!   `x-priority` (class 0, critical, is 20 % of the requests and has 3 of
+//!   the 4 seats reserved; class 1, batch, the rest); deadlines are not
+//!   read (a classed request's estimate would count the whole line).
 //!
 //! For each load it prints what the clients saw: answered in time
 //! (goodput), turned away with a 503 and why (`full`, `deadline`,
 //! `queue_delay`, `timeout`), or given up on at the client; and how many of
-//! the handler's calls were in vain (their client had gone). Priority
-//! classes are not wired into the bulkhead yet, so every request here is
-//! of one class.
+//! the handler's calls were in vain (their client had gone), and per class
+//! how many were answered in time.
 //!
 //! Run with `cargo run --release --example overload_http --features tower`
-//! (about 11 s).
+//! (about 16 s).
 
 use std::convert::Infallible;
 use std::fmt;
@@ -63,20 +68,28 @@ const LOADS: [u32; 3] = [1, 2, 5];
 
 type Body = Full<Bytes>;
 
-/// The two setups compared.
+/// The setups compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Setup {
     /// Plain FIFO with `max_wait`.
     Off,
     /// Deadlines from the header, and controlled delay.
     On,
+    /// Priority classes from the header.
+    Classes,
 }
+
+/// Priority classes' shares of [`LIMIT`] (class 0 first), with `classes`.
+const SHARES: [u32; 2] = [3, 1];
+/// The share of requests of class 0 (critical), in percent.
+const CRITICAL_PCT: u64 = 20;
 
 impl fmt::Display for Setup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Setup::Off => "off",
             Setup::On => "on",
+            Setup::Classes => "classes",
         })
     }
 }
@@ -94,6 +107,10 @@ struct Outcome {
     deadline: u64,
     queue_delay: u64,
     timeout: u64,
+    displaced: u64,
+    /// Per priority class (whatever the setup): sent, answered in time.
+    class_sent: [u64; 2],
+    class_in_time: [u64; 2],
     /// The client gave up before any answer.
     gave_up: u64,
     /// Anything else (a connection error).
@@ -112,7 +129,12 @@ impl Outcome {
     }
 
     fn rejected(&self) -> u64 {
-        self.full + self.deadline + self.queue_delay + self.timeout
+        self.full + self.deadline + self.queue_delay + self.timeout + self.displaced
+    }
+
+    /// The share of class `class`'s requests answered in time, in percent.
+    fn class_in_time_pct(&self, class: usize) -> f64 {
+        pct(self.class_in_time[class], self.class_sent[class])
     }
 
     /// The `q` quantile of the in-time answers' latency, in milliseconds.
@@ -277,7 +299,7 @@ async fn start(
     work: Arc<Work>,
 ) -> Result<(Bulkhead, SocketAddr, JoinHandle<()>), BoxError> {
     let builder = Bulkhead::builder()
-        .name(if setup == Setup::On { "on" } else { "off" })
+        .name(setup.to_string())
         .max_concurrent_calls(LIMIT)
         .max_wait(MAX_WAIT)
         .max_queue(MAX_QUEUE);
@@ -301,7 +323,27 @@ async fn start(
             let (addr, accept) = serve(service).await?;
             (bh, addr, accept)
         }
+        Setup::Classes => {
+            let bh = builder.priorities(&SHARES).build()?;
+            let layer = BulkheadLayer::new(bh.clone()).priority_from(class_of);
+            let service = ServiceBuilder::new()
+                .map_result(rejection_to_503)
+                .layer(layer)
+                .service_fn(handler);
+            let (addr, accept) = serve(service).await?;
+            (bh, addr, accept)
+        }
     })
+}
+
+/// The request's priority class, from `x-priority` (the least important,
+/// 1, if it says none or something else).
+fn class_of(request: &Request<Incoming>) -> usize {
+    request
+        .headers()
+        .get("x-priority")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(1)
 }
 
 // ---------------------------------------------------------------------------
@@ -329,7 +371,7 @@ impl Drop for AbortOnDrop {
 
 /// One client: `GET /` on a connection of its own, saying and keeping its
 /// patience.
-async fn client(addr: SocketAddr, patience: Duration) -> Seen {
+async fn client(addr: SocketAddr, patience: Duration, class: usize) -> Seen {
     let start = Instant::now();
     let ask = async {
         let stream = TcpStream::connect(addr).await?;
@@ -342,6 +384,7 @@ async fn client(addr: SocketAddr, patience: Duration) -> Seen {
         let request = Request::get("/")
             .header(header::HOST, addr.to_string())
             .header("x-deadline-ms", patience.as_millis() as u64)
+            .header("x-priority", class)
             .body(Empty::<Bytes>::new())?;
         let response = sender.send_request(request).await?;
         let status = response.status();
@@ -360,6 +403,7 @@ async fn client(addr: SocketAddr, patience: Duration) -> Seen {
             "deadline" => "deadline",
             "queue_delay" => "queue_delay",
             "timeout" => "timeout",
+            "displaced" => "displaced",
             _ => "other",
         }),
         Ok(_) => Seen::Error,
@@ -394,6 +438,7 @@ async fn drive(
     load: u32,
     length: Duration,
     rng: &mut Rng,
+    classes: &mut Rng,
 ) -> Outcome {
     let begun = work.begun.load(Ordering::Relaxed);
     let in_vain = work.in_vain.load(Ordering::Relaxed);
@@ -407,7 +452,10 @@ async fn drive(
         while next <= tokio::time::Instant::now() && next - start < length {
             let (lo, hi) = PATIENCE_MS;
             let patience = Duration::from_millis(lo + rng.next() % (hi - lo + 1));
-            clients.push(tokio::spawn(client(addr, patience)));
+            // From a generator of its own: the arrivals and patience stay
+            // those of the runs without classes.
+            let class = usize::from(classes.next() % 100 >= CRITICAL_PCT);
+            clients.push((class, tokio::spawn(client(addr, patience, class))));
             next += Duration::from_secs_f64(2.0 * mean_gap * rng.unit());
         }
     }
@@ -417,17 +465,20 @@ async fn drive(
         seconds,
         ..Outcome::default()
     };
-    for c in clients {
+    for (class, c) in clients {
         o.sent += 1;
+        o.class_sent[class] += 1;
         match c.await.unwrap_or(Seen::Error) {
             Seen::InTime(took) => {
                 o.in_time += 1;
+                o.class_in_time[class] += 1;
                 o.latencies.push(took);
             }
             Seen::Rejected("full") => o.full += 1,
             Seen::Rejected("deadline") => o.deadline += 1,
             Seen::Rejected("queue_delay") => o.queue_delay += 1,
             Seen::Rejected("timeout") => o.timeout += 1,
+            Seen::Rejected("displaced") => o.displaced += 1,
             Seen::Rejected(_) | Seen::Error => o.errors += 1,
             Seen::GaveUp => o.gave_up += 1,
         }
@@ -447,11 +498,12 @@ async fn run(setup: Setup, loads: &[u32], length: Duration) -> Result<Report, Bo
     let (bh, addr, accept) = start(setup, work.clone()).await?;
     // The same arrivals and patience for both setups.
     let mut rng = Rng(0x5eed_0000_0f0a_d00d);
+    let mut classes = Rng(0x0c1a_55e5_0000_0001);
     // A few requests first, so that the bulkhead knows how long a call
     // holds its permit before the first deadline is judged.
     for _ in 0..4 {
         let warm: Vec<_> = (0..LIMIT)
-            .map(|_| tokio::spawn(client(addr, Duration::from_secs(2))))
+            .map(|_| tokio::spawn(client(addr, Duration::from_secs(2), 0)))
             .collect();
         for w in warm {
             w.await?;
@@ -459,7 +511,7 @@ async fn run(setup: Setup, loads: &[u32], length: Duration) -> Result<Report, Bo
     }
     let mut outcomes = Vec::new();
     for &load in loads {
-        outcomes.push(drive(addr, &bh, &work, load, length, &mut rng).await);
+        outcomes.push(drive(addr, &bh, &work, load, length, &mut rng, &mut classes).await);
     }
     accept.abort();
     Ok(Report {
@@ -480,10 +532,27 @@ async fn main() -> Result<(), BoxError> {
     // Each setup sees the same arrivals and patience, load after load.
     let off = run(Setup::Off, &LOADS, length).await?;
     let on = run(Setup::On, &LOADS, length).await?;
+    let classes = run(Setup::Classes, &LOADS, length).await?;
     println!("{HEADER}");
     for load in LOADS {
         println!("{}", row(Setup::Off, off.at(load)));
         println!("{}", row(Setup::On, on.at(load)));
+        println!("{}", row(Setup::Classes, classes.at(load)));
+    }
+    println!(
+        "\n| load | options | critical ({CRITICAL_PCT} % of requests) in time | batch in time | 503 displaced |\n|---|---|--:|--:|--:|"
+    );
+    for load in LOADS {
+        for report in [&off, &on, &classes] {
+            let o = report.at(load);
+            println!(
+                "| {load}x | {} | {:.1}% | {:.1}% | {:.1}% |",
+                report.setup,
+                o.class_in_time_pct(0),
+                o.class_in_time_pct(1),
+                pct(o.displaced, o.sent),
+            );
+        }
     }
     println!();
     for load in LOADS {
@@ -506,7 +575,10 @@ async fn main() -> Result<(), BoxError> {
             );
         }
     }
-    println!("\noff: {:?}\non:  {:?}", off.metrics, on.metrics);
+    println!(
+        "\noff: {:?}\non:  {:?}\nclasses: {:?}",
+        off.metrics, on.metrics, classes.metrics
+    );
     Ok(())
 }
 
@@ -516,23 +588,24 @@ mod tests {
 
     use super::{Setup, run};
 
-    /// A short run of both setups at 1x and 5x. The margins are wide: on a
+    /// A short run of the setups at 1x and 5x (the classes at 5x only). The margins are wide: on a
     /// loaded two-core machine the generator falls behind and the timings
     /// stretch, but the difference this shows is not a few percent.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_options_serve_more_in_time_under_overload() {
         let length = Duration::from_millis(800);
         let loads = [1, 5];
-        let (off, on) = tokio::time::timeout(Duration::from_secs(60), async {
+        let (off, on, classes) = tokio::time::timeout(Duration::from_secs(90), async {
             let off = run(Setup::Off, &loads, length).await.unwrap();
             let on = run(Setup::On, &loads, length).await.unwrap();
-            (off, on)
+            let classes = run(Setup::Classes, &[5], length).await.unwrap();
+            (off, on, classes)
         })
         .await
         .expect("the run hung");
-        eprintln!("{off}{on}");
+        eprintln!("{off}{on}{classes}");
 
-        for report in [&off, &on] {
+        for report in [&off, &on, &classes] {
             for o in &report.loads {
                 let seen = o.in_time + o.rejected() + o.gave_up + o.errors;
                 assert_eq!(seen, o.sent, "{report}");
@@ -573,5 +646,17 @@ mod tests {
             "{on}"
         );
         assert!(on1.deadline <= on1.sent / 5, "{on}");
+
+        // With classes at 5x, the critical class (3 of the 4 seats
+        // reserved) is answered in time far more often than the batch
+        // class, and than without classes, where both fare alike.
+        let (c5, off5) = (classes.at(5), off.at(5));
+        let critical = c5.class_in_time_pct(0);
+        assert!(
+            critical > 2.0 * c5.class_in_time_pct(1) && critical > 2.0 * off5.class_in_time_pct(0),
+            "critical in time at 5x: {critical:.1}% with classes, batch {:.1}%, critical without {:.1}%\n{classes}{off}",
+            c5.class_in_time_pct(1),
+            off5.class_in_time_pct(0)
+        );
     }
 }

@@ -168,7 +168,7 @@ compile_error!(
 #[cfg(not(loom))]
 pub use bulkhead::{
     BuildError, BuildErrorKind, Bulkhead, BulkheadBuilder, BulkheadError, BulkheadPermit,
-    CallOutcome, Metrics, Observer, RejectReason, Rejected,
+    CallOutcome, ClassSeats, Metrics, Observer, RejectReason, Rejected,
 };
 pub use error::{AcquireError, TryAcquireError};
 #[cfg(not(loom))]

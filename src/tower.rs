@@ -112,6 +112,13 @@
 //! drives a hyper server past its capacity, with and without these
 //! options; see `docs/overload.md`.
 //!
+//! # Priority classes
+//!
+//! On a bulkhead with [`priorities`](crate::BulkheadBuilder::priorities),
+//! [`BulkheadLayer::priority_from`] reads each request's class (a header,
+//! an extension) and admits it as [`Bulkhead::call_as`] does; without it,
+//! requests are plain calls, which on such a bulkhead never wait.
+//!
 //! # Errors
 //!
 //! The service's error is a [`BoxError`] (the same type as
@@ -119,7 +126,7 @@
 //!
 //! | what happened | downcast to |
 //! |---|---|
-//! | the bulkhead turned the request away | [`Rejected`](crate::Rejected), with its [`reason()`](crate::Rejected::reason): `Full`, `Timeout`, `Closed`, `QueueDelay` (with `queue_delay`), `WontMakeDeadline` (with [`deadline_from`](BulkheadLayer::deadline_from)) |
+//! | the bulkhead turned the request away | [`Rejected`](crate::Rejected), with its [`reason()`](crate::Rejected::reason): `Full`, `Timeout`, `Closed`, `QueueDelay` (with `queue_delay`), `WontMakeDeadline` (with [`deadline_from`](BulkheadLayer::deadline_from)), `Displaced` (with [`priority_from`](BulkheadLayer::priority_from)) |
 //! | the request ran past `call_timeout` and was dropped | [`CallTimeout`] |
 //! | the inner service failed | the inner service's own error type, as its `Into<BoxError>` boxed it |
 //!
@@ -197,8 +204,8 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::bulkhead::Admission;
 use crate::bulkhead::policy::{Running, Traced};
+use crate::bulkhead::{Admission, AdmissionAs};
 use crate::{Bulkhead, BulkheadError, BulkheadPermit};
 
 /// A boxed error that can cross threads: the error type of
@@ -241,9 +248,10 @@ pub type BoxError = Box<dyn Error + Send + Sync>;
 /// let _new = ServiceBuilder::new().layer(BulkheadLayer::new(bh));
 /// ```
 #[derive(Clone)]
-pub struct BulkheadLayer<D = NoDeadline> {
+pub struct BulkheadLayer<D = NoDeadline, P = NoPriority> {
     bulkhead: Bulkhead,
     deadline: D,
+    priority: P,
 }
 
 impl BulkheadLayer {
@@ -265,11 +273,12 @@ impl BulkheadLayer {
         Self {
             bulkhead,
             deadline: NoDeadline,
+            priority: NoPriority,
         }
     }
 }
 
-impl<D> BulkheadLayer<D> {
+impl<D, P> BulkheadLayer<D, P> {
     /// Admits each request by the deadline `deadline` reads from it
     /// (deadline-aware admission, as [`Bulkhead::call_by`]): a request
     /// whose deadline has passed, or whose expected wait plus the expected
@@ -330,10 +339,61 @@ impl<D> BulkheadLayer<D> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn deadline_from<F>(self, deadline: F) -> BulkheadLayer<F> {
+    pub fn deadline_from<F>(self, deadline: F) -> BulkheadLayer<F, P> {
         BulkheadLayer {
             bulkhead: self.bulkhead,
             deadline,
+            priority: self.priority,
+        }
+    }
+
+    /// Admits each request as a call of the priority class `priority`
+    /// reads from it, as [`Bulkhead::call_as`] does, on a bulkhead with
+    /// [`priorities`](crate::BulkheadBuilder::priorities): it waits in its
+    /// class's line, a seat that frees goes to the class it is owed to,
+    /// and a full line sheds its least important waiters first
+    /// ([`RejectReason::Displaced`](crate::RejectReason::Displaced)).
+    ///
+    /// `priority` is anything that implements [`RequestPriority`], most
+    /// often a closure `Fn(&Req) -> usize`; it runs in the service's
+    /// `call`. It reads what a client sent, so a class past the last is
+    /// taken as the least important one rather than a panic (unlike
+    /// `call_as`). On a bulkhead without classes every request is a plain
+    /// call and the class is ignored; without this option, a request is a
+    /// plain call, which on a bulkhead with classes never waits (see
+    /// [`priorities`](crate::BulkheadBuilder::priorities)). With
+    /// [`deadline_from`](Self::deadline_from) too, a classed request's
+    /// expected wait counts the waiters served before it (its class and
+    /// the more important ones): it is rejected at once if it cannot make
+    /// its deadline, and waits at most until it could still finish.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use bulkhead::Bulkhead;
+    /// use bulkhead::tower::BulkheadLayer;
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// // (class, body); an HTTP server would read a header instead.
+    /// type Req = (usize, &'static str);
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower::BoxError> {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(4).priorities(&[3, 1]).build()?;
+    /// let layer = BulkheadLayer::new(bh.clone()).priority_from(|req: &Req| req.0);
+    /// let service = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|(_, q): Req| async move { Ok::<_, Infallible>(q.len()) });
+    /// assert_eq!(service.oneshot((0, "checkout")).await?, 8);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn priority_from<F>(self, priority: F) -> BulkheadLayer<D, F> {
+        BulkheadLayer {
+            bulkhead: self.bulkhead,
+            deadline: self.deadline,
+            priority,
         }
     }
 
@@ -343,11 +403,12 @@ impl<D> BulkheadLayer<D> {
     }
 }
 
-impl<D> fmt::Debug for BulkheadLayer<D> {
+impl<D, P> fmt::Debug for BulkheadLayer<D, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BulkheadLayer")
             .field("bulkhead", &self.bulkhead)
             .field("deadline", &core::any::type_name::<D>())
+            .field("priority", &core::any::type_name::<P>())
             .finish()
     }
 }
@@ -358,15 +419,74 @@ impl From<Bulkhead> for BulkheadLayer {
     }
 }
 
-impl<S, D: Clone> Layer<S> for BulkheadLayer<D> {
-    type Service = BulkheadService<S, D>;
+impl<S, D: Clone, P: Clone> Layer<S> for BulkheadLayer<D, P> {
+    type Service = BulkheadService<S, D, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
         BulkheadService {
             inner,
             bulkhead: self.bulkhead.clone(),
             deadline: self.deadline.clone(),
+            priority: self.priority.clone(),
         }
+    }
+}
+
+/// Reads the priority class of a request, for a layer or service with
+/// [`priority_from`](BulkheadLayer::priority_from).
+///
+/// Implemented by every `Fn(&Req) -> usize` and by [`NoPriority`].
+///
+/// # Examples
+///
+/// ```
+/// use bulkhead::tower::RequestPriority;
+///
+/// #[derive(Clone)]
+/// struct ByTier;
+///
+/// impl RequestPriority<&'static str> for ByTier {
+///     fn priority(&self, tier: &&'static str) -> Option<usize> {
+///         Some(if *tier == "paid" { 0 } else { 1 })
+///     }
+/// }
+///
+/// assert_eq!(ByTier.priority(&"paid"), Some(0));
+/// ```
+pub trait RequestPriority<Req> {
+    /// The priority class of `request` (0 the most important), or `None`
+    /// for a plain call.
+    fn priority(&self, request: &Req) -> Option<usize>;
+}
+
+impl<Req, F> RequestPriority<Req> for F
+where
+    F: Fn(&Req) -> usize,
+{
+    #[inline]
+    fn priority(&self, request: &Req) -> Option<usize> {
+        Some(self(request))
+    }
+}
+
+/// The [`RequestPriority`] of a layer without
+/// [`priority_from`](BulkheadLayer::priority_from): every request is a
+/// plain call, and nothing is read.
+///
+/// # Examples
+///
+/// ```
+/// use bulkhead::tower::{NoPriority, RequestPriority};
+///
+/// assert_eq!(NoPriority.priority(&"any request"), None);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoPriority;
+
+impl<Req> RequestPriority<Req> for NoPriority {
+    #[inline(always)]
+    fn priority(&self, _request: &Req) -> Option<usize> {
+        None
     }
 }
 
@@ -477,10 +597,11 @@ impl<Req> RequestDeadline<Req> for NoDeadline {
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct BulkheadService<S, D = NoDeadline> {
+pub struct BulkheadService<S, D = NoDeadline, P = NoPriority> {
     inner: S,
     bulkhead: Bulkhead,
     deadline: D,
+    priority: P,
 }
 
 impl<S> BulkheadService<S> {
@@ -490,11 +611,12 @@ impl<S> BulkheadService<S> {
             inner,
             bulkhead,
             deadline: NoDeadline,
+            priority: NoPriority,
         }
     }
 }
 
-impl<S, D> BulkheadService<S, D> {
+impl<S, D, P> BulkheadService<S, D, P> {
     /// Admits each request by the deadline `deadline` reads from it, as
     /// [`BulkheadLayer::deadline_from`] does.
     ///
@@ -518,11 +640,40 @@ impl<S, D> BulkheadService<S, D> {
     /// assert_eq!(rejected.reason(), RejectReason::WontMakeDeadline);
     /// # });
     /// ```
-    pub fn deadline_from<F>(self, deadline: F) -> BulkheadService<S, F> {
+    pub fn deadline_from<F>(self, deadline: F) -> BulkheadService<S, F, P> {
         BulkheadService {
             inner: self.inner,
             bulkhead: self.bulkhead,
             deadline,
+            priority: self.priority,
+        }
+    }
+
+    /// Admits each request as a call of the priority class `priority`
+    /// reads from it, as [`BulkheadLayer::priority_from`] does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use bulkhead::Bulkhead;
+    /// use bulkhead::tower::BulkheadService;
+    /// use tower::{ServiceExt, service_fn};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).priorities(&[1, 1]).build().unwrap();
+    /// let echo = service_fn(|class: usize| async move { Ok::<_, Infallible>(class) });
+    /// // The request is its own class.
+    /// let service = BulkheadService::new(echo, bh).priority_from(|class: &usize| *class);
+    /// assert_eq!(service.oneshot(1).await.unwrap(), 1);
+    /// # });
+    /// ```
+    pub fn priority_from<F>(self, priority: F) -> BulkheadService<S, D, F> {
+        BulkheadService {
+            inner: self.inner,
+            bulkhead: self.bulkhead,
+            deadline: self.deadline,
+            priority,
         }
     }
 
@@ -547,21 +698,23 @@ impl<S, D> BulkheadService<S, D> {
     }
 }
 
-impl<S: fmt::Debug, D> fmt::Debug for BulkheadService<S, D> {
+impl<S: fmt::Debug, D, P> fmt::Debug for BulkheadService<S, D, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BulkheadService")
             .field("inner", &self.inner)
             .field("bulkhead", &self.bulkhead)
             .field("deadline", &core::any::type_name::<D>())
+            .field("priority", &core::any::type_name::<P>())
             .finish()
     }
 }
 
-impl<S, D, Req> Service<Req> for BulkheadService<S, D>
+impl<S, D, P, Req> Service<Req> for BulkheadService<S, D, P>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
     D: RequestDeadline<Req>,
+    P: RequestPriority<Req>,
 {
     type Response = S::Response;
     type Error = BoxError;
@@ -578,14 +731,23 @@ where
         // Read before the request moves into the future; `NoDeadline`
         // reads nothing.
         let by = self.deadline.deadline(&request);
+        // `NoPriority` reads nothing, and the test is compiled out.
+        let classed = self
+            .priority
+            .priority(&request)
+            .and_then(|class| self.bulkhead.admission_as(class, by));
         // Call the instance that was polled ready; keep a fresh clone for
         // the next request (which will be polled ready in turn).
         let clone = self.inner.clone();
         let inner = core::mem::replace(&mut self.inner, clone);
+        let call = Some((inner, request));
         ResponseFuture {
-            state: State::Admit {
-                admission: self.bulkhead.admission(by),
-                call: Some((inner, request)),
+            state: match classed {
+                None => State::Admit {
+                    admission: self.bulkhead.admission(by),
+                    call,
+                },
+                Some(admission) => State::AdmitAs { admission, call },
             },
         }
     }
@@ -653,6 +815,12 @@ pin_project! {
             admission: Admission,
             call: Option<(S, Req)>,
         },
+        /// As `Admit`, for a request of a priority class.
+        AdmitAs {
+            #[pin]
+            admission: AdmissionAs,
+            call: Option<(S, Req)>,
+        },
         /// Admitted: the inner call under `call_timeout`, then the permit
         /// (dropped in that order, as in `Bulkhead::call`).
         Run {
@@ -674,26 +842,9 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
         loop {
-            match state.as_mut().project() {
-                StateProj::Admit { admission, call } => {
-                    let permit = match ready!(admission.poll(cx)) {
-                        Ok(permit) => permit,
-                        Err(rejected) => {
-                            state.set(State::Done);
-                            return Poll::Ready(Err(rejected.into()));
-                        }
-                    };
-                    let (mut inner, request) = call.take().expect("called once, when admitted");
-                    // Only now, so the inner service's `call` (which may
-                    // start the work) is inside the bulkhead; the permit's
-                    // guard owns the permit already, should it panic.
-                    let response = permit.policy().traced_with(|| inner.call(request));
-                    drop(inner);
-                    state.set(State::Run {
-                        running: Running::new(response),
-                        permit,
-                    });
-                }
+            let (admitted, call) = match state.as_mut().project() {
+                StateProj::Admit { admission, call } => (ready!(admission.poll(cx)), call),
+                StateProj::AdmitAs { admission, call } => (ready!(admission.poll(cx)), call),
                 StateProj::Run { running, permit } => {
                     let (result, outcome) = ready!(running.poll_with(cx, permit.policy()));
                     permit.set_outcome(outcome);
@@ -713,7 +864,24 @@ where
                     return Poll::Ready(result);
                 }
                 StateProj::Done => panic!("`ResponseFuture` polled after completion"),
-            }
+            };
+            let permit = match admitted {
+                Ok(permit) => permit,
+                Err(rejected) => {
+                    state.set(State::Done);
+                    return Poll::Ready(Err(rejected.into()));
+                }
+            };
+            let (mut inner, request) = call.take().expect("called once, when admitted");
+            // Only now, so the inner service's `call` (which may start the
+            // work) is inside the bulkhead; the permit's guard owns the
+            // permit already, should it panic.
+            let response = permit.policy().traced_with(|| inner.call(request));
+            drop(inner);
+            state.set(State::Run {
+                running: Running::new(response),
+                permit,
+            });
         }
     }
 }
@@ -724,7 +892,7 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match self.state {
-            State::Admit { .. } => "admitting",
+            State::Admit { .. } | State::AdmitAs { .. } => "admitting",
             State::Run { .. } => "running",
             State::Done => "done",
         };

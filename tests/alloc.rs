@@ -810,3 +810,45 @@ fn keyed_async_io_timer_paths_allocate_nothing() {
         |fut| futures::executor::block_on(fut),
     );
 }
+
+/// Priority classes: a classed call admitted at once, one that waits and
+/// is handed a seat, one displaced from a full line and one out of
+/// `max_wait` allocate nothing once the line's storage has grown.
+#[test]
+fn priority_class_paths_allocate_nothing() {
+    let timer: Arc<dyn Timer> = Arc::new(ThreadTimer::new());
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .priorities(&[1, 1])
+        .max_queue(1)
+        .max_wait(Duration::from_millis(2))
+        .timer(timer)
+        .build()
+        .unwrap();
+    assert_no_allocation("classed, at once", || {
+        let mut call = pin!(bh.call_as(0, async { Ok::<_, ()>(()) }));
+        assert!(matches!(poll_once(call.as_mut()), Poll::Ready(Ok(()))));
+    });
+    assert_no_allocation("classed, after waiting", || {
+        let held = bh.try_acquire_as(1).unwrap();
+        let mut call = pin!(bh.call_as(0, async { Ok::<_, ()>(()) }));
+        assert!(poll_once(call.as_mut()).is_pending());
+        drop(held);
+        assert!(matches!(poll_once(call.as_mut()), Poll::Ready(Ok(()))));
+    });
+    assert_no_allocation("classed, displaced", || {
+        let held = bh.try_acquire_as(1).unwrap();
+        let mut low = pin!(bh.acquire_as(1));
+        assert!(poll_once(low.as_mut()).is_pending());
+        let mut high = pin!(bh.acquire_as(0));
+        assert!(poll_once(high.as_mut()).is_pending());
+        assert!(matches!(poll_once(low.as_mut()), Poll::Ready(Err(_))));
+        drop(held);
+        assert!(matches!(poll_once(high.as_mut()), Poll::Ready(Ok(_))));
+    });
+    assert_no_allocation("classed, out of max_wait", || {
+        let _held = bh.try_acquire_as(0).unwrap();
+        let r = futures::executor::block_on(bh.acquire_as(1));
+        assert_eq!(r.unwrap_err().reason(), RejectReason::Timeout);
+    });
+}

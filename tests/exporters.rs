@@ -79,7 +79,7 @@ fn metrics_feature_publishes_counters_gauges_and_histograms() {
     }
     // Every series is registered on the bulkhead's first event: one per
     // rejection reason and call outcome, and no more (bounded labels).
-    assert_eq!(seen.len(), 1 + 6 + 6 + 1 + 2 + 1, "{seen:#?}");
+    assert_eq!(seen.len(), 1 + 7 + 6 + 1 + 2 + 1, "{seen:#?}");
     for (name, value) in &seen {
         if !expect.iter().any(|(n, _)| n == name) {
             assert!(value == "0" || value == "0 samples", "{name} = {value}");

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use event_listener::Event;
 
+use super::classes::Classes;
 use super::error::{BuildError, BuildErrorKind};
 use super::observer::Observer;
 use super::policy::{Policy, Settings};
@@ -29,6 +30,7 @@ use crate::timer::{Clock, Timer};
 /// | `exporters` | `true` | publish to `metrics` / `tracing` when those features are on |
 /// | `leak_threshold` | none | report permits held longer than this |
 /// | `queue_delay` | off | controlled delay: cut a standing line's waits to a target |
+/// | `priorities` | off | priority classes with reserved, borrowable shares of the limit |
 ///
 /// A call may also carry its own deadline
 /// ([`Bulkhead::call_by`](crate::Bulkhead::call_by)): no setting needed.
@@ -58,6 +60,8 @@ pub struct BulkheadBuilder {
     pub(crate) leak_threshold: Option<Duration>,
     /// Controlled delay: the target wait and the interval.
     pub(crate) queue_delay: Option<(Duration, Duration)>,
+    /// Priority classes: their shares of the limit, class 0 first.
+    pub(crate) priorities: Option<Vec<u32>>,
 }
 
 /// What [`BulkheadBuilder::check`] resolved: the name and the timer.
@@ -90,6 +94,7 @@ impl BulkheadBuilder {
             exporters: true,
             leak_threshold: None,
             queue_delay: None,
+            priorities: None,
         }
     }
 
@@ -427,6 +432,64 @@ impl BulkheadBuilder {
         self
     }
 
+    /// Priority classes with reserved, borrowable seats (Kubernetes API
+    /// Priority and Fairness), off by default. `shares` are the classes'
+    /// shares of `max_concurrent_calls`, class 0 first and most important:
+    /// `&[50, 30, 20]` with 20 seats reserves 10, 6 and 4 (the split adds
+    /// up to the limit exactly, largest remainders first, and is redone
+    /// when the limit changes). A call names its class with
+    /// [`Bulkhead::call_as`](crate::Bulkhead::call_as),
+    /// [`acquire_as`](crate::Bulkhead::acquire_as) or
+    /// [`try_acquire_as`](crate::Bulkhead::try_acquire_as); then:
+    ///
+    /// * **idle seats are lent**: a caller that finds a seat free and
+    ///   nobody waiting takes it, whatever its class;
+    /// * **a seat that frees goes to an owner first**: to the most
+    ///   important class that waits and holds fewer seats than it is
+    ///   guaranteed, else to the most important class that waits (which
+    ///   borrows). Seats are held for a whole call, so borrowed seats come
+    ///   back as calls end: once an owner waits, no borrower gets another;
+    /// * **a class always gets its reserved seats when it asks**, after at
+    ///   most that many calls end (plus the shortfalls of more important
+    ///   classes), however many seats others borrowed;
+    /// * **a more important class never waits behind a less important
+    ///   one**, except while the less important one takes back its own
+    ///   reserved seats;
+    /// * **the least important are shed first**: when the line is full
+    ///   (`max_queue`, all classes together), a newcomer displaces the
+    ///   newest waiter of the least important class below its own, who is
+    ///   rejected with [`RejectReason::Displaced`](crate::RejectReason::Displaced);
+    ///   with nobody less important waiting, the newcomer is rejected
+    ///   (`Full`).
+    ///
+    /// Within a class, waiters are served first come, first served, and
+    /// `max_wait` bounds each wait (with a sleep per waiter: the line
+    /// timer serves unclassed lines only). A **plain** `call`, `acquire`,
+    /// `try_acquire`, `call_by` or `acquire_by` on a bulkhead with classes
+    /// is a call of the least important class that **never waits**: it
+    /// takes a seat that is free with nobody waiting, or is rejected with
+    /// `Full` (call `call_as` to wait). The seats live with the classes
+    /// then, so `fair(false)` changes nothing. Not combined with
+    /// `queue_delay` yet (a [`BuildError`]). Every waiter and every seat
+    /// that comes back takes the classes' lock, and a waiter reads the
+    /// clock when it joins and when it leaves.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::{Bulkhead, BuildErrorKind};
+    ///
+    /// let bh = Bulkhead::builder().max_concurrent_calls(20).priorities(&[50, 30, 20]).build().unwrap();
+    /// assert_eq!(bh.priority_seats()[1].reserved, 6);
+    ///
+    /// let err = Bulkhead::builder().max_concurrent_calls(2).priorities(&[0, 0]).build().unwrap_err();
+    /// assert_eq!(err.kind(), BuildErrorKind::NoPriorityShare);
+    /// ```
+    pub fn priorities(mut self, shares: &[u32]) -> Self {
+        self.priorities = Some(shares.to_vec());
+        self
+    }
+
     /// Checks the configuration and makes the bulkhead.
     ///
     /// # Errors
@@ -451,19 +514,38 @@ impl BulkheadBuilder {
             Some(n) => check_limit(n)?,
         };
         let fair = self.fair;
+        let classes = match self.priorities.as_deref() {
+            None => None,
+            Some(shares) if !shares.iter().any(|&s| s > 0) => {
+                return Err(BuildError::new(BuildErrorKind::NoPriorityShare));
+            }
+            Some(_) if self.queue_delay.is_some() => {
+                return Err(BuildError::new(BuildErrorKind::PrioritiesWithQueueDelay));
+            }
+            Some(shares) => Some(Box::new(Classes::new(limit, shares, self.max_queue))),
+        };
         let mut policy = self.into_policy(None, limit)?;
+        // With classes, the seats are theirs: the semaphore has none and is
+        // closed, so a plain call's fast path fails into the branch for a
+        // closed bulkhead, which goes to where they are.
+        let permits = if classes.is_some() { 0 } else { limit };
         let sem = Arc::new(if fair {
-            Semaphore::new(limit)
+            Semaphore::new(permits)
         } else {
-            Semaphore::new_unfair(limit)
+            Semaphore::new_unfair(permits)
         });
-        policy.line_of(&sem);
-        policy.time_line(&sem);
-        policy.delay_line(&sem);
+        if classes.is_some() {
+            sem.close();
+        } else {
+            policy.line_of(&sem);
+            policy.time_line(&sem);
+            policy.delay_line(&sem);
+        }
         Ok(Bulkhead {
             shared: Arc::new(Shared {
                 policy,
                 sem,
+                classes,
                 limit: Mutex::new(limit),
                 limit_now: AtomicUsize::new(limit),
                 idle: Event::new(),
@@ -574,6 +656,7 @@ impl fmt::Debug for BulkheadBuilder {
             .field("exporters", &self.exporters)
             .field("leak_threshold", &self.leak_threshold)
             .field("queue_delay", &self.queue_delay)
+            .field("priorities", &self.priorities)
             .finish()
     }
 }

@@ -50,12 +50,17 @@ pub enum RejectReason {
     /// it stood, waited its target out) without a permit. The line is
     /// being drained to what the permits can serve within the target.
     QueueDelay,
+    /// Priority classes ([`BulkheadBuilder::priorities`](crate::BulkheadBuilder::priorities)):
+    /// this caller waited in a full line (`max_queue`) and a caller of a
+    /// more important class took its place; the least important waiters
+    /// are shed first, the newest of them first.
+    Displaced,
 }
 
 impl RejectReason {
     /// A short lowercase label, for metrics and logs: `"full"`,
-    /// `"timeout"`, `"closed"`, `"unavailable"`, `"deadline"` or
-    /// `"queue_delay"`.
+    /// `"timeout"`, `"closed"`, `"unavailable"`, `"deadline"`,
+    /// `"queue_delay"` or `"displaced"`.
     ///
     /// # Examples
     ///
@@ -72,6 +77,7 @@ impl RejectReason {
             Self::Unavailable => "unavailable",
             Self::WontMakeDeadline => "deadline",
             Self::QueueDelay => "queue_delay",
+            Self::Displaced => "displaced",
         }
     }
 }
@@ -303,6 +309,11 @@ impl fmt::Display for Rejected {
                 "bulkhead {} is overloaded: its waiting line stood past its target wait",
                 self.name
             ),
+            RejectReason::Displaced => write!(
+                f,
+                "bulkhead {} gave this caller's place in its full line to a more important one",
+                self.name
+            ),
         }
     }
 }
@@ -496,6 +507,12 @@ pub enum BuildErrorKind {
     /// `queue_delay`'s target was zero: every waiter would be cut once
     /// the line stood.
     ZeroQueueDelayTarget,
+    /// `priorities` was given no class, or only shares of zero: no class
+    /// would be guaranteed a seat, and the split is undefined.
+    NoPriorityShare,
+    /// `priorities` and `queue_delay` were both set: controlled delay does
+    /// not run on the classes' lines yet.
+    PrioritiesWithQueueDelay,
     /// A keyed bulkhead's `max_keys` was zero: no key could ever be served.
     ZeroMaxKeys,
     /// A non-zero `max_wait` or a `call_timeout` needs a timer, and none is
@@ -542,6 +559,12 @@ impl fmt::Display for BuildError {
             BuildErrorKind::ZeroLeakThreshold => "leak_threshold must be greater than zero",
             BuildErrorKind::ZeroQueueDelayTarget => {
                 "the target of queue_delay must be greater than zero"
+            }
+            BuildErrorKind::NoPriorityShare => {
+                "priorities needs at least one class with a share greater than zero"
+            }
+            BuildErrorKind::PrioritiesWithQueueDelay => {
+                "priorities and queue_delay cannot be combined yet"
             }
             BuildErrorKind::ZeroMaxKeys => "max_keys must be at least 1",
             BuildErrorKind::NoTimer => {

@@ -50,7 +50,7 @@ mod metrics_export {
     #[derive(Debug)]
     struct Handles {
         permitted: Counter,
-        rejected: [Counter; 6],
+        rejected: [Counter; 7],
         finished: [Counter; 6],
         in_flight: Gauge,
         wait: Histogram,
@@ -58,13 +58,14 @@ mod metrics_export {
         leaks: Counter,
     }
 
-    const REASONS: [RejectReason; 6] = [
+    const REASONS: [RejectReason; 7] = [
         RejectReason::Full,
         RejectReason::Timeout,
         RejectReason::Closed,
         RejectReason::Unavailable,
         RejectReason::WontMakeDeadline,
         RejectReason::QueueDelay,
+        RejectReason::Displaced,
     ];
     const OUTCOMES: [CallOutcome; 6] = [
         CallOutcome::Success,

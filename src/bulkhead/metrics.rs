@@ -15,6 +15,7 @@ pub(crate) struct Counters {
     pub(crate) rejected_unavailable: AtomicU64,
     pub(crate) rejected_deadline: AtomicU64,
     pub(crate) rejected_queue_delay: AtomicU64,
+    pub(crate) rejected_displaced: AtomicU64,
     pub(crate) call_timeouts: AtomicU64,
     /// Shared with the leak watches, which outlive a borrow of the policy.
     pub(crate) leaks_suspected: std::sync::Arc<AtomicU64>,
@@ -76,6 +77,7 @@ pub struct Metrics {
     pub(crate) rejected_unavailable: u64,
     pub(crate) rejected_deadline: u64,
     pub(crate) rejected_queue_delay: u64,
+    pub(crate) rejected_displaced: u64,
     pub(crate) call_timeouts: u64,
     pub(crate) leaks_suspected: u64,
 }
@@ -344,6 +346,26 @@ impl Metrics {
         self.rejected_queue_delay
     }
 
+    /// Waiting calls displaced from a full line by a more important class
+    /// ([`RejectReason::Displaced`](crate::RejectReason::Displaced)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Bulkhead;
+    ///
+    /// let bh = Bulkhead::builder()
+    ///     .max_concurrent_calls(4)
+    ///     .priorities(&[3, 1])
+    ///     .max_queue(10)
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(bh.metrics().rejected_displaced(), 0); // nobody waited
+    /// ```
+    pub fn rejected_displaced(&self) -> u64 {
+        self.rejected_displaced
+    }
+
     /// All rejections.
     ///
     /// # Examples
@@ -366,6 +388,7 @@ impl Metrics {
             + self.rejected_unavailable
             + self.rejected_deadline
             + self.rejected_queue_delay
+            + self.rejected_displaced
     }
 
     /// Admitted calls that have given their permit back

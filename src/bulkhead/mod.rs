@@ -33,9 +33,16 @@
 //! * **A permit handed to a cancelled waiter** goes back through the
 //!   semaphore, not a guard: `Call` and `Queued` check for idle after
 //!   cancelling the acquire.
+//! * **Priority classes** (`priorities`): the seats live in `classes.rs`
+//!   (`Seats` and one line per class under one mutex) and the semaphore
+//!   has no permits and is closed, so a plain call's `try_take` fails into
+//!   the closed branch, which looks for them (a plain call is of the least important class
+//!   and never waits); `Local::give_back` tests `classes` once. A classed
+//!   waiter is a `Seating` (`seating.rs`) with its own `max_wait` sleep.
 
 pub(crate) mod builder;
 mod call;
+mod classes;
 mod delay;
 pub(crate) mod error;
 mod export;
@@ -46,6 +53,7 @@ pub(crate) mod name;
 pub(crate) mod observer;
 mod permit;
 pub(crate) mod policy;
+mod seating;
 
 pub use builder::BulkheadBuilder;
 pub use call::{Call, CallBy};
@@ -53,6 +61,7 @@ pub use error::{BuildError, BuildErrorKind, BulkheadError, RejectReason, Rejecte
 pub use metrics::Metrics;
 pub use observer::{CallOutcome, Observer};
 pub use permit::BulkheadPermit;
+pub(crate) use seating::AdmissionAs;
 
 use core::fmt;
 use core::future::Future;
@@ -115,6 +124,10 @@ pub(crate) struct Shared {
     /// also own its waiting acquire (`Semaphore::acquire_owned`, see
     /// [`Admission`]).
     pub(crate) sem: Arc<Semaphore>,
+    /// Priority classes, if on (`BulkheadBuilder::priorities`): then the
+    /// seats live here, and `sem` has no permits and is closed (see
+    /// `classes.rs`).
+    pub(crate) classes: Option<Box<classes::Classes>>,
     /// The configured limit. Held while changing the limit and while reading
     /// `limit - balance`, so the two are read as one.
     limit: Mutex<usize>,
@@ -346,6 +359,185 @@ impl Bulkhead {
         Ok(permit)
     }
 
+    /// [`call`](Self::call) for a call of priority class `class` (0 is the
+    /// most important; see
+    /// [`BulkheadBuilder::priorities`](crate::BulkheadBuilder::priorities)):
+    /// it takes a free seat if nobody waits, else waits in its class's
+    /// line, served by the classes' rules (a seat that frees goes first to
+    /// a class under its reserved share, then by importance), for at most
+    /// `max_wait`. A call of a less important class waiting in a full
+    /// line (`max_queue`) may be displaced by it
+    /// ([`RejectReason::Displaced`]).
+    ///
+    /// On a bulkhead without classes there is one class, 0, and
+    /// `call_as(0, f)` is `call(f)`.
+    ///
+    /// # Errors
+    ///
+    /// As [`call`](Self::call), and [`BulkheadError::Rejected`] with
+    /// [`RejectReason::Displaced`].
+    ///
+    /// # Panics
+    ///
+    /// At once (not when polled), if `class` is not one of the bulkhead's
+    /// classes: a programmer's error, like an index out of bounds.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`call`](Self::call): dropped while waiting, it leaves its line
+    /// (a seat handed to it meanwhile goes to the next caller it is owed
+    /// to); while the call runs, it drops the call and gives the seat back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::{Bulkhead, BulkheadError};
+    ///
+    /// # futures::executor::block_on(async {
+    /// // Class 0 (checkout) is guaranteed 3 of the 4 seats, class 1
+    /// // (recommendations) 1; idle seats are lent to either.
+    /// let bh = Bulkhead::builder().max_concurrent_calls(4).priorities(&[3, 1]).build().unwrap();
+    /// let paid: Result<u32, BulkheadError<()>> = bh.call_as(0, async { Ok(7) }).await;
+    /// assert_eq!(paid, Ok(7));
+    /// # });
+    /// ```
+    #[track_caller]
+    pub fn call_as<F, T, E>(
+        &self,
+        class: usize,
+        call: F,
+    ) -> impl Future<Output = Result<T, BulkheadError<E>>>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        self.shared.check_class(class);
+        async move {
+            if self.shared.classes.is_none() {
+                return self.call(call).await;
+            }
+            let shared = &*self.shared;
+            let admitted = shared.seat_as(class).await?;
+            let mut held = permit::seated(shared, class, admitted, CallOutcome::Cancelled);
+            shared.policy.permitted(admitted.waited());
+            let (result, outcome) = shared.policy.run(shared.policy.traced(call)).await;
+            held.set_outcome(outcome);
+            result
+        }
+    }
+
+    /// [`acquire`](Self::acquire) for a caller of priority class `class`:
+    /// admitted, waiting or displaced as [`call_as`](Self::call_as) says.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`], with the [reason](Rejected::reason), among them
+    /// [`RejectReason::Displaced`].
+    ///
+    /// # Panics
+    ///
+    /// At once, if `class` is not one of the bulkhead's classes.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it waits gives up its place in line; a
+    /// seat handed to it meanwhile goes to the next caller it is owed to.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Bulkhead;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(2).priorities(&[1, 1]).build().unwrap();
+    /// let permit = bh.acquire_as(1).await.unwrap();
+    /// assert_eq!(bh.metrics().in_flight(), 1);
+    /// drop(permit);
+    /// # });
+    /// ```
+    #[track_caller]
+    pub fn acquire_as(
+        &self,
+        class: usize,
+    ) -> impl Future<Output = Result<BulkheadPermit, Rejected>> {
+        self.shared.check_class(class);
+        async move {
+            if self.shared.classes.is_none() {
+                return self.acquire().await;
+            }
+            let admitted = self.shared.seat_as(class).await?;
+            let permit = BulkheadPermit::of_class(self.shared.clone(), class, admitted);
+            self.shared.policy.permitted(admitted.waited());
+            Ok(permit)
+        }
+    }
+
+    /// [`try_acquire`](Self::try_acquire) for a caller of priority class
+    /// `class`: a seat only if one is free and nobody waits.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`] with [`RejectReason::Full`] or [`RejectReason::Closed`].
+    ///
+    /// # Panics
+    ///
+    /// If `class` is not one of the bulkhead's classes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::{Bulkhead, RejectReason};
+    ///
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).priorities(&[1, 1]).build().unwrap();
+    /// let _held = bh.try_acquire_as(0).unwrap();
+    /// assert_eq!(bh.try_acquire_as(0).unwrap_err().reason(), RejectReason::Full);
+    /// ```
+    #[track_caller]
+    pub fn try_acquire_as(&self, class: usize) -> Result<BulkheadPermit, Rejected> {
+        self.shared.check_class(class);
+        if self.shared.classes.is_none() {
+            return self.try_acquire();
+        }
+        match Shared::seat(&*self.shared, class, false, None)? {
+            seating::Seat::Now => {}
+            seating::Seat::Wait(_) => unreachable!("a caller that may not wait never queues"),
+        }
+        let permit = BulkheadPermit::of_class(self.shared.clone(), class, Admitted::Now);
+        self.shared.policy.permitted(Duration::ZERO);
+        Ok(permit)
+    }
+
+    /// Per priority class, in order (class 0 first): the seats it is
+    /// guaranteed at the current limit, the seats it holds and its callers
+    /// waiting now. Empty without classes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Bulkhead;
+    ///
+    /// let bh = Bulkhead::builder().max_concurrent_calls(10).priorities(&[50, 30, 20]).build().unwrap();
+    /// let _p = bh.try_acquire_as(2).unwrap();
+    /// let seats = bh.priority_seats();
+    /// assert_eq!(seats.iter().map(|c| c.reserved).collect::<Vec<_>>(), [5, 3, 2]);
+    /// assert_eq!((seats[2].held, seats[2].waiting), (1, 0));
+    /// bh.set_max_concurrent_calls(20);
+    /// assert_eq!(bh.priority_seats()[0].reserved, 10);
+    /// ```
+    pub fn priority_seats(&self) -> Vec<ClassSeats> {
+        self.shared
+            .classes
+            .as_deref()
+            .map(classes::Classes::per_class)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(reserved, held, waiting)| ClassSeats {
+                reserved,
+                held,
+                waiting,
+            })
+            .collect()
+    }
+
     /// A snapshot of the bulkhead's gauges and totals.
     ///
     /// # Examples
@@ -360,7 +552,7 @@ impl Bulkhead {
     pub fn metrics(&self) -> Metrics {
         let s = &*self.shared;
         let (limit, in_flight) = s.limit_and_in_flight();
-        s.policy.metrics(limit, in_flight, s.sem.is_closed())
+        s.policy.metrics(limit, in_flight, s.is_closed())
     }
 
     /// Changes the limit on calls in flight, at once and without blocking.
@@ -392,9 +584,14 @@ impl Bulkhead {
             "max_concurrent_calls must not exceed Semaphore::MAX_PERMITS"
         );
         let s = &*self.shared;
+        let mut wakers = Vec::new();
         {
             let mut current = s.limit.lock().unwrap_or_else(PoisonError::into_inner);
-            if limit > *current {
+            if let Some(classes) = s.classes.as_deref() {
+                // The nominal seats follow; seats a higher limit frees are
+                // handed out by the classes' rules.
+                wakers = classes.set_limit(limit, &s.policy);
+            } else if limit > *current {
                 s.sem.add_permits(limit - *current);
             } else {
                 s.sem.reduce_permits(*current - limit);
@@ -403,6 +600,7 @@ impl Bulkhead {
             s.limit_now.store(limit, Ordering::Release);
             s.policy.note_limit(limit);
         }
+        wakers.into_iter().for_each(core::task::Waker::wake);
         // In-flight counts against a new limit: let `wait_idle` look again.
         s.became_idle();
     }
@@ -422,6 +620,10 @@ impl Bulkhead {
     /// ```
     pub fn close(&self) {
         self.shared.sem.close();
+        if let Some(classes) = self.shared.classes.as_deref() {
+            let wakers = classes.close(&self.shared.policy);
+            wakers.into_iter().for_each(core::task::Waker::wake);
+        }
         // Rejected waiters hold nothing, but let `wait_idle` look again.
         self.shared.became_idle();
     }
@@ -439,7 +641,7 @@ impl Bulkhead {
     /// assert!(bh.is_closed());
     /// ```
     pub fn is_closed(&self) -> bool {
-        self.shared.sem.is_closed()
+        self.shared.is_closed()
     }
 
     /// Resolves once no call is in flight: the graceful-shutdown companion
@@ -487,6 +689,20 @@ impl Bulkhead {
         Self { shared }
     }
 
+    /// [`admission`](Self::admission) for a call of priority `class`, on a
+    /// bulkhead with classes (`None` without: the call is a plain one).
+    /// A class past the last is the least important one.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn admission_as(
+        &self,
+        class: usize,
+        by: Option<Instant>,
+    ) -> Option<seating::AdmissionAs> {
+        let classes = self.shared.classes.as_deref()?;
+        let class = class.min(classes.least());
+        Some(seating::AdmissionAs::new(self.shared.clone(), class, by))
+    }
+
     /// One call's admission as a named `'static` future that owns a handle
     /// of the bulkhead (for the tower layer's response future); see
     /// [`Admission`]. With `by`, it is deadline-aware, as
@@ -522,6 +738,12 @@ impl Shared {
     /// was cancelled): wake `wait_idle` if the bulkhead is now empty.
     #[cold]
     fn became_idle_maybe(&self) {
+        if let Some(classes) = self.classes.as_deref() {
+            if classes.in_use_and_queued().0 == 0 {
+                self.became_idle();
+            }
+            return;
+        }
         if self.sem.available_permits() >= self.limit() as isize {
             self.became_idle();
         }
@@ -530,6 +752,9 @@ impl Shared {
     /// The configured limit and the calls in flight, read consistently.
     fn limit_and_in_flight(&self) -> (usize, usize) {
         let limit = self.limit.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(classes) = self.classes.as_deref() {
+            return (*limit, classes.in_use_and_queued().0);
+        }
         let in_flight = (*limit as isize - self.sem.available_permits()).max(0);
         (*limit, in_flight as usize)
     }
@@ -544,13 +769,61 @@ impl Shared {
     fn admit_now(&self, may_wait: bool) -> Option<Result<Admitted, Rejected>> {
         let reason = match self.sem.try_take(1) {
             Ok(()) => return Some(Ok(Admitted::Now)),
-            Err(TryAcquireError::Closed) => RejectReason::Closed,
+            // With priority classes the semaphore is closed from the start
+            // (the seats are the classes'): a plain call finds them here,
+            // off the paths that find a permit or find none.
+            Err(TryAcquireError::Closed) => return Some(self.closed_or_classed()),
             Err(TryAcquireError::NoPermits) if may_wait && !self.policy.fails_fast() => {
                 return None;
             }
             Err(TryAcquireError::NoPermits) => RejectReason::Full,
         };
         Some(Err(self.policy.reject_now(reason)))
+    }
+
+    /// [`admit_now`](Self::admit_now) on a closed semaphore: closed, or
+    /// the classes' seats.
+    #[cold]
+    #[inline(never)]
+    fn closed_or_classed(&self) -> Result<Admitted, Rejected> {
+        if self.classes.is_some() {
+            return self.admit_plain();
+        }
+        Err(self.policy.reject_now(RejectReason::Closed))
+    }
+
+    /// Whether the bulkhead was closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        match self.classes.as_deref() {
+            Some(classes) => classes.is_closed(),
+            None => self.sem.is_closed(),
+        }
+    }
+
+    /// [`admit_now`](Self::admit_now) with priority classes on: a plain
+    /// call is of the least important class, and takes a seat only if one
+    /// is free and nobody waits; it never waits.
+    #[cold]
+    #[inline(never)]
+    fn admit_plain(&self) -> Result<Admitted, Rejected> {
+        match Shared::seat(self, self.plain_class(), false, None)? {
+            seating::Seat::Now => Ok(Admitted::Now),
+            seating::Seat::Wait(_) => unreachable!("a plain call never waits for a classed seat"),
+        }
+    }
+
+    /// The class of a call that names none: the least important one.
+    #[inline]
+    pub(crate) fn plain_class(&self) -> usize {
+        self.classes.as_deref().map_or(0, classes::Classes::least)
+    }
+
+    /// Seats free now (permits, without classes).
+    pub(crate) fn seats_left(&self) -> usize {
+        match self.classes.as_deref() {
+            Some(classes) => self.limit().saturating_sub(classes.in_use_and_queued().0),
+            None => usize::try_from(self.sem.available_permits()).unwrap_or(0),
+        }
     }
 
     /// Waits in line under the policy (the bounded line, `max_wait`); the
@@ -724,7 +997,10 @@ impl Future for Admission {
         };
         // Done either way: the handle moves into the permit, or goes.
         let shared = this.shared.take().expect("checked above");
-        Poll::Ready(out.map(|admitted| BulkheadPermit::admitted(shared, admitted)))
+        Poll::Ready(out.map(|admitted| {
+            let class = shared.plain_class();
+            BulkheadPermit::admitted(shared, class, admitted)
+        }))
     }
 }
 
@@ -873,6 +1149,28 @@ impl Bulkhead {
     }
 }
 
+/// One priority class's seats, from [`Bulkhead::priority_seats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClassSeats {
+    /// The seats the class is guaranteed: its share of the limit.
+    pub reserved: usize,
+    /// The seats it holds now (more than `reserved` while it borrows).
+    pub held: usize,
+    /// Its callers waiting now.
+    pub waiting: usize,
+}
+
+impl Shared {
+    /// A classed caller's admission: a seat now, or a wait in its line.
+    async fn seat_as(&self, class: usize) -> Result<Admitted, Rejected> {
+        match Shared::seat(self, class, true, None)? {
+            seating::Seat::Now => Ok(Admitted::Now),
+            seating::Seat::Wait(wait) => Ok(Admitted::Waited(wait.await?)),
+        }
+    }
+}
+
 /// Counts a `wait_idle` future as watching until it is dropped.
 struct Watching<'a>(&'a AtomicUsize);
 
@@ -890,7 +1188,7 @@ impl fmt::Debug for Bulkhead {
             .field("max_concurrent_calls", &limit)
             .field("in_flight", &in_flight)
             .field("queued", &self.shared.policy.queued())
-            .field("closed", &self.shared.sem.is_closed())
+            .field("closed", &self.shared.is_closed())
             .field("timer", &self.shared.policy.clock())
             .finish()
     }

@@ -23,11 +23,56 @@ impl<S: Deref<Target = Shared>> Source for Local<S> {
     #[inline]
     fn give_back(&mut self) {
         let shared = &*self.0;
+        if shared.classes.is_some() {
+            return shared.give_plain_seat_back();
+        }
         let balance = shared.sem.release(1);
         if balance >= shared.limit() as isize {
             shared.became_idle();
         }
     }
+}
+
+/// A local permit that knows its priority class, as a guard's
+/// [`Source`]: a [`BulkheadPermit`]'s, and a classed call's. Without
+/// classes it is a [`Local`].
+pub(crate) struct Seated<S> {
+    shared: S,
+    class: usize,
+}
+
+impl<S: Deref<Target = Shared>> Source for Seated<S> {
+    #[inline]
+    fn policy(&self) -> &Policy {
+        &self.shared.policy
+    }
+
+    #[inline]
+    fn give_back(&mut self) {
+        let shared = &*self.shared;
+        if shared.classes.is_some() {
+            return shared.give_seat_back(self.class);
+        }
+        let balance = shared.sem.release(1);
+        if balance >= shared.limit() as isize {
+            shared.became_idle();
+        }
+    }
+}
+
+/// [`held`] for a seat of `class` (any class, without classes).
+#[inline]
+pub(crate) fn seated<S: Deref<Target = Shared>>(
+    shared: S,
+    class: usize,
+    admitted: Admitted,
+    outcome_if_dropped: CallOutcome,
+) -> Guard<Seated<S>> {
+    let since = match admitted {
+        Admitted::Waited(w) => w.since,
+        Admitted::Now => shared.policy.clock_in(shared.seats_left() == 0),
+    };
+    Guard::new(Seated { shared, class }, since, outcome_if_dropped)
 }
 
 /// One admitted call's hold on a local permit.
@@ -88,13 +133,20 @@ impl Admitted {
 #[must_use = "dropping the permit ends the call it guards at once"]
 #[clippy::has_significant_drop]
 pub struct BulkheadPermit {
-    held: Held<Arc<Shared>>,
+    held: Guard<Seated<Arc<Shared>>>,
 }
 
 impl BulkheadPermit {
     pub(crate) fn new(shared: Arc<Shared>, admitted: Admitted) -> Self {
+        let class = shared.plain_class();
+        Self::of_class(shared, class, admitted)
+    }
+
+    /// The permit of a caller of `class`, reported as permitted by the
+    /// caller once it owns it.
+    pub(crate) fn of_class(shared: Arc<Shared>, class: usize, admitted: Admitted) -> Self {
         Self {
-            held: held(shared, admitted, CallOutcome::Released),
+            held: seated(shared, class, admitted, CallOutcome::Released),
         }
     }
 
@@ -102,9 +154,9 @@ impl BulkheadPermit {
     /// as `call`'s guard, its outcome is `Cancelled` until set, and it is
     /// reported as permitted here, once the guard owns it.
     #[inline]
-    pub(crate) fn admitted(shared: Arc<Shared>, admitted: Admitted) -> Self {
+    pub(crate) fn admitted(shared: Arc<Shared>, class: usize, admitted: Admitted) -> Self {
         let permit = Self {
-            held: held(shared, admitted, CallOutcome::Cancelled),
+            held: seated(shared, class, admitted, CallOutcome::Cancelled),
         };
         permit.policy().permitted(admitted.waited());
         permit
@@ -113,7 +165,7 @@ impl BulkheadPermit {
     /// The policy of the bulkhead the permit came from.
     #[inline]
     pub(crate) fn policy(&self) -> &Policy {
-        &self.held.source().0.policy
+        &self.held.source().shared.policy
     }
 
     /// The name of the bulkhead the permit came from.
@@ -127,7 +179,7 @@ impl BulkheadPermit {
     /// assert_eq!(bh.try_acquire().unwrap().bulkhead_name(), "gpu");
     /// ```
     pub fn bulkhead_name(&self) -> &str {
-        self.held.source().0.policy.name()
+        self.held.source().shared.policy.name()
     }
 
     /// Marks how the guarded work ended, for the observer (the default is
@@ -150,7 +202,7 @@ impl BulkheadPermit {
 impl fmt::Debug for BulkheadPermit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BulkheadPermit")
-            .field("bulkhead", &self.held.source().0.policy.name())
+            .field("bulkhead", &self.held.source().shared.policy.name())
             .finish_non_exhaustive()
     }
 }

@@ -274,6 +274,14 @@ impl Policy {
         waited
     }
 
+    /// Sets the waiting line's length, for a line kept elsewhere (the
+    /// priority classes'), which then stands for it in `queued`.
+    #[inline]
+    pub(crate) fn set_queued(&self, queued: usize) {
+        debug_assert!(self.line_of.is_none(), "a line counted twice");
+        self.waiting.store(queued, Ordering::Relaxed);
+    }
+
     /// Callers in the waiting line now.
     #[inline]
     pub(crate) fn queued(&self) -> usize {
@@ -334,6 +342,7 @@ impl Policy {
             rejected_unavailable: Counters::get(&c.rejected_unavailable),
             rejected_deadline: Counters::get(&c.rejected_deadline),
             rejected_queue_delay: Counters::get(&c.rejected_queue_delay),
+            rejected_displaced: Counters::get(&c.rejected_displaced),
             call_timeouts: Counters::get(&c.call_timeouts),
             leaks_suspected: Counters::get(&c.leaks_suspected),
         }
@@ -497,7 +506,7 @@ impl Policy {
 
     /// A rejection because the timer cannot run (its runtime is gone).
     #[cold]
-    fn reject_timer_gone(&self, waited: Duration) -> Rejected {
+    pub(crate) fn reject_timer_gone(&self, waited: Duration) -> Rejected {
         self.rejected(RejectReason::Unavailable, true, nanos(waited))
     }
 
@@ -514,6 +523,7 @@ impl Policy {
             RejectReason::Unavailable => &c.rejected_unavailable,
             RejectReason::WontMakeDeadline => &c.rejected_deadline,
             RejectReason::QueueDelay => &c.rejected_queue_delay,
+            RejectReason::Displaced => &c.rejected_displaced,
         });
         if self.observed() {
             self.tell_rejected(reason, waited_ns);
@@ -588,7 +598,7 @@ impl Policy {
     /// The time now on the clock the line's sleeps run on, where it can be
     /// read (a paused tokio clock included), else the system's.
     #[inline]
-    fn line_now(&self) -> Instant {
+    pub(crate) fn line_now(&self) -> Instant {
         self.clock.as_ref().unwrap_or(&AUTO).now()
     }
 
@@ -628,6 +638,19 @@ impl Policy {
     /// may wait until its deadline.
     #[cold]
     pub(crate) fn admit_by(&self, line: &mut Line, free: isize) -> Result<(), Rejected> {
+        self.admit_by_behind(line, free, self.queued())
+    }
+
+    /// [`admit_by`](Self::admit_by) for a caller served after `waiting`
+    /// others (a priority class's: the waiters of its class and the more
+    /// important ones), not the whole line.
+    #[cold]
+    pub(crate) fn admit_by_behind(
+        &self,
+        line: &mut Line,
+        free: isize,
+        waiting: usize,
+    ) -> Result<(), Rejected> {
         let now = self.since_origin(self.line_now());
         let remaining = line.deadline.saturating_sub(now);
         if remaining == 0 {
@@ -637,7 +660,7 @@ impl Policy {
         let max_wait = self.max_wait.map(nanos);
         let verdict = estimate.admit(
             remaining,
-            self.queued(),
+            waiting,
             usize::try_from(free).unwrap_or(0),
             self.hint_limit.load(Ordering::Relaxed),
             max_wait,
@@ -654,6 +677,16 @@ impl Policy {
                 Ok(())
             }
         }
+    }
+
+    /// After [`admit_by`](Self::admit_by): how long from now the call may
+    /// still wait and finish in time, if that ends its wait before
+    /// `max_wait` does.
+    pub(crate) fn wait_budget(&self, line: &Line) -> Option<Duration> {
+        (line.deadline != 0).then(|| {
+            let now = self.since_origin(self.line_now());
+            Duration::from_nanos(line.deadline.saturating_sub(now))
+        })
     }
 
     /// Tells the observers that a call granted at `since` ended. Call it

@@ -134,6 +134,11 @@ impl Seats {
         self.queued
     }
 
+    /// Seats free now.
+    pub(crate) fn free(&self) -> usize {
+        self.limit.saturating_sub(self.in_use)
+    }
+
     /// Seats held, all classes together.
     pub(crate) fn in_use(&self) -> usize {
         self.in_use

@@ -1,0 +1,415 @@
+//! Priority classes on a bulkhead (`BulkheadBuilder::priorities`): the
+//! clock-free [`Seats`] of `src/overload/`, with the line of waiters it
+//! decides about, under one lock.
+//!
+//! # Implementation notes
+//!
+//! With classes on, the seats live here, not in the semaphore: the
+//! bulkhead's semaphore is built with no permits and closed (so a plain
+//! call's fast path, `try_take`, fails as closed, and the branch for a
+//! closed bulkhead, off the fast and the contended paths, looks here). Every seat taken, waited for,
+//! handed over or given back goes through `state`'s mutex, so there is no
+//! lost wake-up to guard against: a releaser that finds nobody waiting and
+//! a joiner that finds no seat free cannot both happen, since each decides
+//! under the lock what the other left.
+//!
+//! The waiters are slots in a `Vec` (reused through a free list, so a
+//! call allocates nothing once the line has been as long once), linked by
+//! index into one FIFO line per class: no `unsafe`, O(1) removal of a
+//! cancelled waiter. A slot belongs to its waiter from `join` until the
+//! waiter itself frees it (when it sees its verdict, or is dropped); the
+//! others only change its status (granted, displaced, closed) and take its
+//! waker, so an index is never reused under a waiter that holds it.
+//!
+//! | status | seat | meaning |
+//! |---|---|---|
+//! | `Waiting` | none | in its class's line, counted by `Seats::waiting` |
+//! | `Granted` | held, counted in `Seats::held` | handed a freed seat; its waiter has not seen it yet |
+//! | `Displaced` | none | pushed out of a full line by a more important newcomer |
+//! | `Closed` | none | the bulkhead was closed while it waited |
+//!
+//! A waiter dropped while `Granted` gives its seat back, and the seat goes
+//! to whoever `Seats::pick` chooses next. Wakers run after the lock is
+//! released.
+
+use core::task::{Context, Poll, Waker};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use super::error::RejectReason;
+use super::policy::Policy;
+use crate::overload::{Join, Seats};
+
+/// No slot: the end of a line, or of the free list.
+pub(crate) const NONE: u32 = u32::MAX;
+
+/// The seats of a bulkhead with priority classes, and its classed line.
+pub(crate) struct Classes {
+    state: Mutex<State>,
+    /// The least important class: the class of plain calls.
+    least: usize,
+}
+
+struct State {
+    seats: Seats,
+    /// Waiters' slots; a free slot's `next` links the free list.
+    slots: Vec<Slot>,
+    free: u32,
+    /// Per class, the first and last waiter (`NONE` if nobody waits).
+    lines: Vec<(u32, u32)>,
+    closed: bool,
+}
+
+struct Slot {
+    class: usize,
+    status: Status,
+    /// The waiter's waker, while it waits.
+    waker: Option<Waker>,
+    prev: u32,
+    next: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Free,
+    Waiting,
+    Granted,
+    Displaced,
+    Closed,
+}
+
+/// What [`Classes::admit`] decided.
+pub(crate) enum Admit {
+    /// A seat, taken now.
+    Seat,
+    /// Waiting in line, in this slot.
+    Queued(u32),
+    /// Rejected at once, for this reason (`Full` or `Closed`).
+    Rejected(RejectReason),
+}
+
+/// What [`Classes::give_up`] found.
+pub(crate) enum GaveUp {
+    /// The waiter left the line without a seat.
+    Left,
+    /// A seat had been handed to it meanwhile: it is its.
+    Granted,
+    /// It had been displaced or the bulkhead closed meanwhile.
+    Rejected(RejectReason),
+}
+
+impl Classes {
+    /// `limit` seats shared by `shares` (class 0 first), with a line of at
+    /// most `max_queue` waiters.
+    pub(crate) fn new(limit: usize, shares: &[u32], max_queue: Option<usize>) -> Self {
+        Self {
+            state: Mutex::new(State {
+                seats: Seats::new(limit, shares, max_queue),
+                slots: Vec::new(),
+                free: NONE,
+                lines: vec![(NONE, NONE); shares.len()],
+                closed: false,
+            }),
+            least: shares.len() - 1,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing in here runs user code or can panic halfway through a
+        // change, so a poisoned lock holds consistent state.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The number of classes.
+    pub(crate) fn classes(&self) -> usize {
+        self.least + 1
+    }
+
+    /// The least important class, which plain calls belong to.
+    #[inline]
+    pub(crate) fn least(&self) -> usize {
+        self.least
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// Seats held now, and callers waiting.
+    pub(crate) fn in_use_and_queued(&self) -> (usize, usize) {
+        let state = self.lock();
+        (state.seats.in_use(), state.seats.queued())
+    }
+
+    /// The waiters served before a newcomer of `class` (those of its class
+    /// and of the more important ones), and the seats free now.
+    pub(crate) fn ahead_of(&self, class: usize) -> (usize, usize) {
+        let state = self.lock();
+        let s = &state.seats;
+        let ahead = (0..=class).map(|c| s.waiting(c)).sum();
+        (ahead, s.free())
+    }
+
+    /// Per class: its nominal seats, the seats it holds, its waiters.
+    pub(crate) fn per_class(&self) -> Vec<(usize, usize, usize)> {
+        let state = self.lock();
+        let s = &state.seats;
+        (0..s.classes())
+            .map(|c| (s.nominal(c), s.held(c), s.waiting(c)))
+            .collect()
+    }
+
+    /// A caller of `class` takes a free seat, or (if `may_wait`) joins its
+    /// class's line, maybe displacing a less important waiter, whose waker
+    /// is returned to be woken once the lock is released. `policy`'s
+    /// queue gauge is kept, under the lock (as by every method here that
+    /// changes the line).
+    pub(crate) fn admit(
+        &self,
+        class: usize,
+        may_wait: bool,
+        policy: &Policy,
+    ) -> (Admit, Option<Waker>) {
+        let mut state = self.lock();
+        let state = &mut *state;
+        if state.closed {
+            return (Admit::Rejected(RejectReason::Closed), None);
+        }
+        if state.seats.try_take(class) {
+            return (Admit::Seat, None);
+        }
+        if !may_wait {
+            return (Admit::Rejected(RejectReason::Full), None);
+        }
+        let displaced = match state.seats.join(class) {
+            Join::Queued => None,
+            Join::Displaced(victim) => {
+                // The newest waiter of the victim class.
+                let slot = state.lines[victim].1;
+                debug_assert!(slot != NONE, "Seats displaced a waiter of an empty line");
+                state.unlink(slot);
+                let s = &mut state.slots[slot as usize];
+                s.status = Status::Displaced;
+                s.waker.take()
+            }
+            Join::Full => return (Admit::Rejected(RejectReason::Full), None),
+        };
+        let slot = state.alloc(class);
+        state.push_back(slot);
+        policy.set_queued(state.seats.queued());
+        (Admit::Queued(slot), displaced)
+    }
+
+    /// The waiter in `slot` looks at its place: `Ready(Ok)` with a seat
+    /// (its slot freed), `Ready(Err)` displaced or closed (its slot
+    /// freed), else `Pending` with its waker kept.
+    pub(crate) fn poll(&self, slot: u32, cx: &mut Context<'_>) -> Poll<Result<(), RejectReason>> {
+        let mut state = self.lock();
+        let s = &mut state.slots[slot as usize];
+        let out = match s.status {
+            Status::Waiting => {
+                match &mut s.waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    w => *w = Some(cx.waker().clone()),
+                }
+                return Poll::Pending;
+            }
+            Status::Granted => Ok(()),
+            Status::Displaced => Err(RejectReason::Displaced),
+            Status::Closed => Err(RejectReason::Closed),
+            Status::Free => unreachable!("a classed waiter polled a slot it no longer holds"),
+        };
+        state.release_slot(slot);
+        Poll::Ready(out)
+    }
+
+    /// The waiter in `slot` gives up (its `max_wait` ran out): it leaves
+    /// the line, unless a verdict reached it first. Its slot is freed.
+    pub(crate) fn give_up(&self, slot: u32, policy: &Policy) -> GaveUp {
+        let mut state = self.lock();
+        let out = match state.slots[slot as usize].status {
+            Status::Waiting => {
+                let class = state.slots[slot as usize].class;
+                state.unlink(slot);
+                state.seats.leave(class);
+                GaveUp::Left
+            }
+            Status::Granted => GaveUp::Granted,
+            Status::Displaced => GaveUp::Rejected(RejectReason::Displaced),
+            Status::Closed => GaveUp::Rejected(RejectReason::Closed),
+            Status::Free => unreachable!("a classed waiter gave up a slot it no longer holds"),
+        };
+        state.release_slot(slot);
+        policy.set_queued(state.seats.queued());
+        out
+    }
+
+    /// The waiter in `slot` is dropped before it saw its verdict: it
+    /// leaves the line, or gives back the seat it was handed (to the next
+    /// waiter `Seats::pick` chooses, whose waker is returned). Returns
+    /// whether it had been displaced (a rejection still to count), the
+    /// waker, and whether no seat is held now.
+    pub(crate) fn drop_waiter(&self, slot: u32, policy: &Policy) -> Dropped {
+        let mut state = self.lock();
+        let mut dropped = Dropped::default();
+        match state.slots[slot as usize].status {
+            Status::Waiting => {
+                let class = state.slots[slot as usize].class;
+                state.unlink(slot);
+                state.seats.leave(class);
+            }
+            Status::Granted => {
+                let class = state.slots[slot as usize].class;
+                state.seats.release(class);
+                dropped.wake = state.hand_out();
+            }
+            Status::Displaced => dropped.displaced = true,
+            Status::Closed => {}
+            Status::Free => unreachable!("a classed waiter dropped a slot it no longer holds"),
+        }
+        state.release_slot(slot);
+        policy.set_queued(state.seats.queued());
+        dropped.idle = state.seats.in_use() == 0;
+        dropped
+    }
+
+    /// A seat of `class` is given back: it goes to the waiter
+    /// `Seats::pick` chooses, if any (whose waker is returned). Also
+    /// returns whether no seat is held now.
+    pub(crate) fn release(&self, class: usize, policy: &Policy) -> (Option<Waker>, bool) {
+        let mut state = self.lock();
+        state.seats.release(class);
+        let wake = state.hand_out();
+        policy.set_queued(state.seats.queued());
+        (wake, state.seats.in_use() == 0)
+    }
+
+    /// A new limit: the nominal seats are recomputed, and seats it frees
+    /// are handed out (the wakers returned).
+    pub(crate) fn set_limit(&self, limit: usize, policy: &Policy) -> Vec<Waker> {
+        let mut state = self.lock();
+        state.seats.set_limit(limit);
+        let mut wakers = Vec::new();
+        while let Some(w) = state.hand_out_one() {
+            wakers.extend(w);
+        }
+        policy.set_queued(state.seats.queued());
+        wakers
+    }
+
+    /// Closes: every waiter is rejected, every later caller too.
+    pub(crate) fn close(&self, policy: &Policy) -> Vec<Waker> {
+        let mut state = self.lock();
+        let state = &mut *state;
+        state.closed = true;
+        let mut wakers = Vec::new();
+        for class in 0..state.lines.len() {
+            let mut slot = state.lines[class].0;
+            while slot != NONE {
+                let s = &mut state.slots[slot as usize];
+                let next = s.next;
+                s.status = Status::Closed;
+                wakers.extend(s.waker.take());
+                state.seats.leave(class);
+                slot = next;
+            }
+            state.lines[class] = (NONE, NONE);
+        }
+        policy.set_queued(state.seats.queued());
+        wakers
+    }
+}
+
+/// What [`Classes::drop_waiter`] did.
+#[derive(Default)]
+pub(crate) struct Dropped {
+    pub(crate) displaced: bool,
+    pub(crate) wake: Option<Waker>,
+    pub(crate) idle: bool,
+}
+
+impl State {
+    fn alloc(&mut self, class: usize) -> u32 {
+        let slot = Slot {
+            class,
+            status: Status::Waiting,
+            waker: None,
+            prev: NONE,
+            next: NONE,
+        };
+        if self.free == NONE {
+            let index = u32::try_from(self.slots.len())
+                .ok()
+                .filter(|&i| i != NONE)
+                .expect("more than u32::MAX - 1 waiters in one bulkhead's line");
+            self.slots.push(slot);
+            index
+        } else {
+            let index = self.free;
+            self.free = self.slots[index as usize].next;
+            self.slots[index as usize] = slot;
+            index
+        }
+    }
+
+    /// Frees `slot` (its waiter is done with it), dropping any waker.
+    fn release_slot(&mut self, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        debug_assert!(s.status != Status::Free, "a slot freed twice");
+        s.status = Status::Free;
+        s.waker = None;
+        s.next = self.free;
+        self.free = slot;
+    }
+
+    fn push_back(&mut self, slot: u32) {
+        let class = self.slots[slot as usize].class;
+        let (head, tail) = self.lines[class];
+        self.slots[slot as usize].prev = tail;
+        self.slots[slot as usize].next = NONE;
+        if tail == NONE {
+            debug_assert!(head == NONE, "a line with a head and no tail");
+            self.lines[class] = (slot, slot);
+        } else {
+            self.slots[tail as usize].next = slot;
+            self.lines[class].1 = slot;
+        }
+    }
+
+    fn unlink(&mut self, slot: u32) {
+        let Slot {
+            class, prev, next, ..
+        } = self.slots[slot as usize];
+        if prev == NONE {
+            self.lines[class].0 = next;
+        } else {
+            self.slots[prev as usize].next = next;
+        }
+        if next == NONE {
+            self.lines[class].1 = prev;
+        } else {
+            self.slots[next as usize].prev = prev;
+        }
+        let s = &mut self.slots[slot as usize];
+        s.prev = NONE;
+        s.next = NONE;
+    }
+
+    /// Hands a free seat, if any, to the waiter `Seats::pick` chooses:
+    /// its waker.
+    fn hand_out(&mut self) -> Option<Waker> {
+        self.hand_out_one().flatten()
+    }
+
+    /// [`hand_out`](Self::hand_out) that tells "nobody served" (`None`)
+    /// from "served, with no waker yet" (`Some(None)`).
+    fn hand_out_one(&mut self) -> Option<Option<Waker>> {
+        let class = self.seats.pick()?;
+        let slot = self.lines[class].0;
+        debug_assert!(slot != NONE, "Seats picked a class nobody waits in");
+        self.unlink(slot);
+        let s = &mut self.slots[slot as usize];
+        s.status = Status::Granted;
+        Some(s.waker.take())
+    }
+}

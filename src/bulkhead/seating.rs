@@ -1,0 +1,280 @@
+//! A caller of a priority class waiting in its class's line (see
+//! `classes.rs`), for at most `max_wait`.
+
+use core::future::Future;
+use core::ops::Deref;
+use core::pin::Pin;
+use core::task::{Context, Poll, ready};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pin_project_lite::pin_project;
+
+use super::Shared;
+use super::classes::{Admit, GaveUp, NONE};
+use super::error::{RejectReason, Rejected};
+use super::permit::{Admitted, BulkheadPermit};
+use super::policy::Line;
+use super::policy::Waited;
+use crate::timer::{Clock, Deadline};
+
+/// The clock of a bulkhead that has no timer setting, for a classed wait
+/// bounded by a deadline only.
+static AUTO_CLOCK: Clock = Clock::Auto;
+
+/// How a classed caller was admitted, or that it must wait.
+pub(crate) enum Seat<S: Deref<Target = Shared>> {
+    /// A seat, taken at once.
+    Now,
+    /// Waiting in line: await it.
+    Wait(Seating<S>),
+}
+
+impl Shared {
+    /// The classes, for a bulkhead that has them.
+    #[inline]
+    pub(crate) fn classes_on(&self) -> &super::classes::Classes {
+        self.classes
+            .as_deref()
+            .expect("only a bulkhead with priority classes has classed seats")
+    }
+
+    /// Checks that `class` names one of the bulkhead's classes (0 only,
+    /// without classes).
+    #[track_caller]
+    pub(crate) fn check_class(&self, class: usize) {
+        let classes = self.classes.as_deref().map_or(1, |c| c.classes());
+        assert!(
+            class < classes,
+            "priority class {class} out of range: bulkhead {} has {classes} class{}",
+            self.policy.name(),
+            if classes == 1 { "" } else { "es" }
+        );
+    }
+
+    /// A classed caller of `class` takes a seat now, joins its class's
+    /// line (`may_wait`, and the policy does not fail fast), or is
+    /// rejected. A waiter it displaced is woken here, with no lock held.
+    /// With `until`, the wait ends then too, rejected as
+    /// `WontMakeDeadline` (the latest a call that carries a deadline can
+    /// start and still finish in time).
+    pub(crate) fn seat<S: Deref<Target = Shared>>(
+        this: S,
+        class: usize,
+        may_wait: bool,
+        until: Option<Duration>,
+    ) -> Result<Seat<S>, Rejected> {
+        let policy = &this.policy;
+        let may_wait = may_wait && !policy.fails_fast();
+        let (admit, displaced) = this.classes_on().admit(class, may_wait, policy);
+        if let Some(waker) = displaced {
+            waker.wake();
+        }
+        match admit {
+            Admit::Seat => Ok(Seat::Now),
+            Admit::Rejected(reason) => Err(policy.reject_now(reason)),
+            Admit::Queued(slot) => {
+                let start = policy.line_now();
+                Ok(Seat::Wait(Seating {
+                    shared: this,
+                    slot,
+                    start,
+                    until,
+                    deadline: Deadline::new(),
+                }))
+            }
+        }
+    }
+
+    /// A plain call's seat comes back: with priority classes, it is of the
+    /// least important class.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn give_plain_seat_back(&self) {
+        self.give_seat_back(self.classes_on().least());
+    }
+
+    /// A seat of `class` comes back: to the waiter it is owed to, if any.
+    #[inline(never)]
+    pub(crate) fn give_seat_back(&self, class: usize) {
+        let (wake, idle) = self.classes_on().release(class, &self.policy);
+        if idle {
+            self.became_idle();
+        }
+        if let Some(waker) = wake {
+            waker.wake();
+        }
+    }
+}
+
+pin_project! {
+    /// A classed caller's wait in line: resolves once it is handed a seat
+    /// (owned by the caller from then on: wrap it in a guard at once), or
+    /// is displaced, closed out or out of `max_wait`, rejected (counted
+    /// and reported).
+    ///
+    /// Dropping it leaves the line; a seat handed to it meanwhile goes to
+    /// the next waiter it is owed to, and a displacement it had not seen
+    /// yet is counted then.
+    pub(crate) struct Seating<S: Deref<Target = Shared>> {
+        shared: S,
+        // Its slot in the classes' line; `NONE` once it has its verdict.
+        slot: u32,
+        start: Instant,
+        // A call's deadline budget, if it ends the wait before `max_wait`.
+        until: Option<Duration>,
+        // `max_wait` or `until`, whichever is sooner, armed at the first poll that finds no seat yet.
+        #[pin]
+        deadline: Deadline,
+    }
+
+    impl<S: Deref<Target = Shared>> PinnedDrop for Seating<S> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if *this.slot == NONE {
+                return;
+            }
+            let shared = &**this.shared;
+            let dropped = shared.classes_on().drop_waiter(*this.slot, &shared.policy);
+            *this.slot = NONE;
+            if dropped.idle {
+                shared.became_idle();
+            }
+            if let Some(waker) = dropped.wake {
+                waker.wake();
+            }
+            if dropped.displaced {
+                let waited = shared.policy.line_now().saturating_duration_since(*this.start);
+                shared.policy.reject(RejectReason::Displaced, waited);
+            }
+        }
+    }
+}
+
+impl<S: Deref<Target = Shared>> Future for Seating<S> {
+    type Output = Result<Waited, Rejected>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let shared = &**this.shared;
+        let policy = &shared.policy;
+        assert!(*this.slot != NONE, "a classed wait polled after it ended");
+        let classes = shared.classes_on();
+        let verdict = match classes.poll(*this.slot, cx) {
+            Poll::Ready(verdict) => verdict,
+            Poll::Pending => {
+                let (limit, reason) = match (policy.max_wait(), *this.until) {
+                    (None, None) => return Poll::Pending,
+                    (Some(max), Some(until)) if until < max => {
+                        (until, RejectReason::WontMakeDeadline)
+                    }
+                    (Some(max), _) => (max, RejectReason::Timeout),
+                    (None, Some(until)) => (until, RejectReason::WontMakeDeadline),
+                };
+                // A deadline's limit needs a timer even where `max_wait` does
+                // not: the bulkhead's clock, as for `call_by`.
+                let clock = policy.clock().or(Some(&AUTO_CLOCK));
+                let fired = ready!(this.deadline.poll_at(clock, limit, cx));
+                match classes.give_up(*this.slot, policy) {
+                    GaveUp::Granted => Ok(()),
+                    GaveUp::Rejected(reason) => Err(reason),
+                    GaveUp::Left => {
+                        *this.slot = NONE;
+                        let waited = policy.line_now().saturating_duration_since(*this.start);
+                        return Poll::Ready(Err(match fired {
+                            Ok(()) => policy.reject(reason, waited),
+                            Err(_gone) => policy.reject_timer_gone(waited),
+                        }));
+                    }
+                }
+            }
+        };
+        *this.slot = NONE;
+        let waited = policy.line_now().saturating_duration_since(*this.start);
+        Poll::Ready(match verdict {
+            Ok(()) => Ok(Waited {
+                waited,
+                since: policy.clock_in(true),
+            }),
+            Err(reason) => Err(policy.reject(reason, waited)),
+        })
+    }
+}
+
+pin_project! {
+    /// One classed call's admission as a named `'static` future that owns
+    /// a handle of the bulkhead (the tower layer's, with `priority_from`):
+    /// deadline-aware admission first if it carries a deadline (counting
+    /// the waiters served before it; rejected at once if it cannot make
+    /// it, else waiting at most until it could still finish), then a seat
+    /// now or a wait in its class's line. Resolves to
+    /// the call's permit, already reported as permitted, whose outcome is
+    /// `Cancelled` until set.
+    pub(crate) struct AdmissionAs {
+        // The bulkhead, until it moves into the permit.
+        shared: Option<Arc<Shared>>,
+        class: usize,
+        by: Option<Instant>,
+        #[pin]
+        seating: Option<Seating<Arc<Shared>>>,
+    }
+}
+
+impl AdmissionAs {
+    pub(crate) fn new(shared: Arc<Shared>, class: usize, by: Option<Instant>) -> Self {
+        Self {
+            shared: Some(shared),
+            class,
+            by,
+            seating: None,
+        }
+    }
+}
+
+impl Future for AdmissionAs {
+    type Output = Result<BulkheadPermit, Rejected>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let class = *this.class;
+        let admitted = match this.seating.as_mut().as_pin_mut() {
+            Some(seating) => {
+                let waited = ready!(seating.poll(cx));
+                this.seating.set(None);
+                waited.map(Admitted::Waited)
+            }
+            None => {
+                let shared = this
+                    .shared
+                    .as_ref()
+                    .expect("admission polled after completion");
+                let mut until = None;
+                if let Some(by) = this.by.take() {
+                    // Only the waiters served before it count for its
+                    // expected wait.
+                    let mut line = Line::by(&shared.policy, by);
+                    let (ahead, free) = shared.classes_on().ahead_of(class);
+                    let free = isize::try_from(free).unwrap_or(isize::MAX);
+                    if let Err(rejected) = shared.policy.admit_by_behind(&mut line, free, ahead) {
+                        this.shared.take();
+                        return Poll::Ready(Err(rejected));
+                    }
+                    until = shared.policy.wait_budget(&line);
+                }
+                match Shared::seat(shared.clone(), class, true, until) {
+                    Err(rejected) => Err(rejected),
+                    Ok(Seat::Now) => Ok(Admitted::Now),
+                    Ok(Seat::Wait(seating)) => {
+                        this.seating.set(Some(seating));
+                        let seating = this.seating.as_mut().as_pin_mut().expect("just set");
+                        let waited = ready!(seating.poll(cx));
+                        this.seating.set(None);
+                        waited.map(Admitted::Waited)
+                    }
+                }
+            }
+        };
+        let shared = this.shared.take().expect("checked above");
+        Poll::Ready(admitted.map(|admitted| BulkheadPermit::admitted(shared, class, admitted)))
+    }
+}
