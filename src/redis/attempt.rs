@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use event_listener::EventListener;
 
 use super::error::{Failure, LeaseError, classify};
+use super::failover::AcquireReply;
 use super::permit::{Lease, LeasedPermit};
 use super::semaphore::{Inner, RedisSemaphore};
 use crate::timer::timeout::Timeout;
@@ -259,16 +260,19 @@ impl Inner {
             let sent = Instant::now();
             let mut call = self.keys.call(&self.scripts.acquire);
             call.key(&self.keys.quarantine)
+                .key(&self.keys.epoch)
                 .arg(&pending.id)
                 .arg(self.ttl.as_millis() as u64)
                 .arg(self.default_limit)
                 .arg(&self.label)
                 .arg(self.fence_seen.load(Ordering::Relaxed))
-                .arg(self.quarantine_ms);
-            let mut conn = self.conn.clone();
+                .arg(self.quarantine_ms)
+                .arg(&*self.failover.epoch())
+                .arg(self.failover.loss_flag());
+            let mut conn = self.grant_conn();
             let script = call.invoke_async(&mut conn);
             let cut = bound.and_then(|b| (attempt > 0 || b.cut_first).then_some(b.end));
-            let answer: redis::RedisResult<(i64, u64, i64, i64, i64, i64)> = match cut {
+            let answer: redis::RedisResult<AcquireReply> = match cut {
                 None => script.await,
                 Some(end) => {
                     let left = end.saturating_duration_since(sent);
@@ -278,10 +282,20 @@ impl Inner {
                 }
             };
             match answer {
-                Ok((granted, fence, ms, limit, _holders, quarantined)) => {
+                Ok(AcquireReply {
+                    granted,
+                    fence,
+                    ms,
+                    limit,
+                    quarantined,
+                    epoch,
+                }) => {
                     let limit = usize::try_from(limit).unwrap_or(0);
                     self.limit_seen.store(limit, Ordering::Relaxed);
                     if granted == 0 {
+                        if quarantined == 1 {
+                            self.failover.quarantined(epoch);
+                        }
                         pending.maybe_granted = false;
                         return Ok(Grant::Busy {
                             retry_after: u64::try_from(ms).ok().map(Duration::from_millis),
@@ -290,6 +304,9 @@ impl Inner {
                         });
                     }
                     self.fence_seen.fetch_max(fence, Ordering::Relaxed);
+                    // Too few replicas: `pending` is still marked, and its
+                    // drop releases the grant.
+                    self.replicated(&mut conn).await?;
                     let lease = Arc::new(Lease::new(
                         core::mem::take(&mut pending.id),
                         fence,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::conn::{Backend, Conn, Settings};
 use super::error::ConfigError;
+use super::failover::{Failover, Replicas};
 use super::id::IdSource;
 use super::keeper;
 use super::scripts::Scripts;
@@ -35,6 +36,7 @@ pub struct RedisSemaphoreBuilder {
     pubsub: bool,
     drift_margin: Option<Duration>,
     quarantine: bool,
+    replicas: Option<(usize, Duration)>,
 }
 
 impl RedisSemaphoreBuilder {
@@ -56,6 +58,7 @@ impl RedisSemaphoreBuilder {
             pubsub: true,
             drift_margin: None,
             quarantine: true,
+            replicas: None,
         }
     }
 
@@ -186,6 +189,35 @@ impl RedisSemaphoreBuilder {
         self
     }
 
+    /// Counts a grant only once `count` replicas acknowledged it, waiting
+    /// for them for at most `timeout` (default: off).
+    ///
+    /// Redis replicates asynchronously: a primary that fails right after a
+    /// grant may not have passed it on, and the replica promoted in its
+    /// place does not know the lease (the [quarantine](Self::quarantine)
+    /// covers that case once the promotion is seen). With this option,
+    /// each grant is followed by `WAIT count timeout`, on a connection the
+    /// grants have to themselves (`WAIT` holds up the connection it runs
+    /// on, and renewals and releases must not wait behind it). When fewer
+    /// replicas acknowledge in time, the grant is released and the acquire
+    /// fails with [`LeaseError::NotReplicated`](super::LeaseError::NotReplicated)
+    /// at once (a waiting `acquire` too: waiting longer would not bring a
+    /// replica back; retry when one is). A grant that waited for `count`
+    /// replicas survives the promotion of any of them; `WAIT` does not
+    /// make Redis strongly consistent (a replica that acknowledged may
+    /// still lose the write if it restarts without persistence).
+    ///
+    /// Each grant then costs one more round trip, plus the replicas' lag.
+    /// Renewals and releases do not wait. `count` 0 turns it off.
+    ///
+    /// One server only for now: with a Cluster or Sentinel backend, and
+    /// with a zero `timeout`, `build` fails with
+    /// [`ConfigError::BadReplicas`].
+    pub fn replicas(mut self, count: usize, timeout: Duration) -> Self {
+        self.replicas = (count > 0).then_some((count, timeout));
+        self
+    }
+
     /// How much sooner than Redis this process stops counting on a lease
     /// (default: 1% of the time to live, at least 10 ms, at most a quarter
     /// of the time to live).
@@ -269,15 +301,23 @@ impl RedisSemaphoreBuilder {
             Some(t) => t,
             None => crate::timer::default_timer().ok_or(ConfigError::NoTimer)?,
         };
+        if self
+            .replicas
+            .is_some_and(|(_, timeout)| timeout.as_millis() == 0)
+        {
+            return Err(ConfigError::BadReplicas);
+        }
         let spawner = Spawner::current().ok_or(ConfigError::NoRuntime)?;
         let settings = Settings {
             response_timeout: self.response_timeout,
             pubsub: self.pubsub,
             timer: timer.clone(),
             spawner: spawner.clone(),
+            wait: self.replicas.map(|(_, timeout)| timeout),
         };
         let connected = self.backend.connect(&settings).await?;
         let conn = connected.conn;
+        let replicas = self.replicas.zip(connected.grant_conn);
         let base = format!("{}:{{{}}}", self.key_prefix, self.name);
         let keys = Keys {
             leases: format!("{base}:leases"),
@@ -286,9 +326,18 @@ impl RedisSemaphoreBuilder {
             limit: format!("{base}:limit"),
             channel: format!("{base}:wake"),
             quarantine: format!("{base}:quarantine"),
+            epoch: format!("{base}:epoch"),
         };
         let scripts = Scripts::new(connected.publish);
         check_scripts(&conn, &scripts, &keys).await?;
+        let replicas = replicas.map(|((count, timeout), conn)| Replicas {
+            count,
+            timeout,
+            conn,
+        });
+        let failover = Failover::start(&conn, &keys, self.quarantine, replicas)
+            .await
+            .map_err(ConfigError::of)?;
         if self.pubsub {
             connected
                 .subscriber
@@ -323,8 +372,10 @@ impl RedisSemaphoreBuilder {
                 true => u64::try_from(self.lease_ttl.as_millis()).unwrap_or(u64::MAX),
                 false => 0,
             },
+            failover,
         });
         keeper::start(&inner, connected.subscriber, self.pubsub);
+        super::failover::start_watch(&inner);
         Ok(RedisSemaphore { inner })
     }
 }

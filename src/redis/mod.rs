@@ -62,6 +62,7 @@ mod bulkhead;
 mod call;
 mod conn;
 mod error;
+mod failover;
 mod id;
 mod keeper;
 mod permit;

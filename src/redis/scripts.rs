@@ -12,6 +12,8 @@
 //! * `KEYS[6]` `…:quarantine` (the acquire script only): present, with a
 //!   time to live, while new grants are refused after this server was found
 //!   to have lost writes (see `ACQUIRE`).
+//! * `KEYS[7]` `…:epoch` (the acquire script only): the epoch marker,
+//!   which a server that lost its data no longer has (see `ACQUIRE`).
 //!
 //! The wake-ups are published with `PUBLISH`, or with `SPUBLISH` on a
 //! Redis Cluster (sharded pub/sub: the message stays on the shard that owns
@@ -49,15 +51,18 @@ local function limit_of(default)
 end
 ";
 
-/// `ARGV`: id, ttl_ms, default limit, label, the highest fence this client
-/// has been granted (0: none yet), the quarantine in ms (0: off).
+/// `KEYS`: as the others, with `KEYS[6]` the quarantine and `KEYS[7]` the
+/// epoch marker. `ARGV`: id, ttl_ms, default limit, label, the highest
+/// fence this client has been granted (0: none yet), the quarantine in ms
+/// (0: off), the epoch marker this client last saw, `1` if this client
+/// found another sign of a loss (a promoted replica: see `failover.rs`).
 ///
 /// Returns `{1, fence, ttl_left_ms, limit, holders, 0}` when granted (also
 /// for a retry of an id that already holds: same fence, lease extended), or
 /// `{0, 0, retry_after_ms, limit, holders, 0}`, where `retry_after_ms` is
 /// the time until the earliest lease expires (-1 when nothing is held, as
 /// with a limit of zero), or `{0, 0, quarantine_left_ms, limit, holders,
-/// 1}` while grants are refused.
+/// 1, epoch}` while grants are refused.
 ///
 /// **Quarantine.** A fence counter below a fence this client was granted
 /// means the server lost writes: it restarted without persistence, or a
@@ -68,6 +73,13 @@ end
 /// client, for one quarantine (the lease time to live: by then every lease
 /// granted before the loss has expired, or been renewed, which puts it
 /// back). Consul's lock-delay does the same after a session is lost.
+///
+/// The **epoch marker** `KEYS[7]` is a value written once (the server's
+/// `TIME` when it was found missing) and never expiring: a server that
+/// lost its data (a restart without persistence, a flush, a promoted
+/// replica that never had it) has none, or one written since. A client
+/// that saw another starts the quarantine, although it was never granted
+/// anything. A restart *with* persistence keeps it: no quarantine.
 const ACQUIRE: &str = r"
 purge()
 local id, ttl = ARGV[1], tonumber(ARGV[2])
@@ -81,15 +93,23 @@ end
 local holders = redis.call('ZCARD', KEYS[1])
 local quarantine = tonumber(ARGV[6])
 if quarantine > 0 then
+  local epoch = redis.call('GET', KEYS[7])
+  if not epoch then
+    epoch = t[1] .. '.' .. t[2]
+    redis.call('SET', KEYS[7], epoch)
+  end
   local left = redis.call('PTTL', KEYS[6])
   if left > 0 then
-    return {0, 0, left, limit, holders, 1}
+    return {0, 0, left, limit, holders, 1, epoch}
   end
   local seen = tonumber(ARGV[5])
-  if seen > (tonumber(redis.call('GET', KEYS[3])) or 0) then
-    redis.call('SET', KEYS[3], seen)
+  local behind = seen > (tonumber(redis.call('GET', KEYS[3])) or 0)
+  if behind or epoch ~= ARGV[7] or ARGV[8] == '1' then
+    if behind then
+      redis.call('SET', KEYS[3], seen)
+    end
     redis.call('SET', KEYS[6], seen, 'PX', quarantine)
-    return {0, 0, quarantine, limit, holders, 1}
+    return {0, 0, quarantine, limit, holders, 1, epoch}
   end
 end
 if holders < limit then

@@ -91,6 +91,7 @@ pub(super) async fn connect(
         conn: Conn::Sentinel(primary.clone()),
         subscriber: Subscriber::Sentinel(primary),
         publish: "PUBLISH",
+        grant_conn: None,
     })
 }
 
