@@ -180,10 +180,22 @@ impl RedisSemaphoreBuilder {
     /// renewed, which writes them back). Meanwhile `try_acquire` fails with
     /// [`LeaseError::Quarantined`](super::LeaseError::Quarantined), a
     /// waiting `acquire` waits, and a `RedisBulkhead` rejects as
-    /// `Unavailable`. The loss is seen by the first acquire of a client
-    /// that was granted a lost fence; grants made before that are not
-    /// prevented (see `docs/distributed.md`). With `false` the script does
-    /// not look, as before.
+    /// `Unavailable`.
+    ///
+    /// The loss is seen, whichever comes first, by: the next acquire of any
+    /// client built before it, granted or not, which finds the semaphore's
+    /// *epoch marker* (a key written once, with no time to live) missing or
+    /// rewritten (the data set was lost); a check of `INFO replication`
+    /// every [`renew_every`](Self::renew_every), which finds a promoted
+    /// replica (its `master_replid2` is the id read before); the next
+    /// acquire of a client that was granted a lost fence; a holder's next
+    /// renewal, which finds its lease gone. A restart with persistence
+    /// that kept the data keeps the marker and quarantines nothing; every
+    /// promotion quarantines (nothing proves the replica had the last
+    /// grants: see [`replicas`](Self::replicas)). Grants made before the
+    /// loss is seen are not prevented (see `docs/distributed.md`). With
+    /// `true`, `build` writes the marker if it is missing, and reads `INFO`
+    /// (skipped if the user may not). With `false` nothing is looked at.
     pub fn quarantine(mut self, enabled: bool) -> Self {
         self.quarantine = enabled;
         self
@@ -253,7 +265,9 @@ impl RedisSemaphoreBuilder {
     /// all the semaphore's keys, and, unless [`pubsub(false)`](Self::pubsub),
     /// on a connection of their own, a `PUBLISH` of a wake-up for no one
     /// (`free 0`) and a `SUBSCRIBE` (on a Redis Cluster: `SPUBLISH` and
-    /// `SSUBSCRIBE`, on the cluster connection). Nothing is written.
+    /// `SSUBSCRIBE`, on the cluster connection); with the
+    /// [quarantine](Self::quarantine) on, the epoch marker is read (and
+    /// written, if missing: the only write) and `INFO replication`.
     ///
     /// # Errors
     ///
@@ -264,7 +278,9 @@ impl RedisSemaphoreBuilder {
     /// channel ([`ChannelDenied`](ConfigError::ChannelDenied)), a cluster
     /// client without RESP3 while pub/sub is on
     /// ([`NeedsResp3`](ConfigError::NeedsResp3)), a Sentinel client for
-    /// replicas ([`NotPrimary`](ConfigError::NotPrimary)). None of them is
+    /// replicas ([`NotPrimary`](ConfigError::NotPrimary)), a
+    /// [`replicas`](Self::replicas) setting that cannot work
+    /// ([`BadReplicas`](ConfigError::BadReplicas)). None of them is
     /// retried.
     pub async fn build(self) -> Result<RedisSemaphore, ConfigError> {
         // Both are checked alike: the keys are `{prefix}:{{name}}:...`, and
