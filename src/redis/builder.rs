@@ -324,12 +324,14 @@ impl RedisSemaphoreBuilder {
             return Err(ConfigError::BadReplicas);
         }
         let spawner = Spawner::current().ok_or(ConfigError::NoRuntime)?;
+        let loss_known = Arc::new(AtomicBool::new(false));
         let settings = Settings {
             response_timeout: self.response_timeout,
             pubsub: self.pubsub,
             timer: timer.clone(),
             spawner: spawner.clone(),
             wait: self.replicas.map(|(_, timeout)| timeout),
+            loss_known: self.quarantine.then(|| loss_known.clone()),
         };
         let connected = self.backend.connect(&settings).await?;
         let conn = connected.conn;
@@ -351,7 +353,7 @@ impl RedisSemaphoreBuilder {
             timeout,
             conn,
         });
-        let failover = Failover::start(&conn, &keys, self.quarantine, replicas)
+        let failover = Failover::start(&conn, &keys, self.quarantine, loss_known, replicas)
             .await
             .map_err(ConfigError::of)?;
         if self.pubsub {

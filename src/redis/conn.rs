@@ -194,6 +194,10 @@ pub(super) struct Settings {
     /// With `replicas`, the `WAIT` timeout: the grants then get a
     /// connection of their own, whose response timeout covers it.
     pub(super) wait: Option<Duration>,
+    /// With the quarantine on, the flag a backend that switches servers
+    /// itself (Sentinel) sets when the new one is a promoted replica.
+    #[cfg_attr(not(feature = "redis-sentinel"), allow(dead_code))]
+    pub(super) loss_known: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// A backend, connected.

@@ -64,9 +64,10 @@ pub(super) struct Failover {
     /// The `master_replid` of the scripts' node as last read; `None`
     /// before the first read, or if `INFO` is refused.
     replid: Mutex<Option<String>>,
-    /// Set when a promotion was seen, until a script confirms that the
+    /// Set when a promotion was seen (here, or by the Sentinel backend as
+    /// it switches to the new primary), until a script confirms that the
     /// quarantine started.
-    loss_known: AtomicBool,
+    loss_known: Arc<AtomicBool>,
     /// `WAIT` on grants, if asked for.
     pub(super) replicas: Option<Replicas>,
 }
@@ -86,6 +87,7 @@ impl Failover {
         conn: &Conn,
         keys: &Keys,
         quarantine: bool,
+        loss_known: Arc<AtomicBool>,
         replicas: Option<Replicas>,
     ) -> redis::RedisResult<Self> {
         let mut epoch = String::new();
@@ -102,7 +104,7 @@ impl Failover {
         Ok(Self {
             epoch: Mutex::new(epoch.into()),
             replid: Mutex::new(replid.map(|(id, _)| id)),
-            loss_known: AtomicBool::new(false),
+            loss_known,
             replicas,
         })
     }
@@ -201,10 +203,9 @@ impl Inner {
         };
         let promoted = {
             let mut seen = f.replid.lock().unwrap_or_else(PoisonError::into_inner);
-            let promoted = seen
-                .as_ref()
-                .is_some_and(|old| *old != now && *old == before);
-            *seen = Some(now);
+            let now = (now, before);
+            let promoted = seen.as_deref().is_some_and(|old| is_promotion(old, &now));
+            *seen = Some(now.0);
             promoted
         };
         if promoted {
@@ -235,16 +236,27 @@ impl Inner {
 /// scripts for `key`, if it is a primary (`None` for a replica: its ids
 /// are its primary's).
 async fn replication_id(conn: &Conn, key: &str) -> redis::RedisResult<Option<(String, String)>> {
-    let info = conn.info_replication(key).await?;
+    Ok(parse_replication(&conn.info_replication(key).await?))
+}
+
+/// `master_replid` and `master_replid2` from an `INFO replication` answer,
+/// if the server is a primary.
+pub(in crate::redis) fn parse_replication(info: &str) -> Option<(String, String)> {
     let field = |name: &str| {
         info.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
             .map(|v| v.trim().to_owned())
     };
     if field("role").as_deref() != Some("master") {
-        return Ok(None);
+        return None;
     }
-    Ok(field("master_replid").zip(field("master_replid2")))
+    field("master_replid").zip(field("master_replid2"))
+}
+
+/// Whether a server whose ids are `now` is a replica promoted in place of
+/// the primary whose `master_replid` was `old`.
+pub(in crate::redis) fn is_promotion(old: &str, now: &(String, String)) -> bool {
+    now.0 != old && now.1 == old
 }
 
 /// The acquire script's answer (see `scripts.rs`): six numbers, and the
