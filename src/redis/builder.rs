@@ -219,8 +219,11 @@ impl RedisSemaphoreBuilder {
     /// make Redis strongly consistent (a replica that acknowledged may
     /// still lose the write if it restarts without persistence).
     ///
-    /// Each grant then costs one more round trip, plus the replicas' lag.
-    /// Renewals and releases do not wait. `count` 0 turns it off.
+    /// Each grant then costs one more round trip, plus the replicas' lag,
+    /// and an acquire may take up to `timeout` longer than without (also
+    /// [`try_acquire`](RedisSemaphore::try_acquire), whose own bound of one
+    /// [`response_timeout`](Self::response_timeout) covers the script call
+    /// only). Renewals and releases do not wait. `count` 0 turns it off.
     ///
     /// One server only for now: with a Cluster or Sentinel backend, and
     /// with a zero `timeout`, `build` fails with
