@@ -469,3 +469,49 @@ async fn replicas_with_a_zero_timeout_are_refused() {
         .await;
     assert!(matches!(got, Err(ConfigError::BadReplicas)), "{got:?}");
 }
+
+// ---------------------------------------------------------------------------
+// No quarantine without a loss
+// ---------------------------------------------------------------------------
+
+/// Permits released (and dropped) while renewals run all the time: a
+/// renewal that raced a release finds the lease gone, but its holder gave
+/// it back, so this is no sign of a loss and nothing is quarantined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_racing_renewals_do_not_quarantine() {
+    const NAME: &str = "churn";
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let sem = builder(&server.url(), NAME)
+        .limit(1_000)
+        .lease_ttl(Duration::from_millis(300))
+        .renew_every(Duration::from_millis(5))
+        .build()
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let mut rounds = 0;
+    while start.elapsed() < Duration::from_secs(4) {
+        let mut held = Vec::new();
+        for _ in 0..40 {
+            match sem.try_acquire().await {
+                Ok(permit) => held.push(permit),
+                Err(e) => panic!("round {rounds}: {e:?}"),
+            }
+        }
+        // Half dropped (released in the background), half released.
+        let releases: Vec<_> = held
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, p)| (i % 2 == 0).then_some(p))
+            .map(|p| tokio::spawn(p.release()))
+            .collect();
+        for r in releases {
+            let _ = r.await.unwrap();
+        }
+        rounds += 1;
+    }
+    let q: bool = server.cmd(&["EXISTS", &key(NAME, "quarantine")]);
+    assert!(!q, "quarantined after {rounds} rounds without any loss");
+}

@@ -131,8 +131,11 @@ impl Inner {
                         } else {
                             // Sent before the holder's own deadline, which
                             // comes before Redis's: Redis should still
-                            // have had it, and lost it.
-                            forgotten |= sent < lease.deadline();
+                            // have had it, and lost it. Unless its holder
+                            // gave it back meanwhile (a release is sent
+                            // only once the lease is out of the map).
+                            forgotten |= sent < lease.deadline()
+                                && self.lock_leases().contains_key(&lease.id);
                             self.lost(lease, LostReason::Expired);
                         }
                     }
