@@ -21,7 +21,10 @@
 //! - `contended_t16_p4`: 16 tasks share a limit of 4 on a two-worker
 //!   multi-thread runtime, each looping acquire, release (no work while
 //!   holding). The time is wall time divided by the cycles done: the
-//!   inverse of throughput, not a latency.
+//!   inverse of throughput, not a latency. Fair mode (the default: a
+//!   waiter joins the line in Redis and is granted by the release).
+//! - `contended_t16_p4_unfair`: the same with `fair(false)` (waiters race
+//!   on `free 1`).
 //! - `redis_rs_evalsha`: the floor for any client written with redis-rs:
 //!   one `Script::invoke_async` of [`COMPARABLE_SCRIPT`] on a
 //!   `ConnectionManager` configured like the semaphore's. One iteration is
@@ -45,12 +48,10 @@
 //! `<criterion dir>/redis_extra.json` for `benches/redis_report.py`.
 
 use std::fmt::Write as _;
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use bulkhead::redis::RedisSemaphore;
@@ -86,163 +87,13 @@ const LIMIT: usize = 4;
 const RB_REQUESTS: u64 = 100_000;
 const RB_REPEATS: usize = 3;
 
-/// How long the server may take to answer `PING` after it was started.
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
-
 // ---------------------------------------------------------------------------
 // The server
 // ---------------------------------------------------------------------------
 
-/// A `redis-server` child on `127.0.0.1:<free port>`, persistence off, with
-/// a temporary directory for its log. Dropping it kills the server.
-struct Server {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl Server {
-    fn start() -> Server {
-        let bin = std::env::var("BULKHEAD_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        let mut last_error = String::new();
-        for attempt in 0..5 {
-            let port = free_port();
-            let dir = std::env::temp_dir().join(format!(
-                "bulkhead-bench-redis-{}-{attempt}",
-                std::process::id()
-            ));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir)
-                .unwrap_or_else(|e| panic!("could not create {}: {e}", dir.display()));
-            let child = Command::new(&bin)
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-                .arg("--dir")
-                .arg(&dir)
-                .arg("--logfile")
-                .arg(dir.join("redis.log"))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| {
-                    panic!("could not run {bin:?} (set BULKHEAD_REDIS_SERVER to override): {e}")
-                });
-            let mut server = Server { child, port, dir };
-            match server.wait_ready() {
-                Ok(()) => return server,
-                // Most likely the port was taken in between: try another.
-                Err(e) => last_error = e,
-            }
-        }
-        panic!("redis-server did not start: {last_error}");
-    }
-
-    /// Waits until this child (not some other process on the port) answers.
-    fn wait_ready(&mut self) -> Result<(), String> {
-        let pid = self.child.id();
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!("exited with {status}: {}", self.log_tail()));
-            }
-            let ours = self
-                .try_query::<String>(redis::cmd("INFO").arg("server"))
-                .is_ok_and(|info| info.contains(&format!("process_id:{pid}\r\n")));
-            if ours {
-                return Ok(());
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-        Err(format!(
-            "no answer within {STARTUP_TIMEOUT:?}: {}",
-            self.log_tail()
-        ))
-    }
-
-    fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(5)..].join("\n")
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    fn client(&self) -> redis::Client {
-        redis::Client::open(self.url()).expect("a valid redis URL")
-    }
-
-    /// One command over a fresh blocking connection.
-    fn try_query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
-        let mut conn = self.client().get_connection()?;
-        cmd.query(&mut conn)
-    }
-
-    fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
-        self.try_query(cmd)
-            .unwrap_or_else(|e| panic!("{cmd:?} on port {} failed: {e}", self.port))
-    }
-
-    fn reset_stats(&self) {
-        let _: () = self.query(redis::cmd("CONFIG").arg("RESETSTAT"));
-    }
-
-    /// Script calls (`EVALSHA` and `EVAL`) since the last reset, and the
-    /// microseconds the server spent in them.
-    fn script_stats(&self) -> ScriptStats {
-        let info: String = self.query(redis::cmd("INFO").arg("commandstats"));
-        let mut stats = ScriptStats::default();
-        for line in info.lines() {
-            let Some(rest) = line
-                .strip_prefix("cmdstat_evalsha:")
-                .or_else(|| line.strip_prefix("cmdstat_eval:"))
-            else {
-                continue;
-            };
-            for field in rest.split(',') {
-                match field.split_once('=') {
-                    Some(("calls", n)) => stats.calls += n.trim().parse::<u64>().unwrap_or(0),
-                    Some(("usec", n)) => stats.usec += n.trim().parse::<u64>().unwrap_or(0),
-                    _ => {}
-                }
-            }
-        }
-        stats
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A port that was free a moment ago.
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .expect("could not bind 127.0.0.1:0")
-        .port()
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct ScriptStats {
-    calls: u64,
-    usec: u64,
-}
-
-impl ScriptStats {
-    fn usec_per_call(self) -> f64 {
-        if self.calls == 0 {
-            0.0
-        } else {
-            self.usec as f64 / self.calls as f64
-        }
-    }
-}
+#[path = "common/redis_server.rs"]
+mod redis_server;
+use redis_server::{ScriptStats, Server};
 
 // ---------------------------------------------------------------------------
 // The criterion cases
@@ -261,8 +112,14 @@ fn multi_thread() -> Runtime {
 }
 
 async fn semaphore(server: &Server, name: &str, limit: usize) -> RedisSemaphore {
+    semaphore_fair(server, name, limit, true).await
+}
+
+/// A semaphore in fair mode (the default: waiters queue in Redis) or not.
+async fn semaphore_fair(server: &Server, name: &str, limit: usize, fair: bool) -> RedisSemaphore {
     RedisSemaphore::builder(server.client(), name)
         .limit(limit)
+        .fair(fair)
         .build()
         .await
         .expect("the semaphore connects")
@@ -369,11 +226,171 @@ fn bench_cases(c: &mut Criterion, server: &Server) -> Vec<CaseStats> {
         });
     });
 
-    // (c) TASKS tasks share LIMIT permits.
-    let name = "contended_t16_p4";
-    with_stats(server, &mut stats, name, 2, |cycles| {
+    // (c) TASKS tasks share LIMIT permits, in fair mode (the default) and
+    // in unfair mode.
+    for (name, fair) in [
+        ("contended_t16_p4", true),
+        ("contended_t16_p4_unfair", false),
+    ] {
+        contended(server, &mut stats, &mut g, name, fair);
+    }
+
+    // The redis-rs floor: one EVALSHA per iteration, no bulkhead.
+    with_stats(server, &mut stats, "redis_rs_evalsha", 1, |cycles| {
+        let rt = current_thread();
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(Duration::from_secs(2)))
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_number_of_retries(1);
+        let conn: ConnectionManager = rt
+            .block_on(server.client().get_connection_manager_with_config(config))
+            .expect("a connection");
+        let script = redis::Script::new(COMPARABLE_SCRIPT);
+        g.bench_function("redis_rs_evalsha", |b| {
+            b.iter_custom(|iters| {
+                let elapsed = rt.block_on(comparable_calls(&script, conn.clone(), iters));
+                cycles.fetch_add(iters, Ordering::Relaxed);
+                elapsed
+            })
+        });
+    });
+
+    g.finish();
+    stats
+}
+
+/// `iters` calls of [`COMPARABLE_SCRIPT`] on `conn`, one at a time: the
+/// redis-rs floor, on whichever connection type.
+async fn comparable_calls(
+    script: &redis::Script,
+    mut conn: impl redis::aio::ConnectionLike,
+    iters: u64,
+) -> Duration {
+    let start = Instant::now();
+    for _ in 0..iters {
+        let out: (i64, i64, i64) = script
+            .key(COMPARABLE_KEY)
+            .arg(COMPARABLE_MEMBER)
+            .invoke_async(&mut conn)
+            .await
+            .expect("the script runs");
+        std::hint::black_box(out);
+    }
+    start.elapsed()
+}
+
+// ---------------------------------------------------------------------------
+// The same cycle on a Redis Cluster
+// ---------------------------------------------------------------------------
+
+/// The test harness's cluster (three primaries on loopback, started and
+/// joined with `redis-cli --cluster create`).
+#[cfg(feature = "redis-cluster")]
+#[path = "../tests/common/redis_server.rs"]
+mod harness;
+
+/// Script calls and time in Redis summed over every node of the cluster.
+#[cfg(feature = "redis-cluster")]
+fn cluster_stats(cluster: &harness::RedisCluster, reset: bool) -> ScriptStats {
+    let mut stats = ScriptStats::default();
+    for node in cluster.nodes() {
+        if reset {
+            let _: () = node.cmd(&["CONFIG", "RESETSTAT"]);
+            continue;
+        }
+        let info: String = node.cmd(&["INFO", "commandstats"]);
+        let one = ScriptStats::parse(&info);
+        stats.calls += one.calls;
+        stats.usec += one.usec;
+    }
+    stats
+}
+
+/// `cluster_acquire_release` and `cluster_redis_rs_evalsha`: the
+/// uncontended cycle (current-thread runtime) through a
+/// `redis::cluster::ClusterClient` over RESP3, and the redis-rs floor on
+/// the same cluster connection type, routed by the key's slot.
+#[cfg(feature = "redis-cluster")]
+fn bench_cluster(c: &mut Criterion) -> Vec<CaseStats> {
+    use redis::cluster::ClusterClient;
+
+    let mut stats = Vec::new();
+    let Some(cluster) = harness::RedisCluster::start_or_skip(3) else {
+        eprintln!("no redis-server here: the cluster cases are skipped");
+        return stats;
+    };
+    let client = || ClusterClient::new(cluster.urls("?protocol=3")).expect("cluster URLs");
+    let mut g = c.benchmark_group("redis");
+    g.throughput(Throughput::Elements(1));
+    let rt = current_thread();
+
+    let mut case = |name: &'static str, nominal: u64, run: &mut dyn FnMut(u64) -> Duration| {
+        cluster_stats(&cluster, true);
+        let cycles = Arc::new(AtomicU64::new(0));
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                cycles.fetch_add(iters, Ordering::Relaxed);
+                run(iters)
+            })
+        });
+        let cycles = cycles.load(Ordering::Relaxed);
+        if cycles > 0 {
+            stats.push(CaseStats {
+                name,
+                nominal_calls: nominal,
+                cycles,
+                scripts: cluster_stats(&cluster, false),
+            });
+        }
+    };
+
+    let sem = rt
+        .block_on(
+            RedisSemaphore::builder(client(), "bench-cluster")
+                .limit(1)
+                .build(),
+        )
+        .expect("the semaphore connects to the cluster");
+    case("cluster_acquire_release", 2, &mut |iters| {
+        rt.block_on(async {
+            let start = Instant::now();
+            for _ in 0..iters {
+                let permit = sem.acquire().await.expect("a permit");
+                permit.release().await.expect("released in time");
+            }
+            start.elapsed()
+        })
+    });
+
+    let conn = rt
+        .block_on(client().get_async_connection())
+        .expect("a cluster connection");
+    let script = redis::Script::new(COMPARABLE_SCRIPT);
+    case("cluster_redis_rs_evalsha", 1, &mut |iters| {
+        rt.block_on(comparable_calls(&script, conn.clone(), iters))
+    });
+    g.finish();
+    stats
+}
+
+#[cfg(not(feature = "redis-cluster"))]
+fn bench_cluster(_: &mut Criterion) -> Vec<CaseStats> {
+    eprintln!("built without the `redis-cluster` feature: the cluster cases are skipped");
+    Vec::new()
+}
+
+/// `TASKS` tasks share `LIMIT` permits, each looping acquire, release (no
+/// work while holding); one iteration is one cycle of one task.
+fn contended(
+    server: &Server,
+    stats: &mut Vec<CaseStats>,
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &'static str,
+    fair: bool,
+) {
+    with_stats(server, stats, name, 2, |cycles| {
         let rt = multi_thread();
-        let sem = rt.block_on(semaphore(server, "bench-contended", LIMIT));
+        let sem = rt.block_on(semaphore_fair(server, name, LIMIT, fair));
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 let left = Arc::new(AtomicI64::new(iters as i64));
@@ -402,41 +419,6 @@ fn bench_cases(c: &mut Criterion, server: &Server) -> Vec<CaseStats> {
         let holders = rt.block_on(sem.holders()).expect("holders");
         assert!(holders.is_empty(), "leases left after the run: {holders:?}");
     });
-
-    // The redis-rs floor: one EVALSHA per iteration, no bulkhead.
-    with_stats(server, &mut stats, "redis_rs_evalsha", 1, |cycles| {
-        let rt = current_thread();
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(Duration::from_secs(2)))
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_number_of_retries(1);
-        let conn: ConnectionManager = rt
-            .block_on(server.client().get_connection_manager_with_config(config))
-            .expect("a connection");
-        let script = redis::Script::new(COMPARABLE_SCRIPT);
-        g.bench_function("redis_rs_evalsha", |b| {
-            b.iter_custom(|iters| {
-                let mut conn = conn.clone();
-                rt.block_on(async {
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        let out: (i64, i64, i64) = script
-                            .key(COMPARABLE_KEY)
-                            .arg(COMPARABLE_MEMBER)
-                            .invoke_async(&mut conn)
-                            .await
-                            .expect("the script runs");
-                        std::hint::black_box(out);
-                    }
-                    cycles.fetch_add(iters, Ordering::Relaxed);
-                    start.elapsed()
-                })
-            })
-        });
-    });
-
-    g.finish();
-    stats
 }
 
 // ---------------------------------------------------------------------------
@@ -692,7 +674,8 @@ fn bench(c: &mut Criterion) {
     };
 
     let server = Server::start();
-    let cases = bench_cases(c, &server);
+    let mut cases = bench_cases(c, &server);
+    cases.extend(bench_cluster(c));
     let runs = run_redis_benchmark(&server, requests, repeats);
     report(&server, &cases, &runs, requests, repeats);
 }

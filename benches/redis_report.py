@@ -4,7 +4,7 @@
 Usage: python3 benches/redis_report.py [--no-run] [CRITERION_DIR] [-- BENCH_ARGS...]
 
 Without --no-run, first runs (from the repository root)
-`cargo bench -p bulkhead-benches --bench redis --features redis,tokio -- BENCH_ARGS...`
+`cargo bench -p bulkhead-benches --bench redis --features redis-cluster,tokio -- BENCH_ARGS...`
 (its output goes to stderr), then reads what that run wrote: criterion's
 estimates for the group `redis`, and `redis_extra.json` (redis-benchmark's
 results and the server's script counts) from the same directory.
@@ -31,8 +31,11 @@ CASES = [
     ("try_acquire_release", "`try_acquire` + `release`, current-thread runtime"),
     ("acquire_release", "`acquire` + `release`, current-thread runtime"),
     ("acquire_release_mt", "`acquire` + `release` in a task, multi-thread runtime (2 workers)"),
-    ("contended_t16_p4", "16 tasks, limit 4, multi-thread runtime: wall time / cycles"),
+    ("contended_t16_p4", "16 tasks, limit 4, multi-thread runtime, fair line: wall time / cycles"),
+    ("contended_t16_p4_unfair", "the same with `fair(false)`: wall time / cycles"),
     ("redis_rs_evalsha", "redis-rs alone: one `invoke_async` of the comparable script"),
+    ("cluster_acquire_release", "`acquire` + `release` on a 3-primary Cluster, current-thread runtime"),
+    ("cluster_redis_rs_evalsha", "redis-rs alone on the same Cluster: one `invoke_async`"),
 ]
 REFERENCE = "EVALSHA -c 1 -P 1"
 
@@ -66,7 +69,7 @@ def criterion_dir(given):
 
 
 def run_bench(bench_args):
-    cmd = ["cargo", "bench", "-p", "bulkhead-benches", "--bench", "redis", "--features", "redis,tokio", "--"] + bench_args
+    cmd = ["cargo", "bench", "-p", "bulkhead-benches", "--bench", "redis", "--features", "redis-cluster,tokio", "--"] + bench_args
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     # The bench's own output (criterion's and the summary) goes to stderr so
     # that stdout holds only the markdown.
@@ -102,7 +105,7 @@ def main():
     root = criterion_dir(given)
     extra_path = root / "redis_extra.json"
     if not extra_path.exists():
-        sys.exit(f"{extra_path} not found: run `cargo bench -p bulkhead-benches --bench redis --features redis,tokio` first")
+        sys.exit(f"{extra_path} not found: run `cargo bench -p bulkhead-benches --bench redis --features redis-cluster,tokio` first")
     extra = json.loads(extra_path.read_text())
     rb = {r["label"]: r for r in extra["redis_benchmark"]}
     stats = {c["name"]: c for c in extra["cases"]}
@@ -140,7 +143,7 @@ def main():
             calls_cell = f"{calls:.2f}"
             us = server_us(s["script_calls"], s["script_usec"])
         else:
-            calls = 2 if name != "redis_rs_evalsha" else 1
+            calls = 1 if name.endswith("redis_rs_evalsha") else 2
             calls_cell, us = f"{calls} (nominal)", "–"
         per_call = ns / calls
         rows.append(
@@ -165,6 +168,14 @@ def main():
     print("|---|---|---:|---:|---:|---:|---:|")
     for row in rows:
         print(row)
+    floors = []
+    for cycle, floor in [("acquire_release", "redis_rs_evalsha"), ("cluster_acquire_release", "cluster_redis_rs_evalsha")]:
+        a, b = load_case(root, cycle), load_case(root, floor)
+        if a and b:
+            floors.append(f"`{cycle}` is {a[0] / (2 * b[0]):.2f}x two `{floor}` calls")
+    if floors:
+        print()
+        print("Against two bare redis-rs script calls on the same connection type: " + "; ".join(floors) + ".")
     if mtimes and max(mtimes) - min(mtimes) > 3600:
         print()
         print("<!-- warning: these results span more than an hour; rerun the whole bench -->")

@@ -143,10 +143,9 @@ async fn a_release_wakes_a_waiter_on_another_client_through_sharded_pubsub() {
         let waiter = semaphore(&cluster, name, 1).await;
         let channel = format!("bulkhead:{{{name}}}:wake");
         let owner = cluster.owner(&channel);
-        let subscribers: Vec<redis::Value> = owner.cmd(&["PUBSUB", "SHARDNUMSUB", &channel]);
         assert_eq!(
-            subscribers.get(1),
-            Some(&redis::Value::Int(2)),
+            redis_server::wake_subscribers(owner, name, true),
+            2,
             "{name}: both clients subscribe on the slot's node"
         );
         let held = holder.acquire().await.unwrap();
@@ -266,8 +265,7 @@ async fn a_lost_subscription_is_made_again() {
     assert!(killed >= 2, "killed {killed}");
     let subscribed = tokio::task::block_in_place(|| {
         redis_server::eventually(Duration::from_secs(5), || {
-            let n: Vec<redis::Value> = owner.cmd(&["PUBSUB", "SHARDNUMSUB", &channel]);
-            n.get(1) == Some(&redis::Value::Int(2))
+            redis_server::wake_subscribers(owner, name, true) == 2
         })
     });
     assert!(subscribed, "both clients subscribe again");
@@ -352,8 +350,7 @@ async fn a_moved_slot_is_followed_by_scripts_and_the_subscription() {
     let owner = cluster.owner(&channel);
     let subscribed = tokio::task::block_in_place(|| {
         redis_server::eventually(Duration::from_secs(5), || {
-            let n: Vec<redis::Value> = owner.cmd(&["PUBSUB", "SHARDNUMSUB", &channel]);
-            n.get(1) == Some(&redis::Value::Int(2))
+            redis_server::wake_subscribers(owner, name, true) == 2
         })
     });
     assert!(subscribed, "both clients subscribe on the slot's new node");
@@ -406,4 +403,73 @@ fn works_on_smol_outside_tokio() {
         });
     });
     worker.join().unwrap();
+}
+
+/// Script calls run by one node so far (EVALSHA and EVAL, less those that
+/// failed: an EVALSHA answered NOSCRIPT is retried as an EVAL).
+fn script_calls(node: &redis_server::RedisServer) -> u64 {
+    let info: String = node.cmd(&["INFO", "commandstats"]);
+    let field = |line: &str, name: &str| -> u64 {
+        line.split(&format!("{name}="))
+            .nth(1)
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .map(|l| field(l, "calls") - field(l, "failed_calls"))
+        .sum()
+}
+
+/// The fair line on a Cluster: three clients that join the line one after
+/// the other are granted in that order, each grant reaching its waiter by
+/// `SPUBLISH` on its own shard channel, and the 3 contended grants cost
+/// two script calls each (the waiter's acquire and the release before it),
+/// all on the node that owns the name's slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fair_line_grants_in_arrival_order_at_two_script_calls_each() {
+    let Some(cluster) = RedisCluster::start_or_skip(3) else {
+        return;
+    };
+    let name = NAMES[2];
+    let owner = cluster.owner(&leases_key(name));
+    let queue = format!("bulkhead:{{{name}}}:queue");
+    let holder = semaphore(&cluster, name, 1).await;
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(semaphore(&cluster, name, 1).await);
+    }
+    let held = holder.acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = script_calls(owner);
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (n, sem) in clients.into_iter().enumerate() {
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let permit = sem.acquire().await.unwrap();
+            order.lock().unwrap().push(n);
+            permit.release().await.unwrap();
+        }));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while owner.cmd::<i64>(&["ZCARD", &queue]) != n as i64 + 1 {
+            assert!(
+                Instant::now() < deadline,
+                "waiter {n} never joined the line"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    held.release().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("granted through sharded pub/sub, long before max_poll")
+            .unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2]);
+    // 3 acquires that joined the line, the holder's release and the 3
+    // waiters' releases (the last one granted nobody).
+    assert_eq!(script_calls(owner) - before, 7);
 }

@@ -83,11 +83,10 @@ fn raw_lease_counts(server: &RedisServer, name: &str) -> (i64, i64) {
     )
 }
 
-/// Subscribers of the semaphore's wake-up channel.
+/// Subscribers of the semaphore's wake-up channels (each process's own in
+/// fair mode, the shared one otherwise).
 fn subscribers(server: &RedisServer, name: &str) -> i64 {
-    // [channel, count]
-    let (_channel, count): (String, i64) = server.cmd(&["PUBSUB", "NUMSUB", &key(name, "wake")]);
-    count
+    redis_server::wake_subscribers(server, name, false)
 }
 
 async fn wait_subscribers(server: &RedisServer, name: &str, n: i64) {

@@ -2263,9 +2263,10 @@ fn blocked_thread_behind_a_panicking_waker_is_woken() {
 fn is_send<T: Send>() {}
 fn is_sync<T: Sync>() {}
 fn is_static<T: 'static>() {}
+fn is_unwind_safe<T: std::panic::UnwindSafe + std::panic::RefUnwindSafe>() {}
 
-/// The semaphore is `Send + Sync`; permits and futures are `Send`; the owned
-/// variants are `'static`; the errors are `Send + Sync`.
+/// The semaphore is `Send + Sync` and unwind-safe; permits and futures are
+/// `Send`; the owned variants are `'static`; the errors are `Send + Sync`.
 #[test]
 fn public_types_have_the_promised_auto_traits() {
     is_send::<Semaphore>();
@@ -2280,6 +2281,11 @@ fn public_types_have_the_promised_auto_traits() {
     is_sync::<AcquireError>();
     is_send::<TryAcquireError>();
     is_sync::<TryAcquireError>();
+    // A `&Semaphore` can be used in `catch_unwind` without
+    // `AssertUnwindSafe`: the queue's lock ignores poisoning, and the
+    // semaphore leaves no broken state across a panic. A change of lock must
+    // keep this.
+    is_unwind_safe::<Semaphore>();
 }
 
 /// The errors print the documented messages and implement `Debug`, `Error`,

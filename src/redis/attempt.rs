@@ -11,6 +11,7 @@ use event_listener::EventListener;
 
 use super::error::{Failure, LeaseError, classify};
 use super::failover::AcquireReply;
+use super::line::Slot;
 use super::permit::{Lease, LeasedPermit};
 use super::semaphore::{Inner, RedisSemaphore};
 use crate::timer::timeout::Timeout;
@@ -24,6 +25,8 @@ enum Grant {
         /// Refused because Redis lost writes (the acquire script's
         /// quarantine); `retry_after` is what is left of it.
         quarantined: bool,
+        /// The id's place in the fair line (0: the head), if it is in it.
+        place: Option<usize>,
     },
 }
 
@@ -61,7 +64,8 @@ impl RedisSemaphore {
     /// registered *before* the script ran (so a release between the answer
     /// and the wait is not missed), and how long to sleep at most.
     pub(super) async fn first_attempt(&self) -> Result<Attempt, LeaseError> {
-        self.attempt(self.inner.pending(), None).await
+        self.attempt(self.inner.pending(self.inner.fair), None)
+            .await
     }
 
     /// See [`first_attempt`](Self::first_attempt); `down_since` is when an
@@ -98,7 +102,12 @@ impl RedisSemaphore {
         if self.is_closed() {
             return Err(LeaseError::Closed);
         }
-        let listener = self.inner.signals.wake.listen();
+        // A waiter in the fair line is woken through its slot only (its
+        // grant, a lost subscription, `close`).
+        let listener = match &pending.slot {
+            Some(slot) => slot.listen(),
+            None => self.inner.signals.wake.listen(),
+        };
         let attempt_start = Instant::now();
         // The outage began when the first failed attempt did; it may last
         // until `outage_tolerance` after that, and no call runs past it
@@ -126,9 +135,17 @@ impl RedisSemaphore {
                 retry_after,
                 limit,
                 quarantined,
+                place,
             }) => Ok(Found::Wait {
                 listener,
-                pause: self.inner.pause(retry_after),
+                // A lease that expires frees a permit for the line's first
+                // `limit` waiters only; the others are served by the
+                // releases and purges ahead of them (and look again every
+                // `max_poll`, should a grant message be lost).
+                pause: match place {
+                    Some(place) if place >= limit => self.inner.pause(None),
+                    _ => self.inner.pause(retry_after),
+                },
                 down_since: None,
                 retry_after,
                 limit,
@@ -172,7 +189,13 @@ impl RedisSemaphore {
         } = busy;
         down.store(down_since.is_some(), Ordering::Relaxed);
         loop {
+            if let Some(permit) = self.inner.announced(&mut pending) {
+                return Ok(permit);
+            }
             let _ = Timeout::new(listener, self.inner.timer.sleep(pause)).await;
+            if let Some(permit) = self.inner.announced(&mut pending) {
+                return Ok(permit);
+            }
             let found = self.attempt_with(&mut pending, down_since, true).await;
             // An attempt that failed for good (denied, refused) is no
             // outage; the wait ends with its error anyway. A quarantine
@@ -209,7 +232,7 @@ impl RedisSemaphore {
     /// The one attempt of [`try_acquire`](Self::try_acquire): no outage
     /// tolerance, and a busy answer is [`LeaseError::NoPermits`].
     pub(super) async fn sole_attempt(&self) -> Result<LeasedPermit, LeaseError> {
-        let mut pending = self.inner.pending();
+        let mut pending = self.inner.pending(false);
         match self.attempt_with(&mut pending, None, false).await? {
             Found::Granted(permit) => Ok(permit),
             Found::Wait {
@@ -227,12 +250,52 @@ impl RedisSemaphore {
 }
 
 impl Inner {
-    fn pending(self: &Arc<Self>) -> Pending {
+    /// A new permit id; with `join`, one that joins the fair line when no
+    /// permit is free (registered in the local line at once: its grant may
+    /// be announced before the answer that put it in line is read).
+    fn pending(self: &Arc<Self>, join: bool) -> Pending {
+        let id = self.ids.next();
+        let slot = join.then(|| self.signals.line.join(&id, Instant::now()));
         Pending {
             inner: self.clone(),
-            id: self.ids.next(),
+            id,
             maybe_granted: false,
+            queued: false,
+            slot,
         }
+    }
+
+    /// The permit whose grant from the fair line was announced to
+    /// `pending`'s slot, taken without a script call. The lease counts
+    /// from the latest call that found the id still waiting (the grant
+    /// came after it, so this deadline is before Redis's); if that leaves
+    /// less than half a lease's life, `None`: the acquire script then runs
+    /// again with the same id, returns the grant and extends the lease.
+    fn announced(self: &Arc<Self>, pending: &mut Pending) -> Option<LeasedPermit> {
+        let (fence, limit, since) = pending.slot.as_ref()?.take()?;
+        self.limit_seen.store(limit, Ordering::Relaxed);
+        // With `replicas`, the acquire script runs again instead: its write
+        // (the lease extended) comes after the grant, so the `WAIT` after it
+        // covers the grant too.
+        if (since + self.life).saturating_duration_since(Instant::now()) < self.life / 2
+            || self.failover.replicas.is_some()
+        {
+            return None;
+        }
+        self.fence_seen.fetch_max(fence, Ordering::Relaxed);
+        pending.settle();
+        let lease = Arc::new(Lease::new(
+            core::mem::take(&mut pending.id),
+            fence,
+            since,
+            self.life,
+        ));
+        self.lock_leases().insert(lease.id.clone(), lease.clone());
+        Some(LeasedPermit {
+            inner: self.clone(),
+            lease,
+            done: false,
+        })
     }
 
     /// How long a waiter sleeps before trying again, unless woken sooner:
@@ -258,15 +321,16 @@ impl Inner {
         loop {
             pending.maybe_granted = true;
             let sent = Instant::now();
-            let mut call = self.keys.call(&self.scripts.acquire);
-            call.key(&self.keys.quarantine)
-                .key(&self.keys.epoch)
+            let mut call = self.keys.call_all(&self.scripts.acquire);
+            call.key(&self.keys.epoch)
                 .arg(&pending.id)
                 .arg(self.ttl.as_millis() as u64)
                 .arg(self.default_limit)
                 .arg(&self.label)
                 .arg(self.fence_seen.load(Ordering::Relaxed))
                 .arg(self.quarantine_ms)
+                .arg(u8::from(pending.slot.is_some()))
+                .arg(&self.token)
                 .arg(&*self.failover.epoch())
                 .arg(self.failover.loss_flag());
             let mut conn = self.grant_conn();
@@ -288,6 +352,7 @@ impl Inner {
                     ms,
                     limit,
                     quarantined,
+                    queued,
                     epoch,
                 }) => {
                     let limit = usize::try_from(limit).unwrap_or(0);
@@ -297,16 +362,22 @@ impl Inner {
                             self.failover.quarantined(epoch);
                         }
                         pending.maybe_granted = false;
+                        pending.queued = queued > 0;
+                        if let Some(slot) = pending.slot.as_ref().filter(|_| queued > 0) {
+                            slot.still_waiting(sent);
+                        }
                         return Ok(Grant::Busy {
                             retry_after: u64::try_from(ms).ok().map(Duration::from_millis),
                             limit,
                             quarantined: quarantined == 1,
+                            place: usize::try_from(queued - 1).ok(),
                         });
                     }
                     self.fence_seen.fetch_max(fence, Ordering::Relaxed);
                     // Too few replicas: `pending` is still marked, and its
                     // drop releases the grant.
                     self.replicated(&mut conn).await?;
+                    pending.settle();
                     let lease = Arc::new(Lease::new(
                         core::mem::take(&mut pending.id),
                         fence,
@@ -362,16 +433,37 @@ fn outage_over() -> redis::RedisError {
 
 /// A permit id on its way to becoming a grant. If the future that owns it
 /// is dropped while a grant may have happened (a script call in flight, or
-/// failed ambiguously), the id is released in the background.
+/// failed ambiguously) or while it waits in the fair line (where a release
+/// may grant it at any moment), the id is released in the background: the
+/// release script takes it out of the line, and hands a permit that was
+/// granted to it to the next waiter.
 struct Pending {
     inner: Arc<Inner>,
     id: String,
     maybe_granted: bool,
+    /// The last answer put (or kept) the id in the fair line.
+    queued: bool,
+    /// Its place in this process's line, while it may join or wait in the
+    /// fair line.
+    slot: Option<Arc<Slot>>,
+}
+
+impl Pending {
+    /// The id became a permit: it waits no more.
+    fn settle(&mut self) {
+        self.queued = false;
+        if self.slot.take().is_some() {
+            self.inner.signals.line.leave(&self.id);
+        }
+    }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        if self.maybe_granted {
+        if self.slot.take().is_some() {
+            self.inner.signals.line.leave(&self.id);
+        }
+        if self.maybe_granted || self.queued {
             self.inner
                 .release_in_background(core::mem::take(&mut self.id));
         }

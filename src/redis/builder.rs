@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::conn::{Backend, Conn, Settings};
-use super::error::ConfigError;
+use super::error::{ConfigError, Failure, classify};
 use super::failover::{Failover, Replicas};
 use super::id::IdSource;
 use super::keeper;
@@ -37,6 +37,7 @@ pub struct RedisSemaphoreBuilder {
     drift_margin: Option<Duration>,
     quarantine: bool,
     replicas: Option<(usize, Duration)>,
+    fair: bool,
 }
 
 impl RedisSemaphoreBuilder {
@@ -59,6 +60,7 @@ impl RedisSemaphoreBuilder {
             drift_margin: None,
             quarantine: true,
             replicas: None,
+            fair: true,
         }
     }
 
@@ -233,6 +235,38 @@ impl RedisSemaphoreBuilder {
         self
     }
 
+    /// Whether waiters in every process are granted permits in arrival
+    /// order (default `true`, as for the local
+    /// [`Semaphore`](crate::semaphore::Semaphore)).
+    ///
+    /// Fair: a waiting [`acquire`](RedisSemaphore::acquire) that finds no
+    /// permit free joins a line in Redis, and a release, an expired lease
+    /// or a raised limit grants the line's head inside the same script,
+    /// then tells only that waiter's process, on a channel of its own: a
+    /// contended grant costs two script calls (the waiter's acquire and
+    /// the holder's release) and one wake-up, and no process can starve
+    /// another by asking more often. A waiter's entry is heartbeaten with
+    /// this process's renewals; the entry of a process that stops (a
+    /// crash) expires after one lease time to live, and the line moves on.
+    ///
+    /// Unfair (`false`, the behaviour before the line existed): waiters
+    /// are not queued; every release publishes `free 1` to every process,
+    /// whose waiters race to run the acquire script, so a process that
+    /// asks again at once after releasing (barging) may take the permit
+    /// before older waiters elsewhere. It saves the hop from the
+    /// releaser to the waiter's process when one process does most of the
+    /// work, at the price of more script calls per grant under contention
+    /// and no bound on how long a waiter waits.
+    ///
+    /// Processes of both kinds may share a semaphore: every release serves
+    /// the line first, and only the permits left over are raced for.
+    /// [`try_acquire`](RedisSemaphore::try_acquire) never joins the line,
+    /// and takes a permit only if nobody waits in it.
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
     /// How much sooner than Redis this process stops counting on a lease
     /// (default: 1% of the time to live, at least 10 ms, at most a quarter
     /// of the time to live).
@@ -347,10 +381,16 @@ impl RedisSemaphoreBuilder {
             limit: format!("{base}:limit"),
             channel: format!("{base}:wake"),
             quarantine: format!("{base}:quarantine"),
+            queue: format!("{base}:queue"),
+            queue_beat: format!("{base}:queue:beat"),
+            queue_info: format!("{base}:queue:info"),
+            queue_seq: format!("{base}:queue:seq"),
             epoch: format!("{base}:epoch"),
         };
         let scripts = Scripts::new(connected.publish);
         check_scripts(&conn, &scripts, &keys).await?;
+        let ids = IdSource::new();
+        let token = format!("{:016x}", ids.random());
         let replicas = replicas.map(|((count, timeout), conn)| Replicas {
             count,
             timeout,
@@ -360,9 +400,14 @@ impl RedisSemaphoreBuilder {
             .await
             .map_err(ConfigError::of)?;
         if self.pubsub {
+            // The channel the subscriber will keep (see `Inner::channel`).
+            let channel = match self.fair {
+                true => format!("{}:{token}", keys.channel),
+                false => keys.channel.clone(),
+            };
             connected
                 .subscriber
-                .check(&keys.channel, &*timer, self.response_timeout)
+                .check(&channel, &*timer, self.response_timeout)
                 .await?;
         }
         let label = self.label.unwrap_or_else(default_label);
@@ -387,13 +432,15 @@ impl RedisSemaphoreBuilder {
             leases: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             limit_seen: AtomicUsize::new(self.limit),
-            ids: IdSource::new(),
+            ids,
             fence_seen: AtomicU64::new(0),
             quarantine_ms: match self.quarantine {
                 true => u64::try_from(self.lease_ttl.as_millis()).unwrap_or(u64::MAX),
                 false => 0,
             },
             failover,
+            fair: self.fair,
+            token,
         });
         keeper::start(&inner, connected.subscriber, self.pubsub);
         super::failover::start_watch(&inner);
@@ -404,13 +451,32 @@ impl RedisSemaphoreBuilder {
 /// Runs the probe script: the user may run `EVALSHA` and `SCRIPT LOAD`,
 /// and read and write the semaphore's keys.
 async fn check_scripts(conn: &Conn, scripts: &Scripts, keys: &Keys) -> Result<(), ConfigError> {
-    let _one: i64 = keys
-        .call(&scripts.probe)
-        .key(&keys.quarantine)
+    let probe: redis::RedisResult<i64> = keys
+        .call_all(&scripts.probe)
         .invoke_async(&mut conn.clone())
-        .await
-        .map_err(ConfigError::of)?;
-    Ok(())
+        .await;
+    match probe {
+        Ok(_one) => Ok(()),
+        // A client that has not authenticated may send no command of more
+        // than 10 arguments (the probe has 13), and Redis closes its
+        // connection: a `PING` (on the connection made again) gets the
+        // server's own `NOAUTH` for the error. Either way it is `Auth`.
+        Err(e) if e.detail().is_some_and(|d| d.contains("unauthenticated")) => {
+            for _ in 0..3 {
+                let ping: redis::RedisResult<String> =
+                    redis::cmd("PING").query_async(&mut conn.clone()).await;
+                match ping {
+                    Err(noauth) if classify(&noauth) == Failure::Auth => {
+                        return Err(ConfigError::of(noauth));
+                    }
+                    Err(_) => continue,
+                    Ok(_) => break,
+                }
+            }
+            Err(ConfigError::of(e))
+        }
+        Err(e) => Err(ConfigError::of(e)),
+    }
 }
 
 /// The label of a lease when none is set: host name and process id.

@@ -429,19 +429,48 @@ pub(super) fn no_answer() -> redis::RedisError {
     .into()
 }
 
-/// How many waiters a wake-up message asks to wake: `free n` wakes `n`,
-/// anything else (a malformed message) every one.
-fn wake_count(payload: &[u8]) -> usize {
-    core::str::from_utf8(payload)
-        .ok()
-        .and_then(|p| p.strip_prefix("free "))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(usize::MAX)
+/// What a message on one of the semaphore's channels asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Wake {
+    /// `free n` (shared channel): wake `n` local waiters (`usize::MAX`:
+    /// every one, as for a malformed message or one that may have been
+    /// missed).
+    Free(usize),
+    /// `grant id fence ttl limit` (this process's channel): the line's
+    /// head `id` was granted the permit with this fence, under this limit.
+    Granted {
+        id: String,
+        fence: u64,
+        limit: usize,
+    },
 }
 
-/// A live subscription: yields how many local waiters to wake for each
-/// message (`usize::MAX`: all of them), and ends when the subscription is
-/// lost.
+/// Reads a wake-up message; anything malformed wakes every waiter.
+fn parse_wake(payload: &[u8]) -> Wake {
+    let text = core::str::from_utf8(payload).unwrap_or("");
+    if let Some(n) = text.strip_prefix("free ") {
+        return Wake::Free(n.parse().unwrap_or(usize::MAX));
+    }
+    let mut parts = text.split(' ');
+    if let (Some("grant"), Some(id), Some(fence), Some(_ttl), Some(limit), None) = (
+        parts.next(),
+        parts.next(),
+        parts.next().and_then(|f| f.parse().ok()),
+        parts.next(),
+        parts.next().and_then(|l| l.parse().ok()),
+        parts.next(),
+    ) {
+        return Wake::Granted {
+            id: id.to_owned(),
+            fence,
+            limit,
+        };
+    }
+    Wake::Free(usize::MAX)
+}
+
+/// A live subscription: yields what each message asks for, and ends when
+/// the subscription is lost.
 pub(super) enum Subscription {
     /// A pub/sub connection's messages; with Sentinel, it also ends when
     /// the primary changes.
@@ -459,9 +488,9 @@ pub(super) enum Subscription {
 }
 
 impl Stream for Subscription {
-    type Item = usize;
+    type Item = Wake;
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<usize>> {
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Wake>> {
         match self.get_mut() {
             Self::Messages {
                 stream,
@@ -477,7 +506,7 @@ impl Stream for Subscription {
                 stream
                     .as_mut()
                     .poll_next(cx)
-                    .map(|msg| msg.map(|msg| wake_count(msg.get_payload_bytes())))
+                    .map(|msg| msg.map(|msg| parse_wake(msg.get_payload_bytes())))
             }
             #[cfg(feature = "redis-cluster")]
             Self::Pushes { pushes, listener } => pushes.poll_next(listener, cx),

@@ -389,6 +389,11 @@ pub(super) fn classify(e: &redis::RedisError) -> Failure {
             let detail = e.detail().unwrap_or("");
             if detail.starts_with("The user executing the script can't") {
                 Failure::Denied
+            } else if detail.contains("Protocol error: unauthenticated") {
+                // Redis refuses a command of more than 10 arguments from a
+                // client that has not authenticated (every script call of
+                // the semaphore has more) before it would answer `NOAUTH`.
+                Failure::Auth
             } else if detail.starts_with("max number of clients reached") {
                 Failure::Transient
             } else {

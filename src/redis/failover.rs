@@ -259,7 +259,7 @@ pub(in crate::redis) fn is_promotion(old: &str, now: &(String, String)) -> bool 
     now.0 != old && now.1 == old
 }
 
-/// The acquire script's answer (see `scripts.rs`): six numbers, and the
+/// The acquire script's answer (see `scripts.rs`): seven numbers, and the
 /// epoch marker when grants are quarantined.
 pub(super) struct AcquireReply {
     pub(super) granted: i64,
@@ -267,17 +267,18 @@ pub(super) struct AcquireReply {
     pub(super) ms: i64,
     pub(super) limit: i64,
     pub(super) quarantined: i64,
+    pub(super) queued: i64,
     pub(super) epoch: Option<String>,
 }
 
 impl FromRedisValue for AcquireReply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         let mut items: Vec<Value> = redis::from_redis_value(v)?;
-        if !(6..=7).contains(&items.len()) {
-            return Err(format!("acquire answered {} values, not 6 or 7", items.len()).into());
+        if !(7..=8).contains(&items.len()) {
+            return Err(format!("acquire answered {} values, not 7 or 8", items.len()).into());
         }
         let epoch = match items.len() {
-            7 => items.pop().map(redis::from_redis_value).transpose()?,
+            8 => items.pop().map(redis::from_redis_value).transpose()?,
             _ => None,
         };
         let n = |i: usize| redis::from_redis_value_ref::<i64>(&items[i]);
@@ -287,6 +288,7 @@ impl FromRedisValue for AcquireReply {
             ms: n(2)?,
             limit: n(3)?,
             quarantined: n(5)?,
+            queued: n(6)?,
             epoch,
         })
     }

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use event_listener::{Event, IntoNotification};
 use futures_core::Stream;
 
-use super::conn::Subscriber;
+use super::conn::{Subscriber, Wake};
 use super::error::LostReason;
+use super::line::{Line, Slot};
 use super::semaphore::Inner;
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
@@ -24,6 +25,9 @@ pub(super) struct Signals {
     /// Notified when permits may have come free (a pub/sub message, a
     /// (re)subscription, `close`).
     pub(super) wake: Event,
+    /// This process's waiters in the fair line, and the grants announced
+    /// to them.
+    pub(super) line: Line,
     /// Set, and `shutdown` notified, when the last handle is gone.
     stopped: AtomicBool,
     shutdown: Event,
@@ -43,7 +47,8 @@ impl Drop for Inner {
 }
 
 /// Starts the renewer, and the subscriber unless `pubsub` is off (then
-/// waiters poll).
+/// waiters poll): to this process's own channel in fair mode (where its
+/// waiters' grants are announced), to the shared one otherwise.
 pub(super) fn start(inner: &Arc<Inner>, subscriber: Subscriber, pubsub: bool) {
     let weak = Arc::downgrade(inner);
     inner.spawner.spawn(renew_loop(
@@ -55,7 +60,7 @@ pub(super) fn start(inner: &Arc<Inner>, subscriber: Subscriber, pubsub: bool) {
     if pubsub {
         inner.spawner.spawn(pubsub_loop(
             subscriber,
-            inner.keys.channel.clone(),
+            inner.channel(),
             inner.signals.clone(),
             inner.timer.clone(),
         ));
@@ -102,17 +107,22 @@ impl Inner {
         for lease in &lost {
             self.forget_lease(&lease.id);
         }
+        // The waiters in the fair line are heartbeaten in the first call
+        // (or in one of their own if nothing is held).
+        let mut waiting = Some(self.signals.line.entries()).filter(|w| !w.is_empty());
         for chunk in leases.chunks(512) {
             let chunk: Vec<_> = chunk.iter().filter(|l| l.sending()).cloned().collect();
             if chunk.is_empty() {
                 continue;
             }
             let sent = Instant::now();
-            let mut call = self.keys.call(&self.scripts.renew);
+            let mut call = self.keys.call_all(&self.scripts.renew);
             call.arg(self.ttl.as_millis() as u64);
             for lease in &chunk {
                 call.arg(&lease.id);
             }
+            let beats = waiting.take().unwrap_or_default();
+            add_beats(&mut call, &beats);
             // A renewal may not outlast the earliest lease it renews: past
             // that deadline the lease is lost (its holder knew at once),
             // and an answer read later would not bring it back.
@@ -125,17 +135,19 @@ impl Inner {
             match answer {
                 Some(Ok(ttls)) => {
                     let mut forgotten = false;
+                    beaten(&beats, ttls.get(chunk.len()..).unwrap_or(&[]), sent);
                     for (lease, ttl) in chunk.iter().zip(ttls) {
                         if ttl > 0 {
                             lease.renewed(sent, self.life);
                         } else {
                             // Sent before the holder's own deadline, which
                             // comes before Redis's: Redis should still
-                            // have had it, and lost it. Unless its holder
-                            // gave it back meanwhile (a release is sent
-                            // only once the lease is out of the map).
-                            forgotten |= sent < lease.deadline()
-                                && self.lock_leases().contains_key(&lease.id);
+                            // have had it, and lost it. Unless it was
+                            // released meanwhile (a release forgets the
+                            // lease before it is sent, and may reach Redis
+                            // before this renewal did).
+                            let released = !self.lock_leases().contains_key(&lease.id);
+                            forgotten |= sent < lease.deadline() && !released;
                             self.lost(lease, LostReason::Expired);
                         }
                     }
@@ -155,7 +167,27 @@ impl Inner {
                 }
             }
         }
+        if let Some(beats) = waiting {
+            self.heartbeat(&beats).await;
+        }
         self.lock_leases().values().map(|l| l.deadline()).min()
+    }
+
+    /// Heartbeats the waiters in the fair line when no lease is renewed
+    /// (one call; a failed one is not retried: an entry lives a whole lease
+    /// time to live, three rounds).
+    async fn heartbeat(&self, beats: &[(String, Arc<Slot>)]) {
+        let sent = Instant::now();
+        let mut call = self.keys.call_all(&self.scripts.renew);
+        call.arg(self.ttl.as_millis() as u64);
+        add_beats(&mut call, beats);
+        let mut conn = self.conn.clone();
+        let within = self.timer.sleep(self.renew_every);
+        let answer: Result<redis::RedisResult<Vec<i64>>, _> =
+            Timeout::new(call.invoke_async(&mut conn), within).await;
+        if let Ok(Ok(answers)) = answer {
+            beaten(beats, &answers, sent);
+        }
     }
 
     /// Redis forgot a lease it should still hold (a restart without
@@ -180,10 +212,36 @@ impl Inner {
     }
 }
 
-/// Keeps one subscription to the semaphore's channel and wakes local
-/// waiters for each message: `free n` wakes `n` more of them. Whenever the
-/// subscription is (re)made or lost, every waiter is woken, since messages
-/// may have been missed. Waiters never depend on this: they also retry at
+/// The waiter ids after the lease ids of a renewal (see the renew script).
+fn add_beats(call: &mut redis::ScriptInvocation<'_>, beats: &[(String, Arc<Slot>)]) {
+    if !beats.is_empty() {
+        call.arg("");
+        for (id, _) in beats {
+            call.arg(id);
+        }
+    }
+}
+
+/// Reads the renew script's answers for the waiters of a heartbeat sent
+/// at `sent`: still waiting (the grant, when it comes, came after `sent`),
+/// or gone (the entry expired: the waiter looks again at once, and joins
+/// the line anew unless it was granted meanwhile). A waiter found granted
+/// gets its `grant` message, or looks again at its next poll.
+fn beaten(beats: &[(String, Arc<Slot>)], answers: &[i64], sent: Instant) {
+    for ((_, slot), answer) in beats.iter().zip(answers) {
+        match answer {
+            1 => slot.still_waiting(sent),
+            0 => slot.wake(),
+            _ => {}
+        }
+    }
+}
+
+/// Keeps one subscription to the semaphore's channel (or this process's)
+/// and wakes local waiters for each message: `free n` wakes `n` more of
+/// them, `grant id fence ttl limit` the waiter `id`. Whenever the subscription
+/// is (re)made or lost, every waiter is woken, since messages may have
+/// been missed. Waiters never depend on this: they also retry at
 /// the earliest lease deadline and at least every `max_poll`.
 async fn pubsub_loop(
     subscriber: Subscriber,
@@ -196,6 +254,7 @@ async fn pubsub_loop(
         if let Some(mut messages) = subscriber.subscribe(&channel).await {
             backoff = Duration::from_millis(50);
             signals.wake.notify(usize::MAX);
+            signals.line.wake_all();
             loop {
                 match (NextOrStop {
                     stream: &mut messages,
@@ -204,8 +263,15 @@ async fn pubsub_loop(
                 })
                 .await
                 {
-                    Next::Message(n) => {
+                    Next::Message(Wake::Free(usize::MAX)) => {
+                        signals.wake.notify(usize::MAX);
+                        signals.line.wake_all();
+                    }
+                    Next::Message(Wake::Free(n)) => {
                         signals.wake.notify(n.additional());
+                    }
+                    Next::Message(Wake::Granted { id, fence, limit }) => {
+                        signals.line.granted(&id, fence, limit);
                     }
                     Next::Ended => break,
                     Next::Stopped => return,
@@ -213,6 +279,7 @@ async fn pubsub_loop(
             }
         }
         signals.wake.notify(usize::MAX);
+        signals.line.wake_all();
         if !sleep_unless_stopped(&*timer, backoff, &signals).await {
             return;
         }
@@ -234,8 +301,8 @@ async fn sleep_unless_stopped(timer: &dyn Timer, d: Duration, signals: &Signals)
 }
 
 enum Next {
-    /// A wake-up for this many waiters.
-    Message(usize),
+    /// A wake-up message.
+    Message(Wake),
     Ended,
     Stopped,
 }
@@ -248,7 +315,7 @@ struct NextOrStop<'a, S> {
     listener: Option<event_listener::EventListener>,
 }
 
-impl<S: Stream<Item = usize> + Unpin> Future for NextOrStop<'_, S> {
+impl<S: Stream<Item = Wake> + Unpin> Future for NextOrStop<'_, S> {
     type Output = Next;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Next> {

@@ -16,6 +16,11 @@
 //!   that reads the server's clock, so clients' clocks do not matter.
 //! * A lease is renewed in the background while its permit is held. If a
 //!   holder crashes, its permit comes back within one lease time to live.
+//! * Waiters are granted permits in arrival order across processes: a
+//!   release grants the head of a line kept in Redis inside its own
+//!   script, and tells only that waiter's process (two script calls and
+//!   one wake-up per contended grant). [`RedisSemaphoreBuilder::fair`]
+//!   turns it off.
 //! * Every grant carries a fencing token that increases per semaphore. A
 //!   holder that stalls past its lease loses it: the permit reports it, and
 //!   the guarded resource can refuse the old token.
@@ -68,6 +73,7 @@ mod error;
 mod failover;
 mod id;
 mod keeper;
+mod line;
 mod permit;
 mod scripts;
 mod semaphore;

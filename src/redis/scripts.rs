@@ -9,11 +9,23 @@
 //! * `KEYS[3]` `…:fence`: the fence counter (never expires).
 //! * `KEYS[4]` `…:limit`: the limit every client obeys.
 //! * `KEYS[5]` `…:wake`: the pub/sub channel (only published to).
-//! * `KEYS[6]` `…:quarantine` (the acquire script only): present, with a
-//!   time to live, while new grants are refused after this server was found
-//!   to have lost writes (see `ACQUIRE`).
-//! * `KEYS[7]` `…:epoch` (the acquire script only): the epoch marker,
+//! * `KEYS[6]` `…:quarantine`: present, with a time to live, while new
+//!   grants are refused after this server was found to have lost writes
+//!   (see `ACQUIRE`).
+//! * `KEYS[7]` `…:queue`: sorted set, waiting permit id → arrival number:
+//!   the fair line (see `serve`).
+//! * `KEYS[8]` `…:queue:beat`: sorted set, waiting permit id → the deadline
+//!   of its entry (ms), pushed back by its process's heartbeats.
+//! * `KEYS[9]` `…:queue:info`: hash, waiting permit id →
+//!   `ttl_ms:process_token:label`, what its grant needs.
+//! * `KEYS[10]` `…:queue:seq`: the arrival counter (never expires).
+//! * `KEYS[11]` `…:epoch` (the acquire script only): the epoch marker,
 //!   which a server that lost its data no longer has (see `ACQUIRE`).
+//!
+//! The scripts that change leases (acquire, renew, release, set limit)
+//! take all ten keys (`Keys::call_all`); the others take the first five
+//! (`Keys::call`) or six. A waiter's process listens on its own channel,
+//! `KEYS[5] .. ':' .. process_token` (same hash tag, so same slot).
 //!
 //! The wake-ups are published with `PUBLISH`, or with `SPUBLISH` on a
 //! Redis Cluster (sharded pub/sub: the message stays on the shard that owns
@@ -27,10 +39,68 @@
 use redis::Script;
 
 /// Shared by every script: the server's clock in milliseconds, and the
-/// removal of expired leases, published so that waiters look again.
+/// removal of expired leases.
+///
+/// **The fair line.** `serve` hands the permits that are free to the heads
+/// of the line (`KEYS[7]`), in arrival order, inside the script that freed
+/// them (a release, an expiry purge, a raised limit, or any later script
+/// call, which also serves a line left waiting by a quarantine that has
+/// ended): lease added and fence bumped, as the acquire script would, and
+/// a `grant id fence ttl limit` message published on the waiter's process
+/// channel only. It first drops the entries whose process stopped
+/// heartbeating them (their deadline in `KEYS[8]` passed), and grants
+/// nothing while a quarantine runs. `wake` then publishes `free n` on the
+/// shared channel for the waiters that are not in the line (unfair mode),
+/// for the permits still free once the line is served (none while the
+/// line is not empty), so a grant from the line wakes no one else.
 const PRELUDE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function serve()
+  if not KEYS[7] or redis.call('EXISTS', KEYS[7]) == 0 then
+    return
+  end
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now)
+  if #gone > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now)
+    for _, id in ipairs(gone) do
+      redis.call('ZREM', KEYS[7], id)
+      redis.call('HDEL', KEYS[9], id)
+    end
+  end
+  local limit = tonumber(redis.call('GET', KEYS[4])) or 0
+  local free = limit - redis.call('ZCARD', KEYS[1])
+  if free <= 0 or redis.call('EXISTS', KEYS[6]) == 1 then
+    return
+  end
+  while free > 0 do
+    local id = redis.call('ZRANGE', KEYS[7], 0, 0)[1]
+    if not id then
+      return
+    end
+    local w = redis.call('HGET', KEYS[9], id) or ''
+    redis.call('ZREM', KEYS[7], id)
+    redis.call('ZREM', KEYS[8], id)
+    redis.call('HDEL', KEYS[9], id)
+    local ttl, token, label = string.match(w, '^(%d+):(%x*):(.*)$')
+    if ttl and redis.call('HEXISTS', KEYS[2], id) == 0 then
+      local fence = redis.call('INCR', KEYS[3])
+      redis.call('ZADD', KEYS[1], now + tonumber(ttl), id)
+      redis.call('HSET', KEYS[2], id, fence .. ':' .. now .. ':' .. label)
+      redis.pcall(PUBLISH, KEYS[5] .. ':' .. token, 'grant ' .. id .. ' ' .. fence .. ' ' .. ttl .. ' ' .. limit)
+      free = free - 1
+    end
+  end
+end
+local function wake(n)
+  if n <= 0 or (KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1) then
+    return
+  end
+  local free = (tonumber(redis.call('GET', KEYS[4])) or 0) - redis.call('ZCARD', KEYS[1])
+  if free > 0 then
+    redis.pcall(PUBLISH, KEYS[5], 'free ' .. math.min(n, free))
+  end
+end
 local function purge()
   local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
   if #expired > 0 then
@@ -38,8 +108,9 @@ local function purge()
     for _, id in ipairs(expired) do
       redis.call('HDEL', KEYS[2], id)
     end
-    redis.pcall(PUBLISH, KEYS[5], 'free ' .. #expired)
   end
+  serve()
+  wake(#expired)
 end
 local function limit_of(default)
   local limit = tonumber(redis.call('GET', KEYS[4]))
@@ -51,18 +122,27 @@ local function limit_of(default)
 end
 ";
 
-/// `KEYS`: as the others, with `KEYS[6]` the quarantine and `KEYS[7]` the
-/// epoch marker. `ARGV`: id, ttl_ms, default limit, label, the highest
-/// fence this client has been granted (0: none yet), the quarantine in ms
-/// (0: off), the epoch marker this client last saw, `1` if this client
-/// found another sign of a loss (a promoted replica: see `failover.rs`).
+/// `KEYS`: the ten, and `KEYS[11]` the epoch marker. `ARGV`: id, ttl_ms,
+/// default limit, label, the highest fence this client has been granted
+/// (0: none yet), the quarantine in ms (0: off), whether to join the line
+/// when no permit is free (1, fair mode) or not (0), the process token (the
+/// suffix of this process's channel), the epoch marker this client last
+/// saw, `1` if this client found another sign of a loss (a promoted
+/// replica: see `failover.rs`).
 ///
-/// Returns `{1, fence, ttl_left_ms, limit, holders, 0}` when granted (also
-/// for a retry of an id that already holds: same fence, lease extended), or
-/// `{0, 0, retry_after_ms, limit, holders, 0}`, where `retry_after_ms` is
-/// the time until the earliest lease expires (-1 when nothing is held, as
-/// with a limit of zero), or `{0, 0, quarantine_left_ms, limit, holders,
-/// 1, epoch}` while grants are refused.
+/// Returns `{1, fence, ttl_left_ms, limit, holders, 0, 0}` when granted
+/// (also for a retry of an id that already holds, or was granted from the
+/// line meanwhile: same fence, lease extended), or `{0, 0, retry_after_ms,
+/// limit, holders, 0, queued}`, where `retry_after_ms` is the time until
+/// the earliest lease expires (-1 when nothing is held, as with a limit of
+/// zero) and `queued` is the id's place in the line plus one (0: not in
+/// it; an id already in line keeps its place, and its entry's deadline is
+/// pushed back), or `{0, 0, quarantine_left_ms, limit, holders, 1, queued,
+/// epoch}` while grants are refused.
+///
+/// A free permit is taken only if nobody waits in the line: `purge` has
+/// just served the line, so the line is empty whenever a permit is free,
+/// but during a quarantine.
 ///
 /// **Quarantine.** A fence counter below a fence this client was granted
 /// means the server lost writes: it restarted without persistence, or a
@@ -74,7 +154,7 @@ end
 /// granted before the loss has expired, or been renewed, which puts it
 /// back). Consul's lock-delay does the same after a session is lost.
 ///
-/// The **epoch marker** `KEYS[7]` is a value written once (the server's
+/// The **epoch marker** `KEYS[11]` is a value written once (the server's
 /// `TIME` when it was found missing) and never expiring: a server that
 /// lost its data (a restart without persistence, a flush, a promoted
 /// replica that never had it) has none, or one written since. A client
@@ -88,58 +168,90 @@ local info = redis.call('HGET', KEYS[2], id)
 if info then
   redis.call('ZADD', KEYS[1], 'XX', now + ttl, id)
   local fence = string.match(info, '^(%d+):')
-  return {1, tonumber(fence), ttl, limit, redis.call('ZCARD', KEYS[1]), 0}
+  return {1, tonumber(fence), ttl, limit, redis.call('ZCARD', KEYS[1]), 0, 0}
 end
 local holders = redis.call('ZCARD', KEYS[1])
+local queued = 0
+local rank = redis.call('ZRANK', KEYS[7], id)
+if rank then
+  redis.call('ZADD', KEYS[8], 'XX', now + ttl, id)
+  queued = rank + 1
+end
 local quarantine = tonumber(ARGV[6])
 if quarantine > 0 then
-  local epoch = redis.call('GET', KEYS[7])
+  local epoch = redis.call('GET', KEYS[11])
   if not epoch then
     epoch = t[1] .. '.' .. t[2]
-    redis.call('SET', KEYS[7], epoch)
+    redis.call('SET', KEYS[11], epoch)
   end
   local left = redis.call('PTTL', KEYS[6])
   if left > 0 then
-    return {0, 0, left, limit, holders, 1, epoch}
+    return {0, 0, left, limit, holders, 1, queued, epoch}
   end
   local seen = tonumber(ARGV[5])
   local behind = seen > (tonumber(redis.call('GET', KEYS[3])) or 0)
-  if behind or epoch ~= ARGV[7] or ARGV[8] == '1' then
+  if behind or epoch ~= ARGV[9] or ARGV[10] == '1' then
     if behind then
       redis.call('SET', KEYS[3], seen)
     end
     redis.call('SET', KEYS[6], seen, 'PX', quarantine)
-    return {0, 0, quarantine, limit, holders, 1, epoch}
+    return {0, 0, quarantine, limit, holders, 1, queued, epoch}
   end
 end
-if holders < limit then
+if queued == 0 and holders < limit and redis.call('EXISTS', KEYS[7]) == 0 then
   local fence = redis.call('INCR', KEYS[3])
   redis.call('ZADD', KEYS[1], now + ttl, id)
   redis.call('HSET', KEYS[2], id, fence .. ':' .. now .. ':' .. ARGV[4])
-  return {1, fence, ttl, limit, holders + 1, 0}
+  return {1, fence, ttl, limit, holders + 1, 0, 0}
+end
+if queued == 0 and ARGV[7] == '1' then
+  redis.call('ZADD', KEYS[7], redis.call('INCR', KEYS[10]), id)
+  redis.call('ZADD', KEYS[8], now + ttl, id)
+  redis.call('HSET', KEYS[9], id, ttl .. ':' .. ARGV[8] .. ':' .. ARGV[4])
+  queued = redis.call('ZCARD', KEYS[7])
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local retry = -1
 if first[2] then
   retry = tonumber(first[2]) - now
 end
-return {0, 0, retry, limit, holders, 0}
+return {0, 0, retry, limit, holders, 0, queued}
 ";
 
-/// `ARGV`: ttl_ms, then the ids to renew. Returns one number per id: the
-/// lease's new time to live in ms, or -1 if the lease is gone or expired
-/// (then it is removed: a lost lease is never revived).
+/// `ARGV`: ttl_ms, then the ids to renew, then optionally an empty string
+/// and the ids of this process's waiters in the line, to heartbeat.
+/// Returns one number per lease id: the lease's new time to live in ms, or
+/// -1 if the lease is gone or expired (then it is removed: a lost lease is
+/// never revived); then one per waiter id: 1 if it is still in line (its
+/// entry's deadline pushed back), 2 if it was granted (its `grant`
+/// message is on its way, or was lost), 0 if it is neither (its entry
+/// expired: an expired entry is never revived either).
 const RENEW: &str = r"
 local ttl = tonumber(ARGV[1])
 local out = {}
+local waiters = false
 for i = 2, #ARGV do
   local id = ARGV[i]
-  local deadline = tonumber(redis.call('ZSCORE', KEYS[1], id))
-  if deadline and deadline > now then
-    redis.call('ZADD', KEYS[1], 'XX', now + ttl, id)
-    out[#out + 1] = ttl
+  if id == '' then
+    waiters = true
+  elseif waiters then
+    local beat = tonumber(redis.call('ZSCORE', KEYS[8], id))
+    if beat and beat > now then
+      redis.call('ZADD', KEYS[8], 'XX', now + ttl, id)
+      out[#out + 1] = 1
+    elseif redis.call('HEXISTS', KEYS[2], id) == 1 then
+      out[#out + 1] = 2
+    else
+      out[#out + 1] = 0
+    end
   else
-    out[#out + 1] = -1
+    local deadline = tonumber(redis.call('ZSCORE', KEYS[1], id))
+    if deadline and deadline > now then
+      redis.call('ZADD', KEYS[1], 'XX', now + ttl, id)
+      out[#out + 1] = ttl
+    else
+      out[#out + 1] = -1
+    end
   end
 end
 purge()
@@ -149,17 +261,22 @@ return out
 /// `ARGV`: id. Returns the ms the lease had left (> 0: released in time),
 /// or how long ago it expired as a negative number or zero (an overrun;
 /// the entry is removed either way), or `nil` if the id held nothing
-/// (expired and purged, possibly granted to someone else since).
+/// (expired and purged, possibly granted to someone else since). An id
+/// waiting in the line leaves it (a cancelled waiter), and the permit
+/// freed goes to the line's head first.
 const RELEASE: &str = r"
 local deadline = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[7], ARGV[1])
+redis.call('ZREM', KEYS[8], ARGV[1])
+redis.call('HDEL', KEYS[9], ARGV[1])
 purge()
 if not deadline then
   return nil
 end
 if deadline > now then
-  redis.pcall(PUBLISH, KEYS[5], 'free 1')
+  wake(1)
 end
 return deadline - now
 ";
@@ -181,14 +298,15 @@ end
 return out
 ";
 
-/// `ARGV`: the new limit. Stores it for every client and wakes waiters.
+/// `ARGV`: the new limit. Stores it for every client, grants the permits
+/// it adds to the line's heads, and wakes the other waiters.
 const SET_LIMIT: &str = r"
 local old = tonumber(redis.call('GET', KEYS[4])) or 0
 redis.call('SET', KEYS[4], ARGV[1])
-if tonumber(ARGV[1]) > old then
-  redis.pcall(PUBLISH, KEYS[5], 'free ' .. (tonumber(ARGV[1]) - old))
-end
 purge()
+if tonumber(ARGV[1]) > old then
+  wake(tonumber(ARGV[1]) - old)
+end
 return old
 ";
 
@@ -209,13 +327,14 @@ return 1
 
 /// `build`'s check that the user may run the scripts: sent by SHA like
 /// the others (so `EVALSHA`, then `SCRIPT LOAD` on `NOSCRIPT`), with all
-/// six keys (Redis checks a script's declared keys for read and write
+/// ten keys (Redis checks a script's declared keys for read and write
 /// rights before running it), and reads what the scripts read. Changes
 /// nothing. Returns 1.
 const PROBE: &str = r"
 redis.call('ZCARD', KEYS[1])
 redis.call('GET', KEYS[4])
 redis.call('PTTL', KEYS[6])
+redis.call('ZCARD', KEYS[7])
 return 1
 ";
 

@@ -64,6 +64,12 @@ pub(super) struct Inner {
     pub(super) quarantine_ms: u64,
     /// The other signs of a loss, and `WAIT` on grants.
     pub(super) failover: super::failover::Failover,
+    /// Whether a waiting acquire joins the fair line (see
+    /// [`RedisSemaphoreBuilder::fair`]).
+    pub(super) fair: bool,
+    /// This handle's suffix of its own channel, `{channel}:{token}`, where
+    /// its waiters' grants are announced (hex digits).
+    pub(super) token: String,
 }
 
 /// The names of the semaphore's keys (see `scripts.rs`).
@@ -75,12 +81,17 @@ pub(super) struct Keys {
     pub(super) channel: String,
     pub(super) quarantine: String,
     pub(super) epoch: String,
+    pub(super) queue: String,
+    pub(super) queue_beat: String,
+    pub(super) queue_info: String,
+    pub(super) queue_seq: String,
 }
 
 impl Keys {
     /// A call of `script` with the keys every script takes, `KEYS[1]` to
-    /// `KEYS[5]` in the order `scripts.rs` gives (the acquire script's
-    /// quarantine key is added by its caller).
+    /// `KEYS[5]` in the order `scripts.rs` gives (the quarantine script
+    /// adds the quarantine key; the scripts that change leases take
+    /// [`call_all`](Self::call_all)).
     pub(super) fn call<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
         let mut call = script.prepare_invoke();
         call.key(&self.leases)
@@ -88,6 +99,19 @@ impl Keys {
             .key(&self.fence)
             .key(&self.limit)
             .key(&self.channel);
+        call
+    }
+
+    /// A call of `script` with all ten keys (`KEYS[6]` the quarantine,
+    /// `KEYS[7]` to `KEYS[10]` the fair line): for the scripts that change
+    /// leases, since each of them serves the line.
+    pub(super) fn call_all<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+        let mut call = self.call(script);
+        call.key(&self.quarantine)
+            .key(&self.queue)
+            .key(&self.queue_beat)
+            .key(&self.queue_info)
+            .key(&self.queue_seq);
         call
     }
 }
@@ -150,7 +174,11 @@ impl RedisSemaphore {
 
     /// Waits for a permit: one script call per attempt, woken by pub/sub
     /// when a lease is released or expires, and by the earliest lease's
-    /// deadline or `max_poll` otherwise.
+    /// deadline or `max_poll` otherwise. In fair mode (the default, see
+    /// [`RedisSemaphoreBuilder::fair`]) a busy first attempt joins the line
+    /// in Redis, and the release that frees a permit grants it to the
+    /// line's head and tells its process: the waiter takes it without
+    /// another script call.
     ///
     /// # Errors
     ///
@@ -166,7 +194,9 @@ impl RedisSemaphore {
     /// # Cancel safety
     ///
     /// Dropping the future at any point leaks no lease: a grant whose
-    /// answer was not read is released in the background, and expires
+    /// answer was not read, or an id waiting in the line (which a release
+    /// may grant at any moment), is released in the background (leaving
+    /// the line, and handing on a permit granted to it), and expires
     /// within its time to live if Redis cannot be reached.
     pub async fn acquire(&self) -> Result<LeasedPermit, LeaseError> {
         match self.first_attempt().await? {
@@ -268,7 +298,7 @@ impl RedisSemaphore {
         let inner = &*self.inner;
         let _old: i64 = inner
             .keys
-            .call(&inner.scripts.set_limit)
+            .call_all(&inner.scripts.set_limit)
             .arg(limit)
             .invoke_async(&mut inner.conn.clone())
             .await?;
@@ -282,6 +312,7 @@ impl RedisSemaphore {
     pub fn close(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
         self.inner.signals.wake.notify(usize::MAX);
+        self.inner.signals.line.wake_all();
     }
 
     /// Whether [`close`](Self::close) was called.
@@ -303,6 +334,15 @@ impl fmt::Debug for RedisSemaphore {
 }
 
 impl Inner {
+    /// The channel this process subscribes to: its own in fair mode, where
+    /// its waiters' grants are announced, else the shared one.
+    pub(super) fn channel(&self) -> String {
+        match self.fair {
+            true => format!("{}:{}", self.keys.channel, self.token),
+            false => self.keys.channel.clone(),
+        }
+    }
+
     pub(super) fn lock_leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Lease>>> {
         self.leases.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -314,7 +354,7 @@ impl Inner {
     pub(super) async fn release_id(&self, id: &str) -> redis::RedisResult<ReleaseOutcome> {
         let left: Option<i64> = self
             .keys
-            .call(&self.scripts.release)
+            .call_all(&self.scripts.release)
             .arg(id)
             .invoke_async(&mut self.conn.clone())
             .await?;

@@ -1382,3 +1382,23 @@ pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
         thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// How many subscriptions `server` holds on the channels of the semaphore
+/// `name` with the default key prefix: the shared `…:wake` (unfair mode)
+/// and each process's own `…:wake:<token>` (fair mode, one per process).
+/// `sharded`: count shard channels (`SSUBSCRIBE`, on a Cluster).
+pub fn wake_subscribers(server: &RedisServer, name: &str, sharded: bool) -> i64 {
+    let (list, count) = match sharded {
+        true => ("SHARDCHANNELS", "SHARDNUMSUB"),
+        false => ("CHANNELS", "NUMSUB"),
+    };
+    let pattern = format!("bulkhead:{{{name}}}:wake*");
+    let channels: Vec<String> = server.cmd(&["PUBSUB", list, &pattern]);
+    channels
+        .iter()
+        .map(|channel| {
+            let (_channel, n): (String, i64) = server.cmd(&["PUBSUB", count, channel]);
+            n
+        })
+        .sum()
+}

@@ -11,7 +11,7 @@ use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, PushInfo, PushKind, Value};
 
-use super::{Conn, Connected, Settings, Subscriber, Subscription, on_channel, wake_count};
+use super::{Conn, Connected, Settings, Subscriber, Subscription, Wake, on_channel, parse_wake};
 use crate::redis::error::ConfigError;
 
 /// The most wake-ups kept for the subscriber; past it they collapse into
@@ -28,8 +28,8 @@ pub(in crate::redis) struct Pushes {
 
 #[derive(Default)]
 struct State {
-    /// Waiters to wake, per message.
-    wakes: VecDeque<usize>,
+    /// What each message asks for.
+    wakes: VecDeque<Wake>,
     /// Set when the subscription was lost (the connection to the
     /// channel's node dropped, or the node dropped the subscription
     /// because the slot moved), until the subscriber subscribes again.
@@ -45,15 +45,15 @@ impl Pushes {
     fn push(&self, info: PushInfo) {
         let wake = match info.kind {
             PushKind::SMessage | PushKind::Message => match info.data.get(1) {
-                Some(Value::BulkString(payload)) => wake_count(payload),
-                _ => usize::MAX,
+                Some(Value::BulkString(payload)) => parse_wake(payload),
+                _ => Wake::Free(usize::MAX),
             },
             // A (re)subscription: messages may have been missed.
-            PushKind::SSubscribe => usize::MAX,
+            PushKind::SSubscribe => Wake::Free(usize::MAX),
             PushKind::SUnsubscribe | PushKind::Disconnection => {
                 let mut state = self.lock();
                 state.lost = true;
-                state.wakes.push_back(usize::MAX);
+                state.wakes.push_back(Wake::Free(usize::MAX));
                 drop(state);
                 self.event.notify(usize::MAX);
                 return;
@@ -62,8 +62,10 @@ impl Pushes {
         };
         let mut state = self.lock();
         if state.wakes.len() >= MAX_QUEUED {
+            // (Grants dropped here are found by the waiters, which all
+            // look again.)
             state.wakes.clear();
-            state.wakes.push_back(usize::MAX);
+            state.wakes.push_back(Wake::Free(usize::MAX));
         } else {
             state.wakes.push_back(wake);
         }
@@ -75,7 +77,7 @@ impl Pushes {
         &self,
         listener: &mut Option<EventListener>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<usize>> {
+    ) -> Poll<Option<Wake>> {
         loop {
             {
                 let mut state = self.lock();

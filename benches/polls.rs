@@ -1,0 +1,190 @@
+//! Not a criterion bench: where the time of a contended 2-worker cell goes
+//! (issue 13's T = 4096, P = 8 cell). Runs `benches/interleaved.rs`'s
+//! workload (the same `round`: `T` tasks spawned together, each looping
+//! acquire, `yield_now`, release, `8192 / T` times) with every task's
+//! future wrapped in a counter, and reports per acquisition: nanoseconds,
+//! task polls, polls on a different worker thread than the task's previous
+//! poll (migrations: the task's memory moves between the cores' caches),
+//! and the tasks' polls split by what the poll ended in.
+//!
+//! Usage: `cargo bench -p bulkhead-benches --bench polls -- run [REPS] [T] [P]`
+//! (`INTERLEAVED_ENABLE_ALL=1` builds the runtime with its drivers).
+
+#[path = "common/contended.rs"]
+#[allow(dead_code, reason = "only the contenders and the round are used")]
+mod contended;
+
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use contended::{Baseline, Contender, TOTAL_ACQUIRES};
+
+thread_local! {
+    /// A number for the worker thread, assigned on first use.
+    static WORKER: Cell<u64> = const { Cell::new(0) };
+}
+static NEXT_WORKER: AtomicU64 = AtomicU64::new(1);
+
+fn worker_id() -> u64 {
+    WORKER.with(|w| {
+        if w.get() == 0 {
+            w.set(NEXT_WORKER.fetch_add(1, Ordering::Relaxed));
+        }
+        w.get()
+    })
+}
+
+#[derive(Default)]
+struct Counts {
+    polls: AtomicU64,
+    migrations: AtomicU64,
+    /// Polls by worker number (the `block_on` thread and the two workers).
+    by_worker: [AtomicU64; 8],
+}
+
+/// A future that counts its polls and the polls that ran on another worker
+/// than the one before.
+struct Counted<F> {
+    /// Inline, as the task's future is in `benches/interleaved.rs`.
+    inner: F,
+    last: u64,
+    counts: Arc<Counts>,
+}
+
+impl<F: Future> Future for Counted<F> {
+    type Output = F::Output;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // SAFETY: `inner` is never moved out of the pinned `Counted` (there
+        // is no `Unpin` impl, and nothing else touches it), so it stays
+        // pinned; the other fields are plain data.
+        let this = unsafe { self.get_unchecked_mut() };
+        let me = worker_id();
+        this.counts.polls.fetch_add(1, Ordering::Relaxed);
+        this.counts.by_worker[(me as usize).min(7)].fetch_add(1, Ordering::Relaxed);
+        if this.last != 0 && this.last != me {
+            this.counts.migrations.fetch_add(1, Ordering::Relaxed);
+        }
+        this.last = me;
+        // SAFETY: see above; `inner` is structurally pinned.
+        unsafe { Pin::new_unchecked(&mut this.inner) }.poll(cx)
+    }
+}
+
+async fn round<S: Contender>(sem: &Arc<S>, tasks: usize, per_task: usize, counts: &Arc<Counts>) {
+    let mut handles = Vec::with_capacity(tasks);
+    for _ in 0..tasks {
+        let sem = sem.clone();
+        let fut = async move {
+            for _ in 0..per_task {
+                let permit = sem.acquire().await;
+                tokio::task::yield_now().await;
+                drop(permit);
+            }
+        };
+        if std::env::var_os("POLLS_SIZES").is_some() && handles.is_empty() {
+            eprintln!(
+                "{}: task future {} bytes",
+                std::any::type_name::<S>(),
+                size_of_val(&fut)
+            );
+        }
+        handles.push(tokio::spawn(Counted {
+            inner: fut,
+            last: 0,
+            counts: counts.clone(),
+        }));
+    }
+    for handle in handles {
+        handle.await.expect("a benchmark task panicked");
+    }
+}
+
+/// Time, polls, migrations, and the share of polls the busiest worker ran.
+type Sample = (Duration, u64, u64, f64);
+
+fn sample<S: Contender>(rt: &tokio::runtime::Runtime, sem: &Arc<S>, tasks: usize) -> Sample {
+    let counts = Arc::new(Counts::default());
+    let took = rt.block_on(async {
+        let start = Instant::now();
+        round(sem, tasks, TOTAL_ACQUIRES / tasks, &counts).await;
+        start.elapsed()
+    });
+    let polls = counts.polls.load(Ordering::Relaxed);
+    let busiest = counts
+        .by_worker
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .max()
+        .unwrap_or(0);
+    (
+        took,
+        polls,
+        counts.migrations.load(Ordering::Relaxed),
+        busiest as f64 / polls.max(1) as f64,
+    )
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(at) = args.iter().position(|a| a == "run") else {
+        println!("usage: cargo bench -p bulkhead-benches --bench polls -- run [REPS] [T] [P]");
+        return;
+    };
+    let arg = |k: usize, d: usize| args.get(at + k).and_then(|n| n.parse().ok()).unwrap_or(d);
+    let (reps, tasks, permits) = (arg(1, 15), arg(2, 4096), arg(3, 8));
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(2);
+    if std::env::var_os("INTERLEAVED_ENABLE_ALL").is_some() {
+        builder.enable_all();
+    }
+    let rt = builder.build().unwrap();
+    type Run = Box<dyn Fn(&tokio::runtime::Runtime, usize) -> Sample>;
+    fn run<S: Contender>(sem: S) -> Run {
+        let sem = Arc::new(sem);
+        Box::new(move |rt, tasks| sample(rt, &sem, tasks))
+    }
+    let crates: Vec<(&str, Run)> = vec![
+        ("bulkhead", run(bulkhead::Semaphore::new(permits))),
+        ("tokio", run(tokio::sync::Semaphore::new(permits))),
+        (
+            "fi_fair",
+            run(futures_intrusive::sync::Semaphore::new(true, permits)),
+        ),
+        ("baseline", run(Baseline)),
+    ];
+    let mut results: Vec<Vec<Sample>> = vec![Vec::new(); crates.len()];
+    for (_, f) in &crates {
+        f(&rt, tasks);
+    }
+    for rep in 0..reps {
+        for k in 0..crates.len() {
+            let i = (rep + k) % crates.len();
+            results[i].push((crates[i].1)(&rt, tasks));
+        }
+    }
+    let per = TOTAL_ACQUIRES as f64;
+    println!(
+        "T = {tasks}, P = {permits}, {reps} samples of {TOTAL_ACQUIRES} acquisitions (medians per acquisition):\n"
+    );
+    println!("| crate | ns | polls | migrations | busiest worker's share of polls |");
+    println!("|---|---:|---:|---:|---:|");
+    for (i, (name, _)) in crates.iter().enumerate() {
+        let med = |f: &dyn Fn(&Sample) -> f64| {
+            let mut v: Vec<f64> = results[i].iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        println!(
+            "| {name} | {:.0} | {:.2} | {:.3} | {:.2} |",
+            med(&|r| r.0.as_nanos() as f64 / per),
+            med(&|r| r.1 as f64 / per),
+            med(&|r| r.2 as f64 / per),
+            med(&|r| r.3),
+        );
+    }
+}
