@@ -16,6 +16,13 @@
 //! - `call_queue_delay`: `call` on a bulkhead with controlled delay on;
 //! - `reject_full`: `call` on a full bulkhead that fails fast;
 //! - `try_acquire`: `Bulkhead::try_acquire` and drop;
+//! - `keyed_call`: `KeyedBulkhead::call` on a tracked `u64` key (no global
+//!   limit, no timed setting);
+//! - `keyed_call_timed`: the same with a global limit, `max_wait` and
+//!   `call_timeout` of 10 s;
+//! - `keyed_call_queue_delay`: `keyed_call_timed` with controlled delay on;
+//! - `keyed_call_by`: `KeyedBulkhead::call_by` on `keyed_call`'s bulkhead
+//!   with a deadline a minute away;
 //! - `contended`, `contended_max_wait`: 64 tasks on a current-thread tokio
 //!   runtime share 8 permits, each call's work yields once (the
 //!   `contended/ct` and `contended/ct_max_wait` cells of
@@ -31,6 +38,7 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use bulkhead::keyed::KeyedBulkhead;
 use bulkhead::{Bulkhead, BulkheadBuilder};
 
 #[inline]
@@ -63,6 +71,10 @@ fn main() {
         "call_queue_delay" => call_queue_delay(calls),
         "reject_full" => reject_full(calls),
         "try_acquire" => try_acquire(calls),
+        "keyed_call" => keyed_call(calls, false),
+        "keyed_call_timed" => keyed_call(calls, true),
+        "keyed_call_queue_delay" => keyed_call_queue_delay(calls),
+        "keyed_call_by" => keyed_call_by(calls),
         "contended" => contended(calls, None),
         "contended_max_wait" => contended(calls, Some(Duration::from_secs(10))),
         _ => usage(),
@@ -97,6 +109,63 @@ fn call_queue_delay(calls: u64) {
     for _ in 0..calls {
         let out = poll(bh.call(async { Ok::<_, ()>(black_box(1u32)) }));
         assert!(matches!(black_box(out), Poll::Ready(Ok(1))));
+    }
+}
+
+/// A keyed bulkhead with 1,000 tracked `u64` keys, with (`timed`) or
+/// without a global limit, `max_wait` and `call_timeout`.
+fn keyed(timed: bool) -> bulkhead::keyed::KeyedBulkheadBuilder<u64> {
+    let builder = KeyedBulkhead::<u64>::builder()
+        .name("bench")
+        .max_concurrent_calls(8);
+    match timed {
+        false => builder,
+        true => builder
+            .global_limit(64)
+            .max_wait(Duration::from_secs(10))
+            .call_timeout(Duration::from_secs(10)),
+    }
+}
+
+fn track(kb: &KeyedBulkhead<u64>) {
+    for key in 0..1_000u64 {
+        drop(kb.try_acquire(&key).unwrap());
+    }
+}
+
+#[inline(never)]
+fn keyed_call(calls: u64, timed: bool) {
+    let kb = keyed(timed).build().unwrap();
+    track(&kb);
+    for _ in 0..calls {
+        let out = poll(kb.call(black_box(&417u64), async { Ok::<_, ()>(black_box(1u32)) }));
+        assert!(matches!(black_box(out), Poll::Ready(Ok(1))));
+    }
+}
+
+#[inline(never)]
+fn keyed_call_queue_delay(calls: u64) {
+    let kb = keyed(true)
+        .queue_delay(Duration::from_millis(5), Duration::from_millis(100))
+        .build()
+        .unwrap();
+    track(&kb);
+    for _ in 0..calls {
+        let out = poll(kb.call(black_box(&417u64), async { Ok::<_, ()>(black_box(1u32)) }));
+        assert!(matches!(black_box(out), Poll::Ready(Ok(1))));
+    }
+}
+
+#[inline(never)]
+fn keyed_call_by(calls: u64) {
+    let kb = keyed(false).build().unwrap();
+    track(&kb);
+    let by = Instant::now() + Duration::from_secs(60);
+    for _ in 0..calls {
+        let call = kb.call_by(black_box(&417u64), by, async {
+            Ok::<_, ()>(black_box(1u32))
+        });
+        assert!(matches!(black_box(poll(call)), Poll::Ready(Ok(1))));
     }
 }
 

@@ -21,6 +21,13 @@
 //!   configuration of the docs, `max_wait` and `call_timeout` set (and for
 //!   the keyed bulkhead a global limit): neither arms a timer for a call
 //!   that is admitted at once and finishes on its first poll.
+//! - `keyed_call/existing_u64_queue_delay`: the timed configuration with
+//!   controlled delay on (`queue_delay`, on each key's line and the global
+//!   one), compared with `existing_u64_timed`: a call admitted at once
+//!   never waits, so the option should cost it nothing.
+//! - `keyed_call/existing_u64_call_by`: `KeyedBulkhead::call_by` with a
+//!   deadline far ahead on `existing_u64`'s bulkhead: deadline-aware
+//!   admission at the key's stage (a clock reading, the estimate).
 //!
 //! Every future is polled once by hand with `Waker::noop()`, so no executor
 //! is measured. Run with `cargo bench -p bulkhead-benches --bench keyed`;
@@ -100,6 +107,7 @@ struct Cases {
     by_name_fold: KeyedBulkhead<String, foldhash::fast::RandomState>,
     half_full: KeyedBulkhead<u64>,
     timed: KeyedBulkhead<u64>,
+    delayed: KeyedBulkhead<u64>,
 }
 
 impl Cases {
@@ -141,9 +149,16 @@ impl Cases {
                 .call_timeout(budget)
                 .build()
                 .unwrap(),
+            delayed: keyed()
+                .global_limit(64)
+                .max_wait(budget)
+                .call_timeout(budget)
+                .queue_delay(Duration::from_millis(5), Duration::from_millis(100))
+                .build()
+                .unwrap(),
         };
         for key in 0..1_000u64 {
-            for kb in [&cases.by_id, &cases.half_full, &cases.timed] {
+            for kb in [&cases.by_id, &cases.half_full, &cases.timed, &cases.delayed] {
                 drop(kb.try_acquire(&key).unwrap());
             }
             drop(cases.by_id_fold.try_acquire(&key).unwrap());
@@ -166,6 +181,17 @@ impl Cases {
 macro_rules! plain_call {
     ($bh:expr) => {{
         black_box(ready($bh.call(async { Ok::<_, ()>(black_box(1u32)) })).unwrap());
+    }};
+}
+
+/// One call of a ready future through the keyed bulkhead `$kb`, on `$key`
+/// (tracked already), to be done by `$by`; a macro for the same reason.
+macro_rules! keyed_call_by {
+    ($kb:expr, $key:expr, $by:expr) => {{
+        black_box(
+            ready($kb.call_by(black_box($key), $by, async { Ok::<_, ()>(black_box(1u32)) }))
+                .unwrap(),
+        );
     }};
 }
 
@@ -210,6 +236,13 @@ fn call_on_existing_key(c: &mut Criterion) {
     g.bench_function("existing_u64_timed", |b| {
         b.iter(|| keyed_call!(&cases.timed, &417u64))
     });
+    g.bench_function("existing_u64_queue_delay", |b| {
+        b.iter(|| keyed_call!(&cases.delayed, &417u64))
+    });
+    let by = Instant::now() + Duration::from_secs(3_600);
+    g.bench_function("existing_u64_call_by", |b| {
+        b.iter(|| keyed_call_by!(&cases.by_id, &417u64, by))
+    });
     g.finish();
 }
 
@@ -228,8 +261,9 @@ fn paired_ratios(_: &mut Criterion) {
         }
         start.elapsed() / CALLS
     };
+    let by = Instant::now() + Duration::from_secs(3_600);
     // (name, the call, the index of the case it is compared with)
-    let runs: [(&str, &dyn Fn(), usize); 8] = [
+    let runs: [(&str, &dyn Fn(), usize); 10] = [
         ("bulkhead", &|| plain_call!(&cases.plain), 0),
         ("existing_u64", &|| keyed_call!(&cases.by_id, &417u64), 0),
         (
@@ -257,6 +291,16 @@ fn paired_ratios(_: &mut Criterion) {
             "existing_u64_timed",
             &|| keyed_call!(&cases.timed, &417u64),
             6,
+        ),
+        (
+            "existing_u64_queue_delay",
+            &|| keyed_call!(&cases.delayed, &417u64),
+            7,
+        ),
+        (
+            "existing_u64_call_by",
+            &|| keyed_call_by!(&cases.by_id, &417u64, by),
+            1,
         ),
     ];
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); runs.len()];

@@ -103,6 +103,9 @@
 //! - `tower`: `bulkhead::tower`, a `BulkheadLayer` for tower, hyper, tonic
 //!   and axum stacks, which takes a permit per request (never in
 //!   `poll_ready`).
+//! - `http` (implies `tower`): the layer's ready-made deadline readers
+//!   read `http::Request`s: gRPC's `grpc-timeout` header
+//!   (`tower::GrpcTimeout`) and a `tower::Deadline` request extension.
 //!
 //! With `default-features = false` and neither runtime feature there is no
 //! default timer, and building a bulkhead that needs one fails with a

@@ -91,6 +91,23 @@
 //! # }
 //! ```
 //!
+//! Readers for the common cases are ready-made: [`GrpcTimeout`] (gRPC's
+//! `grpc-timeout` header, parsed by [`parse_grpc_timeout`]),
+//! [`DeadlineExtension`] (a [`Deadline`] request extension an outer layer
+//! set) and [`Earliest`] of two readers. With feature `http` they read
+//! `http::Request`s (hyper's, tonic's, axum's):
+//!
+//! ```
+//! # #[cfg(feature = "http")] {
+//! use bulkhead::Bulkhead;
+//! use bulkhead::tower::{BulkheadLayer, DeadlineExtension, Earliest, GrpcTimeout};
+//!
+//! let bh = Bulkhead::builder().name("search").max_concurrent_calls(8).build().unwrap();
+//! let layer = BulkheadLayer::new(bh).deadline_from(Earliest(GrpcTimeout, DeadlineExtension));
+//! # let _ = layer;
+//! # }
+//! ```
+//!
 //! `examples/overload_http.rs` reads the deadline from an HTTP header and
 //! drives a hyper server past its capacity, with and without these
 //! options; see `docs/overload.md`.
@@ -162,6 +179,12 @@
 //! than storing a borrow of it. With the bundled timers a request
 //! allocates nothing of its own on any path, apart from the boxed error of
 //! one that fails.
+
+mod deadline;
+
+pub use deadline::{
+    Deadline, DeadlineExtension, Earliest, GrpcTimeout, GrpcTimeoutHeader, parse_grpc_timeout,
+};
 
 use core::fmt;
 use core::future::Future;

@@ -1066,6 +1066,200 @@ async fn a_deadline_header_in_a_hyper_server() {
     .expect("the test hung");
 }
 
+/// The ready-made readers in a hyper server: `grpc-timeout` (a spent one
+/// is answered with a 503 `deadline`, a malformed one is no deadline), a
+/// `Deadline` extension an outer layer set, and the earlier of the two.
+#[cfg(feature = "http")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_timeout_and_the_deadline_extension_in_a_hyper_server() {
+    use bulkhead::tower::{Deadline, DeadlineExtension, Earliest, GrpcTimeout};
+
+    async fn get(
+        addr: SocketAddr,
+        headers: &[(&str, &str)],
+    ) -> Result<(StatusCode, Option<String>), BoxError> {
+        let stream = TcpStream::connect(addr).await?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(connection);
+        let mut request = Request::get("/").header(header::HOST, addr.to_string());
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = sender
+            .send_request(request.body(Empty::<Bytes>::new())?)
+            .await?;
+        let reason = response
+            .headers()
+            .get("x-bulkhead-reject-reason")
+            .map(|v| v.to_str().unwrap().to_owned());
+        Ok((response.status(), reason))
+    }
+
+    timeout(PATIENCE, async {
+        let bh = Bulkhead::builder()
+            .name("http-grpc-timeout")
+            .max_concurrent_calls(2)
+            .build()
+            .unwrap();
+        let stats = Arc::new(Stats::default());
+        let service = ServiceBuilder::new()
+            .map_result(rejection_to_503)
+            // An outer layer that sets the extension (here from a header
+            // that says the caller's budget is spent).
+            .map_request(|mut request: Request<Incoming>| {
+                if request.headers().contains_key("x-spent") {
+                    let spent = Instant::now() - Duration::from_millis(1);
+                    request.extensions_mut().insert(Deadline(spent));
+                }
+                request
+            })
+            .layer(
+                BulkheadLayer::new(bh.clone())
+                    .deadline_from(Earliest(GrpcTimeout, DeadlineExtension)),
+            )
+            .service_fn({
+                let stats = stats.clone();
+                move |_request: Request<Incoming>| {
+                    handle(stats.clone(), Work::Sleep(Duration::from_millis(5)))
+                }
+            });
+        let server = serve(service).await;
+
+        let cases: [(&[(&str, &str)], StatusCode); 6] = [
+            (&[("grpc-timeout", "0n")], StatusCode::SERVICE_UNAVAILABLE),
+            (&[("grpc-timeout", "5S")], StatusCode::OK),
+            (&[("grpc-timeout", "soon")], StatusCode::OK),
+            (&[("grpc-timeout", "123456789m")], StatusCode::OK),
+            (&[("x-spent", "1")], StatusCode::SERVICE_UNAVAILABLE),
+            (
+                &[("grpc-timeout", "5S"), ("x-spent", "1")],
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+        ];
+        for (headers, expected) in cases {
+            let (status, reason) = get(server.addr, headers).await.expect("request failed");
+            assert_eq!(status, expected, "{headers:?}");
+            if expected != StatusCode::OK {
+                assert_eq!(reason.as_deref(), Some("deadline"), "{headers:?}");
+            }
+        }
+        assert_eq!(stats.served(), 3);
+        assert_eq!(bh.metrics().rejected_deadline(), 3);
+    })
+    .await
+    .expect("the test hung");
+}
+
+// ---------------------------------------------------------------------------
+// `parse_grpc_timeout`: gRPC's format, and never a panic on bad input
+// ---------------------------------------------------------------------------
+
+#[test]
+fn every_unit_of_grpc_timeout() {
+    let cases: [(&[u8], Duration); 7] = [
+        (b"1H", Duration::from_secs(3_600)),
+        (b"2M", Duration::from_secs(120)),
+        (b"3S", Duration::from_secs(3)),
+        (b"4m", Duration::from_millis(4)),
+        (b"5u", Duration::from_micros(5)),
+        (b"6n", Duration::from_nanos(6)),
+        (b"0S", Duration::ZERO),
+    ];
+    for (value, expected) in cases {
+        assert_eq!(
+            bulkhead::tower::parse_grpc_timeout(value),
+            Some(expected),
+            "{value:?}"
+        );
+    }
+}
+
+#[test]
+fn grpc_timeout_takes_up_to_eight_digits() {
+    assert_eq!(
+        bulkhead::tower::parse_grpc_timeout(b"99999999H"),
+        Some(Duration::from_secs(99_999_999 * 3_600))
+    );
+    assert_eq!(
+        bulkhead::tower::parse_grpc_timeout(b"00000001n"),
+        Some(Duration::from_nanos(1))
+    );
+    assert_eq!(
+        bulkhead::tower::parse_grpc_timeout(b"100000000n"),
+        None,
+        "nine digits"
+    );
+    assert_eq!(
+        bulkhead::tower::parse_grpc_timeout(b"000000001n"),
+        None,
+        "nine digits"
+    );
+}
+
+#[test]
+fn malformed_grpc_timeouts_carry_no_deadline() {
+    let bad: [&[u8]; 20] = [
+        b"",
+        b"S",
+        b"m",
+        b"10",
+        b"10s",
+        b"10h",
+        b"10x",
+        b"-1S",
+        b"+1S",
+        b" 1S",
+        b"1S ",
+        b"1 S",
+        b"1.5S",
+        b"1SS",
+        b"1Sm",
+        b"\xff1S",
+        b"1\xffS",
+        b"1\0S",
+        b"\xd9\xa3S",
+        b"1e3m",
+    ];
+    for value in bad {
+        assert_eq!(
+            bulkhead::tower::parse_grpc_timeout(value),
+            None,
+            "{value:?}"
+        );
+    }
+}
+
+/// Every value of up to three bytes from a set that covers each class
+/// of byte the parser tells apart: never a panic, and `Some` exactly
+/// for digits followed by one unit.
+#[test]
+fn grpc_timeout_short_inputs_never_panic() {
+    let alphabet = b"09HMSmunsx -+\xff";
+    let mut values = vec![Vec::new()];
+    for len in 1..=3 {
+        let mut next = Vec::new();
+        for v in values.iter().filter(|v| v.len() == len - 1) {
+            for &b in alphabet {
+                let mut w = v.clone();
+                w.push(b);
+                next.push(w);
+            }
+        }
+        values.extend(next);
+    }
+    for v in &values {
+        let valid = v.len() >= 2
+            && v[..v.len() - 1].iter().all(u8::is_ascii_digit)
+            && b"HMSmun".contains(&v[v.len() - 1]);
+        assert_eq!(
+            bulkhead::tower::parse_grpc_timeout(v).is_some(),
+            valid,
+            "{v:?}"
+        );
+    }
+}
+
 /// What hyper, tonic and axum ask of a layer and its service: the layer and
 /// the service are `Send + Sync` (axum's `Router::layer`), the response
 /// future is `Send` (spawned on a multi-threaded runtime).

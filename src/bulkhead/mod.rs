@@ -821,6 +821,56 @@ impl Bulkhead {
         shared.policy.permitted(admitted.waited());
         Ok(held)
     }
+
+    /// The line of a call that must be done `by`, for
+    /// [`hold_now_by`](Self::hold_now_by) and then, if it is to wait,
+    /// [`hold_waiting_in`](Self::hold_waiting_in).
+    #[cold]
+    pub(crate) fn line_by(&self, by: Instant) -> Line {
+        Line::by(&self.shared.policy, by)
+    }
+
+    /// [`hold_now`](Self::hold_now) for a call that carries a deadline (in
+    /// `line`, from [`line_by`](Self::line_by)): deadline-aware admission
+    /// first, which may reject at once and leaves in `line` how long the
+    /// call may wait.
+    #[cold]
+    pub(crate) fn hold_now_by(
+        &self,
+        line: &mut Line,
+        may_wait: bool,
+    ) -> Option<Result<permit::Held<&Shared>, Rejected>> {
+        let shared = &*self.shared;
+        if let Err(rejected) = shared.policy.admit_by(line, shared.sem.available_permits()) {
+            return Some(Err(rejected));
+        }
+        self.hold_now(may_wait)
+    }
+
+    /// [`hold_waiting`](Self::hold_waiting) for a wait that starts at
+    /// `line`, which [`hold_now_by`](Self::hold_now_by) looked at.
+    pub(crate) async fn hold_waiting_in(
+        &self,
+        line: Line,
+    ) -> Result<permit::Held<&Shared>, Rejected> {
+        let shared = &*self.shared;
+        let admitted = shared.admit_waiting_in(line).await?;
+        let held = permit::held(shared, admitted, CallOutcome::Cancelled);
+        shared.policy.permitted(admitted.waited());
+        Ok(held)
+    }
+
+    /// [`try_acquire`](Self::try_acquire) for work that must be done
+    /// `by`: deadline-aware admission first.
+    #[cold]
+    pub(crate) fn try_acquire_by(&self, by: Instant) -> Result<BulkheadPermit, Rejected> {
+        let shared = &*self.shared;
+        let mut line = Line::by(&shared.policy, by);
+        shared
+            .policy
+            .admit_by(&mut line, shared.sem.available_permits())?;
+        self.try_acquire()
+    }
 }
 
 /// Counts a `wait_idle` future as watching until it is dropped.

@@ -29,6 +29,7 @@ const DEFAULT_MAX_LABELS: usize = 100;
 /// | `max_queue` | unbounded | how many callers of one key may wait |
 /// | `fair` | `true` | strict FIFO within a key (and in the global line) |
 /// | `leak_threshold` | none | report a key's permit held longer than this |
+/// | `queue_delay` | off | controlled delay on each key's line (and on the global line) |
 ///
 /// For every call:
 ///
@@ -216,6 +217,45 @@ where
     /// wait.
     pub fn fair(mut self, fair: bool) -> Self {
         self.base.fair = fair;
+        self
+    }
+
+    /// Controlled delay (as [`BulkheadBuilder::queue_delay`]) on every
+    /// waiting line: each key's own line, and the global line made by
+    /// [`global_limit`](Self::global_limit). Off by default.
+    ///
+    /// Each line is judged on its own: once a key's waits have stood at or
+    /// above `target` for a whole `interval`, that key's waiters who have
+    /// waited `target` are cut
+    /// ([`KeyQueueDelay`](super::KeyedRejectReason::KeyQueueDelay)) and
+    /// its newcomers wait `target` at most, until its line empties; other
+    /// keys' lines are not touched. The global line is cut the same way
+    /// ([`GlobalQueueDelay`](super::KeyedRejectReason::GlobalQueueDelay)),
+    /// from the waits of every key's callers in it; a caller cut there
+    /// gives its key's permit back at once. The global line's samples are
+    /// the waits that ended with a global permit (the keyed bulkhead's
+    /// `max_wait` budget is each caller's own, not the line's). A global
+    /// bulkhead shared with [`global`](Self::global) keeps its own
+    /// setting. The target must be greater than zero.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// let tenants = KeyedBulkhead::<String>::builder()
+    ///     .max_concurrent_calls(4)
+    ///     .global_limit(32)
+    ///     .max_wait(Duration::from_millis(500))
+    ///     .queue_delay(Duration::from_millis(5), Duration::from_millis(100))
+    ///     .build()
+    ///     .unwrap();
+    /// let _p = tenants.try_acquire("acme").unwrap();
+    /// assert_eq!(tenants.metrics_for("acme").unwrap().rejected_queue_delay(), 0);
+    /// ```
+    pub fn queue_delay(mut self, target: Duration, interval: Duration) -> Self {
+        self.base.queue_delay = Some((target, interval));
         self
     }
 
@@ -493,6 +533,14 @@ where
                 if let Some(max_queue) = self.global_max_queue {
                     builder = builder.max_queue(max_queue);
                 }
+                if let Some((target, interval)) = base.queue_delay {
+                    // Its waiters' checkpoints at the target need a timer:
+                    // the keyed bulkhead's.
+                    builder = builder.queue_delay(target, interval);
+                    if let Some(timer) = &base.timer {
+                        builder = builder.timer(timer.clone());
+                    }
+                }
                 for observer in &base.observers {
                     builder = builder.observer(observer.clone());
                 }
@@ -537,6 +585,7 @@ impl<K, S> fmt::Debug for KeyedBulkheadBuilder<K, S> {
             .field("max_queue", &b.max_queue)
             .field("call_timeout", &b.call_timeout)
             .field("fair", &b.fair)
+            .field("queue_delay", &b.queue_delay)
             .field("timer", &b.timer)
             .field("observers", &b.observers.len())
             .field("exporters", &b.exporters)

@@ -44,6 +44,11 @@ pub(super) struct Entry {
     /// call).
     pub(super) admitted: AtomicU64,
     pub(super) rejected_global: AtomicU64,
+    /// Of `rejected_global`, those for the call's deadline and for
+    /// controlled delay on the global line (the key's own stage counts
+    /// them in its bulkhead's metrics).
+    pub(super) rejected_global_deadline: AtomicU64,
+    pub(super) rejected_global_queue_delay: AtomicU64,
     pub(super) call_timeouts: AtomicU64,
     pub(super) waiting_global: AtomicUsize,
 }
@@ -68,6 +73,8 @@ impl Entry {
             evicted: AtomicBool::new(false),
             admitted: AtomicU64::new(0),
             rejected_global: AtomicU64::new(0),
+            rejected_global_deadline: AtomicU64::new(0),
+            rejected_global_queue_delay: AtomicU64::new(0),
             call_timeouts: AtomicU64::new(0),
             waiting_global: AtomicUsize::new(0),
         }
@@ -175,6 +182,8 @@ impl Entry {
             },
             bulkhead,
             rejected_global: self.rejected_global.load(Ordering::Relaxed),
+            rejected_global_deadline: self.rejected_global_deadline.load(Ordering::Relaxed),
+            rejected_global_queue_delay: self.rejected_global_queue_delay.load(Ordering::Relaxed),
             call_timeouts: self.call_timeouts.load(Ordering::Relaxed),
             waiting_global: self.waiting_global.load(Ordering::Relaxed),
         }

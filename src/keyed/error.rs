@@ -46,12 +46,37 @@ pub enum KeyedRejectReason {
     /// is then dropped) cannot run, because its tokio runtime has shut down
     /// or has no time driver.
     Unavailable,
+    /// The call carried a deadline
+    /// ([`call_by`](super::KeyedBulkhead::call_by),
+    /// [`acquire_by`](super::KeyedBulkhead::acquire_by)) that the key's
+    /// own limit could not serve it by: the deadline had passed, the wait
+    /// the key's line can expect plus the key's average hold time did not
+    /// fit in the time left, or it waited for the key until it could no
+    /// longer finish in time. As
+    /// [`RejectReason::WontMakeDeadline`], for the first stage.
+    KeyWontMakeDeadline,
+    /// The key had room, but the global limit could not serve the call by
+    /// its deadline, judged with what was left of it (as
+    /// [`KeyWontMakeDeadline`](Self::KeyWontMakeDeadline), for the global
+    /// stage).
+    GlobalWontMakeDeadline,
+    /// Controlled delay on the key's own line
+    /// ([`queue_delay`](super::KeyedBulkheadBuilder::queue_delay)): the
+    /// key's waiting line had stood past its target for an interval, and
+    /// this caller had waited the target. Other keys' lines are judged on
+    /// their own. As [`RejectReason::QueueDelay`], for the first stage.
+    KeyQueueDelay,
+    /// Controlled delay on the global line: the key had room, but the line
+    /// for global permits had stood past its target for an interval, and
+    /// this caller had waited the target in it.
+    GlobalQueueDelay,
 }
 
 impl KeyedRejectReason {
     /// A short lowercase label, for metrics and logs: `"key_full"`,
     /// `"key_timeout"`, `"global_full"`, `"global_timeout"`,
-    /// `"too_many_keys"`, `"closed"` or `"unavailable"`.
+    /// `"too_many_keys"`, `"closed"`, `"unavailable"`, `"key_deadline"`,
+    /// `"global_deadline"`, `"key_queue_delay"` or `"global_queue_delay"`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::KeyFull => "key_full",
@@ -61,6 +86,10 @@ impl KeyedRejectReason {
             Self::TooManyKeys => "too_many_keys",
             Self::Closed => "closed",
             Self::Unavailable => "unavailable",
+            Self::KeyWontMakeDeadline => "key_deadline",
+            Self::GlobalWontMakeDeadline => "global_deadline",
+            Self::KeyQueueDelay => "key_queue_delay",
+            Self::GlobalQueueDelay => "global_queue_delay",
         }
     }
 
@@ -70,10 +99,17 @@ impl KeyedRejectReason {
         matches!(self, Self::KeyTimeout | Self::GlobalTimeout)
     }
 
-    /// Whether the global limit said no (`GlobalFull` or `GlobalTimeout`):
-    /// the key itself had room.
+    /// Whether the global limit said no (`GlobalFull`, `GlobalTimeout`,
+    /// `GlobalWontMakeDeadline` or `GlobalQueueDelay`): the key itself had
+    /// room.
     pub fn is_global(self) -> bool {
-        matches!(self, Self::GlobalFull | Self::GlobalTimeout)
+        matches!(
+            self,
+            Self::GlobalFull
+                | Self::GlobalTimeout
+                | Self::GlobalWontMakeDeadline
+                | Self::GlobalQueueDelay
+        )
     }
 }
 
@@ -146,6 +182,10 @@ impl KeyedRejected {
             (RejectReason::Unavailable, _) => KeyedRejectReason::Unavailable,
             (RejectReason::Timeout, false) => KeyedRejectReason::KeyTimeout,
             (RejectReason::Timeout, true) => KeyedRejectReason::GlobalTimeout,
+            (RejectReason::WontMakeDeadline, false) => KeyedRejectReason::KeyWontMakeDeadline,
+            (RejectReason::WontMakeDeadline, true) => KeyedRejectReason::GlobalWontMakeDeadline,
+            (RejectReason::QueueDelay, false) => KeyedRejectReason::KeyQueueDelay,
+            (RejectReason::QueueDelay, true) => KeyedRejectReason::GlobalQueueDelay,
             (_, false) => KeyedRejectReason::KeyFull,
             (_, true) => KeyedRejectReason::GlobalFull,
         };
@@ -225,6 +265,22 @@ impl fmt::Display for KeyedRejected {
             KeyedRejectReason::Unavailable => write!(
                 f,
                 "keyed bulkhead {name} cannot keep its time limits: its timer is not running"
+            ),
+            KeyedRejectReason::KeyWontMakeDeadline => write!(
+                f,
+                "keyed bulkhead {name}: the key cannot serve the call before its deadline"
+            ),
+            KeyedRejectReason::GlobalWontMakeDeadline => write!(
+                f,
+                "keyed bulkhead {name}: the global limit cannot serve the call before its deadline"
+            ),
+            KeyedRejectReason::KeyQueueDelay => write!(
+                f,
+                "keyed bulkhead {name}: the key's waiting line stood past its target wait"
+            ),
+            KeyedRejectReason::GlobalQueueDelay => write!(
+                f,
+                "keyed bulkhead {name}: the global waiting line stood past its target wait"
             ),
         }
     }

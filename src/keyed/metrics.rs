@@ -42,6 +42,8 @@ pub struct KeyMetrics<K> {
     pub(crate) bulkhead: Metrics,
     pub(crate) admitted: u64,
     pub(crate) rejected_global: u64,
+    pub(crate) rejected_global_deadline: u64,
+    pub(crate) rejected_global_queue_delay: u64,
     pub(crate) call_timeouts: u64,
     pub(crate) waiting_global: usize,
 }
@@ -95,16 +97,34 @@ impl<K> KeyMetrics<K> {
         self.admitted
     }
 
-    /// Calls turned away by the key's own limit (full, timed out or
-    /// closed).
+    /// Calls turned away by the key's own limit (full, timed out, closed,
+    /// or for their deadline or controlled delay).
     pub fn rejected_by_key(&self) -> u64 {
         self.bulkhead.rejected()
     }
 
     /// Calls the key had room for but the global limit turned away (full,
-    /// timed out or closed).
+    /// timed out, closed, or for their deadline or controlled delay).
     pub fn rejected_by_global(&self) -> u64 {
         self.rejected_global
+    }
+
+    /// Calls of [`call_by`](super::KeyedBulkhead::call_by) and
+    /// [`acquire_by`](super::KeyedBulkhead::acquire_by) turned away
+    /// because they could not make their deadline, at either stage
+    /// ([`KeyWontMakeDeadline`](super::KeyedRejectReason::KeyWontMakeDeadline)
+    /// and [`GlobalWontMakeDeadline`](super::KeyedRejectReason::GlobalWontMakeDeadline)).
+    pub fn rejected_deadline(&self) -> u64 {
+        self.bulkhead.rejected_deadline() + self.rejected_global_deadline
+    }
+
+    /// Calls of this key cut by controlled delay
+    /// ([`queue_delay`](super::KeyedBulkheadBuilder::queue_delay)), on
+    /// the key's own line or on the global one
+    /// ([`KeyQueueDelay`](super::KeyedRejectReason::KeyQueueDelay) and
+    /// [`GlobalQueueDelay`](super::KeyedRejectReason::GlobalQueueDelay)).
+    pub fn rejected_queue_delay(&self) -> u64 {
+        self.bulkhead.rejected_queue_delay() + self.rejected_global_queue_delay
     }
 
     /// All rejections of this key.

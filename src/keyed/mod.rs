@@ -63,6 +63,20 @@
 //! key's line holding nothing that others need: at most its limit of them
 //! can be in the global line, which is FIFO, so every key gets its turn.
 //!
+//! # Overload options
+//!
+//! Controlled delay ([`queue_delay`](KeyedBulkheadBuilder::queue_delay))
+//! runs on every key's line and on the global line, each judged on its
+//! own: a tenant's standing line is cut to the target without touching
+//! other tenants' lines. Deadline-aware admission
+//! ([`call_by`](KeyedBulkhead::call_by),
+//! [`acquire_by`](KeyedBulkhead::acquire_by)) judges a call at both
+//! stages, each with its own hold-time average. Both are off until used,
+//! and reject with their own reasons
+//! ([`KeyQueueDelay`](KeyedRejectReason::KeyQueueDelay),
+//! [`GlobalWontMakeDeadline`](KeyedRejectReason::GlobalWontMakeDeadline),
+//! and so on), counted per key and by the bulkhead that said no.
+//!
 //! # Costs
 //!
 //! A call for a tracked key takes no lock that all keys share: the keys are
@@ -106,7 +120,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::bulkhead::name::Name;
-use crate::bulkhead::{Bulkhead, BulkheadBuilder, CallOutcome, Rejected};
+use crate::bulkhead::{Bulkhead, BulkheadBuilder, CallOutcome, RejectReason, Rejected};
 use crate::semaphore::Semaphore;
 use crate::timer::{Clock, Deadline};
 use entry::Entry;
@@ -355,6 +369,109 @@ where
         result
     }
 
+    /// [`call`](Self::call) for a call that must be done `by` a deadline
+    /// (deadline-aware admission, as [`Bulkhead::call_by`], at both
+    /// stages): rejected at once if the deadline has passed, or if the wait
+    /// the key's line can expect plus the key's average hold time does not
+    /// fit in the time left ([`KeyWontMakeDeadline`]); if it must wait for
+    /// its key, it waits at most until it could still finish. Then, holding
+    /// its key's permit, the global stage judges the same way with what is
+    /// left ([`GlobalWontMakeDeadline`]); a call turned away there gives
+    /// its key's permit back at once. `max_wait` bounds both waits as for
+    /// `call`, whichever limit ends first.
+    ///
+    /// Each stage judges with what it knows: the key's stage does not see
+    /// the global line, so a call may pass its key and be turned away by
+    /// the global stage. The deadline is read on the bulkhead's clock (see
+    /// [`Bulkhead::call_by`]). A call without a deadline
+    /// ([`call`](Self::call)) pays nothing for this.
+    ///
+    /// # Errors
+    ///
+    /// As [`call`](Self::call), and [`KeyedError::Rejected`] with
+    /// [`KeyWontMakeDeadline`] or [`GlobalWontMakeDeadline`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`call`](Self::call).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use bulkhead::keyed::{KeyedBulkhead, KeyedError, KeyedRejectReason};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let tenants = KeyedBulkhead::<String>::builder()
+    ///     .max_concurrent_calls(2)
+    ///     .global_limit(8)
+    ///     .build()
+    ///     .unwrap();
+    /// let by = Instant::now() + Duration::from_secs(5);
+    /// let rows = tenants.call_by("acme", by, async { Ok::<_, ()>(3) }).await;
+    /// assert_eq!(rows.unwrap(), 3);
+    ///
+    /// let too_late = Instant::now() - Duration::from_millis(1);
+    /// match tenants.call_by("acme", too_late, async { Ok::<_, ()>(4) }).await {
+    ///     Err(KeyedError::Rejected(r)) => {
+    ///         assert_eq!(r.reason(), KeyedRejectReason::KeyWontMakeDeadline)
+    ///     }
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// assert_eq!(tenants.metrics_for("acme").unwrap().rejected_deadline(), 1);
+    /// # });
+    /// ```
+    ///
+    /// [`KeyWontMakeDeadline`]: KeyedRejectReason::KeyWontMakeDeadline
+    /// [`GlobalWontMakeDeadline`]: KeyedRejectReason::GlobalWontMakeDeadline
+    pub async fn call_by<Q, F, T, E>(
+        &self,
+        key: &Q,
+        by: Instant,
+        call: F,
+    ) -> Result<T, KeyedError<E>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        F: Future<Output = Result<T, E>>,
+    {
+        let inner = &*self.inner;
+        // As in `call`: dropped in place, the global permit, the key's,
+        // then the user count.
+        let user = inner.enter(key)?;
+        let entry = &*user.entry;
+        let mut start = None;
+        let mut line = entry.bulkhead.line_by(by);
+        let mut key_held = if let Some(held) = entry.bulkhead.hold_now_by(&mut line, true) {
+            held.map_err(|r| inner.key_rejected(r))?
+        } else {
+            start = inner.budget_clock();
+            let held = entry.bulkhead.hold_waiting_in(line).await;
+            held.map_err(|r| inner.key_rejected(r))?
+        };
+        let mut global_held = match &inner.global {
+            None => None,
+            Some(global) => {
+                let mut line = global.line_by(by);
+                let now = |may_wait| global.hold_now_by(&mut line, may_wait);
+                let held = if let Some(held) = inner.global_now(entry, start, now) {
+                    held?
+                } else {
+                    let wait = move || global.hold_waiting_in(line);
+                    inner.wait_global(entry, start, wait).await?
+                };
+                bump(&entry.admitted);
+                Some(held)
+            }
+        };
+        let (result, outcome) = inner.run(entry, call).await;
+        if let Some(global_held) = &mut global_held {
+            global_held.set_outcome(outcome);
+        }
+        key_held.set_outcome(outcome);
+        result
+    }
+
     /// Waits for a permit of `key` and then, with a global limit, a global
     /// permit, under the `max_wait` budget; for callers that manage the
     /// guarded work themselves. The call counts as in flight until the
@@ -387,6 +504,45 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.inner.acquire(key).await
+    }
+
+    /// [`acquire`](Self::acquire) for work that must be done `by` a
+    /// deadline: admitted, rejected at once or bounded in its waits as
+    /// [`call_by`](Self::call_by) says.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyedRejected`], with the [reason](KeyedRejected::reason), among
+    /// them [`KeyWontMakeDeadline`](KeyedRejectReason::KeyWontMakeDeadline)
+    /// and [`GlobalWontMakeDeadline`](KeyedRejectReason::GlobalWontMakeDeadline).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it waits gives up its place in line (and
+    /// the key's permit, if it had one) and nothing else.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use bulkhead::keyed::{KeyedBulkhead, KeyedRejectReason};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let hosts = KeyedBulkhead::<String>::builder().max_concurrent_calls(1).build().unwrap();
+    /// let by = Instant::now() + Duration::from_secs(1);
+    /// let permit = hosts.acquire_by("db-1.internal", by).await.unwrap();
+    /// drop(permit);
+    /// let passed = Instant::now() - Duration::from_secs(1);
+    /// let rejected = hosts.acquire_by("db-1.internal", passed).await.unwrap_err();
+    /// assert_eq!(rejected.reason(), KeyedRejectReason::KeyWontMakeDeadline);
+    /// # });
+    /// ```
+    pub async fn acquire_by<Q>(&self, key: &Q, by: Instant) -> Result<KeyedPermit, KeyedRejected>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.inner.acquire_by(key, by).await
     }
 
     /// Takes a permit of `key` and a global one only if both are free now;
@@ -809,6 +965,56 @@ where
         })
     }
 
+    /// [`acquire`](Self::acquire) for work that must be done `by`: the
+    /// same two stages, each admitting by the deadline.
+    async fn acquire_by<Q>(&self, key: &Q, by: Instant) -> Result<KeyedPermit, KeyedRejected>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let user = self.enter(key)?;
+        let mut start = None;
+        let acquired = {
+            let mut acquiring = pin!(user.entry.bulkhead.acquire_by(by));
+            poll_fn(|cx| {
+                let polled = acquiring.as_mut().poll(cx);
+                if polled.is_pending() && start.is_none() {
+                    start = self.budget_clock();
+                }
+                polled
+            })
+            .await
+        };
+        let mut key_permit = acquired.map_err(|r| self.key_rejected(r))?;
+        let global = match &self.global {
+            None => None,
+            Some(global) => {
+                let now = |may_wait: bool| (!may_wait).then(|| global.try_acquire_by(by));
+                let admitted = if let Some(admitted) = self.global_now(&user.entry, start, now) {
+                    admitted
+                } else {
+                    let wait = || global.acquire_by(by);
+                    self.wait_global(&user.entry, start, wait).await
+                };
+                match admitted {
+                    Ok(permit) => {
+                        bump(&user.entry.admitted);
+                        Some(permit)
+                    }
+                    Err(rejected) => {
+                        key_permit.set_outcome(CallOutcome::Cancelled);
+                        return Err(rejected);
+                    }
+                }
+            }
+        };
+        Ok(KeyedPermit {
+            global,
+            key: key_permit,
+            user,
+        })
+    }
+
     /// The second stage without waiting: `Some` if it is decided at once (a
     /// global permit, or a rejection), `None` if the caller is to wait
     /// ([`wait_global`](Self::wait_global)). The budget started at `start`
@@ -1064,6 +1270,11 @@ where
     ) -> KeyedRejected {
         bump(&entry.rejected_global);
         bump(&self.counters.rejected_global);
+        match rejected.reason() {
+            RejectReason::WontMakeDeadline => bump(&entry.rejected_global_deadline),
+            RejectReason::QueueDelay => bump(&entry.rejected_global_queue_delay),
+            _ => {}
+        }
         KeyedRejected::from_bulkhead(
             rejected,
             true,
