@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use event_listener::EventListener;
 
 use super::error::{Failure, LeaseError, classify};
+use super::failover::AcquireReply;
 use super::line::Slot;
 use super::permit::{Lease, LeasedPermit};
 use super::semaphore::{Inner, RedisSemaphore};
@@ -273,7 +274,12 @@ impl Inner {
     fn announced(self: &Arc<Self>, pending: &mut Pending) -> Option<LeasedPermit> {
         let (fence, limit, since) = pending.slot.as_ref()?.take()?;
         self.limit_seen.store(limit, Ordering::Relaxed);
-        if (since + self.life).saturating_duration_since(Instant::now()) < self.life / 2 {
+        // With `replicas`, the acquire script runs again instead: its write
+        // (the lease extended) comes after the grant, so the `WAIT` after it
+        // covers the grant too.
+        if (since + self.life).saturating_duration_since(Instant::now()) < self.life / 2
+            || self.failover.replicas.is_some()
+        {
             return None;
         }
         self.fence_seen.fetch_max(fence, Ordering::Relaxed);
@@ -316,18 +322,21 @@ impl Inner {
             pending.maybe_granted = true;
             let sent = Instant::now();
             let mut call = self.keys.call_all(&self.scripts.acquire);
-            call.arg(&pending.id)
+            call.key(&self.keys.epoch)
+                .arg(&pending.id)
                 .arg(self.ttl.as_millis() as u64)
                 .arg(self.default_limit)
                 .arg(&self.label)
                 .arg(self.fence_seen.load(Ordering::Relaxed))
                 .arg(self.quarantine_ms)
                 .arg(u8::from(pending.slot.is_some()))
-                .arg(&self.token);
-            let mut conn = self.conn.clone();
+                .arg(&self.token)
+                .arg(&*self.failover.epoch())
+                .arg(self.failover.loss_flag());
+            let mut conn = self.grant_conn();
             let script = call.invoke_async(&mut conn);
             let cut = bound.and_then(|b| (attempt > 0 || b.cut_first).then_some(b.end));
-            let answer: redis::RedisResult<(i64, u64, i64, i64, i64, i64, i64)> = match cut {
+            let answer: redis::RedisResult<AcquireReply> = match cut {
                 None => script.await,
                 Some(end) => {
                     let left = end.saturating_duration_since(sent);
@@ -337,10 +346,21 @@ impl Inner {
                 }
             };
             match answer {
-                Ok((granted, fence, ms, limit, _holders, quarantined, queued)) => {
+                Ok(AcquireReply {
+                    granted,
+                    fence,
+                    ms,
+                    limit,
+                    quarantined,
+                    queued,
+                    epoch,
+                }) => {
                     let limit = usize::try_from(limit).unwrap_or(0);
                     self.limit_seen.store(limit, Ordering::Relaxed);
                     if granted == 0 {
+                        if quarantined == 1 {
+                            self.failover.quarantined(epoch);
+                        }
                         pending.maybe_granted = false;
                         pending.queued = queued > 0;
                         if let Some(slot) = pending.slot.as_ref().filter(|_| queued > 0) {
@@ -354,6 +374,9 @@ impl Inner {
                         });
                     }
                     self.fence_seen.fetch_max(fence, Ordering::Relaxed);
+                    // Too few replicas: `pending` is still marked, and its
+                    // drop releases the grant.
+                    self.replicated(&mut conn).await?;
                     pending.settle();
                     let lease = Arc::new(Lease::new(
                         core::mem::take(&mut pending.id),

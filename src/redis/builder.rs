@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::conn::{Backend, Conn, Settings};
 use super::error::{ConfigError, Failure, classify};
+use super::failover::{Failover, Replicas};
 use super::id::IdSource;
 use super::keeper;
 use super::scripts::Scripts;
@@ -35,6 +36,7 @@ pub struct RedisSemaphoreBuilder {
     pubsub: bool,
     drift_margin: Option<Duration>,
     quarantine: bool,
+    replicas: Option<(usize, Duration)>,
     fair: bool,
 }
 
@@ -57,6 +59,7 @@ impl RedisSemaphoreBuilder {
             pubsub: true,
             drift_margin: None,
             quarantine: true,
+            replicas: None,
             fair: true,
         }
     }
@@ -179,12 +182,56 @@ impl RedisSemaphoreBuilder {
     /// renewed, which writes them back). Meanwhile `try_acquire` fails with
     /// [`LeaseError::Quarantined`](super::LeaseError::Quarantined), a
     /// waiting `acquire` waits, and a `RedisBulkhead` rejects as
-    /// `Unavailable`. The loss is seen by the first acquire of a client
-    /// that was granted a lost fence; grants made before that are not
-    /// prevented (see `docs/distributed.md`). With `false` the script does
-    /// not look, as before.
+    /// `Unavailable`.
+    ///
+    /// The loss is seen, whichever comes first, by: the next acquire of any
+    /// client built before it, granted or not, which finds the semaphore's
+    /// *epoch marker* (a key written once, with no time to live) missing or
+    /// rewritten (the data set was lost); a check of `INFO replication`
+    /// every [`renew_every`](Self::renew_every), which finds a promoted
+    /// replica (its `master_replid2` is the id read before); the next
+    /// acquire of a client that was granted a lost fence; a holder's next
+    /// renewal, which finds its lease gone. A restart with persistence
+    /// that kept the data keeps the marker and quarantines nothing; every
+    /// promotion quarantines (nothing proves the replica had the last
+    /// grants: see [`replicas`](Self::replicas)). Grants made before the
+    /// loss is seen are not prevented (see `docs/distributed.md`). With
+    /// `true`, `build` writes the marker if it is missing, and reads `INFO`
+    /// (skipped if the user may not). With `false` nothing is looked at.
     pub fn quarantine(mut self, enabled: bool) -> Self {
         self.quarantine = enabled;
+        self
+    }
+
+    /// Counts a grant only once `count` replicas acknowledged it, waiting
+    /// for them for at most `timeout` (default: off).
+    ///
+    /// Redis replicates asynchronously: a primary that fails right after a
+    /// grant may not have passed it on, and the replica promoted in its
+    /// place does not know the lease (the [quarantine](Self::quarantine)
+    /// covers that case once the promotion is seen). With this option,
+    /// each grant is followed by `WAIT count timeout`, on a connection the
+    /// grants have to themselves (`WAIT` holds up the connection it runs
+    /// on, and renewals and releases must not wait behind it). When fewer
+    /// replicas acknowledge in time, the grant is released and the acquire
+    /// fails with [`LeaseError::NotReplicated`](super::LeaseError::NotReplicated)
+    /// at once (a waiting `acquire` too: waiting longer would not bring a
+    /// replica back; retry when one is). A grant that waited for `count`
+    /// replicas survives the promotion of any of them; `WAIT` does not
+    /// make Redis strongly consistent (a replica that acknowledged may
+    /// still lose the write if it restarts without persistence).
+    ///
+    /// Each grant then costs one more round trip, plus the replicas' lag,
+    /// and an acquire may take up to `timeout` longer than without (also
+    /// [`try_acquire`](RedisSemaphore::try_acquire), whose own bound of one
+    /// [`response_timeout`](Self::response_timeout) covers the script call
+    /// only). Renewals and releases do not wait. `count` 0 turns it off.
+    ///
+    /// One server only for now: with a Cluster or Sentinel backend, and
+    /// with a zero `timeout`, `build` fails with
+    /// [`ConfigError::BadReplicas`].
+    pub fn replicas(mut self, count: usize, timeout: Duration) -> Self {
+        self.replicas = (count > 0).then_some((count, timeout));
         self
     }
 
@@ -255,7 +302,9 @@ impl RedisSemaphoreBuilder {
     /// all the semaphore's keys, and, unless [`pubsub(false)`](Self::pubsub),
     /// on a connection of their own, a `PUBLISH` of a wake-up for no one
     /// (`free 0`) and a `SUBSCRIBE` (on a Redis Cluster: `SPUBLISH` and
-    /// `SSUBSCRIBE`, on the cluster connection). Nothing is written.
+    /// `SSUBSCRIBE`, on the cluster connection); with the
+    /// [quarantine](Self::quarantine) on, the epoch marker is read (and
+    /// written, if missing: the only write) and `INFO replication`.
     ///
     /// # Errors
     ///
@@ -266,7 +315,9 @@ impl RedisSemaphoreBuilder {
     /// channel ([`ChannelDenied`](ConfigError::ChannelDenied)), a cluster
     /// client without RESP3 while pub/sub is on
     /// ([`NeedsResp3`](ConfigError::NeedsResp3)), a Sentinel client for
-    /// replicas ([`NotPrimary`](ConfigError::NotPrimary)). None of them is
+    /// replicas ([`NotPrimary`](ConfigError::NotPrimary)), a
+    /// [`replicas`](Self::replicas) setting that cannot work
+    /// ([`BadReplicas`](ConfigError::BadReplicas)). None of them is
     /// retried.
     pub async fn build(self) -> Result<RedisSemaphore, ConfigError> {
         // Both are checked alike: the keys are `{prefix}:{{name}}:...`, and
@@ -303,15 +354,25 @@ impl RedisSemaphoreBuilder {
             Some(t) => t,
             None => crate::timer::default_timer().ok_or(ConfigError::NoTimer)?,
         };
+        if self
+            .replicas
+            .is_some_and(|(_, timeout)| timeout.as_millis() == 0)
+        {
+            return Err(ConfigError::BadReplicas);
+        }
         let spawner = Spawner::current().ok_or(ConfigError::NoRuntime)?;
+        let loss_known = Arc::new(AtomicBool::new(false));
         let settings = Settings {
             response_timeout: self.response_timeout,
             pubsub: self.pubsub,
             timer: timer.clone(),
             spawner: spawner.clone(),
+            wait: self.replicas.map(|(_, timeout)| timeout),
+            loss_known: self.quarantine.then(|| loss_known.clone()),
         };
         let connected = self.backend.connect(&settings).await?;
         let conn = connected.conn;
+        let replicas = self.replicas.zip(connected.grant_conn);
         let base = format!("{}:{{{}}}", self.key_prefix, self.name);
         let keys = Keys {
             leases: format!("{base}:leases"),
@@ -324,11 +385,20 @@ impl RedisSemaphoreBuilder {
             queue_beat: format!("{base}:queue:beat"),
             queue_info: format!("{base}:queue:info"),
             queue_seq: format!("{base}:queue:seq"),
+            epoch: format!("{base}:epoch"),
         };
         let scripts = Scripts::new(connected.publish);
         check_scripts(&conn, &scripts, &keys).await?;
         let ids = IdSource::new();
         let token = format!("{:016x}", ids.random());
+        let replicas = replicas.map(|((count, timeout), conn)| Replicas {
+            count,
+            timeout,
+            conn,
+        });
+        let failover = Failover::start(&conn, &keys, self.quarantine, loss_known, replicas)
+            .await
+            .map_err(ConfigError::of)?;
         if self.pubsub {
             // The channel the subscriber will keep (see `Inner::channel`).
             let channel = match self.fair {
@@ -368,10 +438,12 @@ impl RedisSemaphoreBuilder {
                 true => u64::try_from(self.lease_ttl.as_millis()).unwrap_or(u64::MAX),
                 false => 0,
             },
+            failover,
             fair: self.fair,
             token,
         });
         keeper::start(&inner, connected.subscriber, self.pubsub);
+        super::failover::start_watch(&inner);
         Ok(RedisSemaphore { inner })
     }
 }

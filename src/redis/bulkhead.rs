@@ -385,6 +385,8 @@ fn reason_of(e: &LeaseError) -> RejectReason {
         LeaseError::Lost(_) => RejectReason::Unavailable,
         // Redis lost writes: the permits cannot be counted for a while.
         LeaseError::Quarantined { .. } => RejectReason::Unavailable,
+        // Too few replicas have it: as unreachable as a primary alone.
+        LeaseError::NotReplicated { .. } => RejectReason::Unavailable,
     }
 }
 

@@ -191,6 +191,13 @@ pub(super) struct Settings {
     pub(super) timer: std::sync::Arc<dyn Timer>,
     #[cfg_attr(not(feature = "redis-sentinel"), allow(dead_code))]
     pub(super) spawner: Spawner,
+    /// With `replicas`, the `WAIT` timeout: the grants then get a
+    /// connection of their own, whose response timeout covers it.
+    pub(super) wait: Option<Duration>,
+    /// With the quarantine on, the flag a backend that switches servers
+    /// itself (Sentinel) sets when the new one is a promoted replica.
+    #[cfg_attr(not(feature = "redis-sentinel"), allow(dead_code))]
+    pub(super) loss_known: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// A backend, connected.
@@ -199,6 +206,8 @@ pub(super) struct Connected {
     pub(super) subscriber: Subscriber,
     /// The command the scripts publish wake-ups with.
     pub(super) publish: &'static str,
+    /// The grants' own connection, with `Settings::wait`.
+    pub(super) grant_conn: Option<Conn>,
 }
 
 impl Backend {
@@ -211,6 +220,19 @@ impl Backend {
             .set_max_delay(Duration::from_secs(1));
         match self.kind {
             Kind::Node(client) => {
+                let grant_conn = match settings.wait {
+                    None => None,
+                    Some(wait) => {
+                        let config = config
+                            .clone()
+                            .set_response_timeout(Some(settings.response_timeout + wait));
+                        let conn = client
+                            .get_connection_manager_with_config(config)
+                            .await
+                            .map_err(ConfigError::of)?;
+                        Some(Conn::Node(conn))
+                    }
+                };
                 let conn = client
                     .get_connection_manager_with_config(config)
                     .await
@@ -219,10 +241,15 @@ impl Backend {
                     conn: Conn::Node(conn),
                     subscriber: Subscriber::Node(client),
                     publish: "PUBLISH",
+                    grant_conn,
                 })
             }
             #[cfg(feature = "redis-cluster")]
+            Kind::Cluster(_) if settings.wait.is_some() => Err(ConfigError::BadReplicas),
+            #[cfg(feature = "redis-cluster")]
             Kind::Cluster(client) => cluster::connect(client, settings).await,
+            #[cfg(feature = "redis-sentinel")]
+            Kind::Sentinel(_) if settings.wait.is_some() => Err(ConfigError::BadReplicas),
             #[cfg(feature = "redis-sentinel")]
             Kind::Sentinel(client) => sentinel::connect(client, config, settings).await,
         }
@@ -238,6 +265,29 @@ pub(super) enum Conn {
     Cluster(redis::cluster_async::ClusterConnection),
     #[cfg(feature = "redis-sentinel")]
     Sentinel(std::sync::Arc<Primary>),
+}
+
+impl Conn {
+    /// `INFO replication` from the node that runs the scripts whose first
+    /// key is `key` (on a Cluster, the primary that owns its slot).
+    pub(super) async fn info_replication(&self, key: &str) -> redis::RedisResult<String> {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("replication");
+        match self {
+            #[cfg(feature = "redis-cluster")]
+            Self::Cluster(conn) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                let route = Route::with_key(key, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                let info = conn.clone().route_command(cmd, routing).await?;
+                Ok(redis::from_redis_value(info)?)
+            }
+            _ => {
+                let _ = key;
+                cmd.query_async(&mut self.clone()).await
+            }
+        }
+    }
 }
 
 impl ConnectionLike for Conn {

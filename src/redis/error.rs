@@ -52,6 +52,18 @@ pub enum LeaseError {
     /// ran its work, which was dropped unfinished. The reason is the
     /// [`source`](std::error::Error::source).
     Lost(LostReason),
+    /// The grant was made, but fewer replicas than
+    /// [`replicas`](super::RedisSemaphoreBuilder::replicas) asks for
+    /// acknowledged it within its timeout (`WAIT`), so a failover could
+    /// lose it: it was released again (in the background; if Redis cannot
+    /// be reached, it expires within its time to live). Returned at once,
+    /// not retried.
+    NotReplicated {
+        /// How many replicas acknowledged the grant.
+        acked: usize,
+        /// How many were asked for.
+        wanted: usize,
+    },
 }
 
 impl fmt::Display for LeaseError {
@@ -71,6 +83,10 @@ impl fmt::Display for LeaseError {
                 "redis lost writes; grants resume in {} ms",
                 retry_after.as_millis()
             ),
+            Self::NotReplicated { acked, wanted } => write!(
+                f,
+                "{acked} of {wanted} replicas acknowledged the grant; it was released"
+            ),
         }
     }
 }
@@ -80,7 +96,10 @@ impl std::error::Error for LeaseError {
         match self {
             Self::Unavailable(e) | Self::Denied(e) | Self::Auth(e) | Self::Script(e) => Some(e),
             Self::Lost(reason) => Some(reason),
-            Self::NoPermits { .. } | Self::Closed | Self::Quarantined { .. } => None,
+            Self::NoPermits { .. }
+            | Self::Closed
+            | Self::Quarantined { .. }
+            | Self::NotReplicated { .. } => None,
         }
     }
 }
@@ -244,6 +263,10 @@ pub enum ConfigError {
     /// The server Sentinel named is not a primary: the `SentinelClient` was
     /// built for replicas (`SentinelServerType::Replica`).
     NotPrimary,
+    /// [`replicas`](super::RedisSemaphoreBuilder::replicas) was given a
+    /// zero timeout (`WAIT` would block for ever), or a backend other than
+    /// one server (this version waits for replicas on one server only).
+    BadReplicas,
 }
 
 impl fmt::Display for ConfigError {
@@ -283,6 +306,9 @@ impl fmt::Display for ConfigError {
                  or build with pubsub(false) to poll",
             ),
             Self::NotPrimary => f.write_str("the server sentinel named is not a primary"),
+            Self::BadReplicas => f.write_str(
+                "waiting for replicas needs a non-zero timeout and a single-server backend",
+            ),
         }
     }
 }

@@ -32,9 +32,12 @@
 //!   that instant; `call_to_end` lets it finish and reports the loss.
 //! * This is a load-protection limit, not mutual exclusion: a Redis
 //!   failover or restart without persistence can forget leases and admit
-//!   more than `limit` until the loss is seen (a holder's renewal or an
-//!   acquire finds it); then no grant is made for one lease time to live
-//!   (the [quarantine](RedisSemaphoreBuilder::quarantine)). Where
+//!   more than `limit` until the loss is seen (by a holder's renewal, by
+//!   an acquire that finds the semaphore's epoch marker gone, by a watch
+//!   of the replication id that finds a promoted replica); then no grant
+//!   is made for one lease time to live (the
+//!   [quarantine](RedisSemaphoreBuilder::quarantine)). Grants can also
+//!   wait for replicas ([`replicas`](RedisSemaphoreBuilder::replicas)). Where
 //!   correctness depends on exclusivity, check fencing tokens at the
 //!   resource.
 //!
@@ -67,6 +70,7 @@ mod bulkhead;
 mod call;
 mod conn;
 mod error;
+mod failover;
 mod id;
 mod keeper;
 mod line;

@@ -19,6 +19,8 @@
 //! * `KEYS[9]` `…:queue:info`: hash, waiting permit id →
 //!   `ttl_ms:process_token:label`, what its grant needs.
 //! * `KEYS[10]` `…:queue:seq`: the arrival counter (never expires).
+//! * `KEYS[11]` `…:epoch` (the acquire script only): the epoch marker,
+//!   which a server that lost its data no longer has (see `ACQUIRE`).
 //!
 //! The scripts that change leases (acquire, renew, release, set limit)
 //! take all ten keys (`Keys::call_all`); the others take the first five
@@ -120,10 +122,13 @@ local function limit_of(default)
 end
 ";
 
-/// `ARGV`: id, ttl_ms, default limit, label, the highest fence this client
-/// has been granted (0: none yet), the quarantine in ms (0: off), whether
-/// to join the line when no permit is free (1, fair mode) or not (0), the
-/// process token (the suffix of this process's channel).
+/// `KEYS`: the ten, and `KEYS[11]` the epoch marker. `ARGV`: id, ttl_ms,
+/// default limit, label, the highest fence this client has been granted
+/// (0: none yet), the quarantine in ms (0: off), whether to join the line
+/// when no permit is free (1, fair mode) or not (0), the process token (the
+/// suffix of this process's channel), the epoch marker this client last
+/// saw, `1` if this client found another sign of a loss (a promoted
+/// replica: see `failover.rs`).
 ///
 /// Returns `{1, fence, ttl_left_ms, limit, holders, 0, 0}` when granted
 /// (also for a retry of an id that already holds, or was granted from the
@@ -132,8 +137,8 @@ end
 /// the earliest lease expires (-1 when nothing is held, as with a limit of
 /// zero) and `queued` is the id's place in the line plus one (0: not in
 /// it; an id already in line keeps its place, and its entry's deadline is
-/// pushed back), or `{0, 0, quarantine_left_ms, limit, holders, 1, queued}` while
-/// grants are refused.
+/// pushed back), or `{0, 0, quarantine_left_ms, limit, holders, 1, queued,
+/// epoch}` while grants are refused.
 ///
 /// A free permit is taken only if nobody waits in the line: `purge` has
 /// just served the line, so the line is empty whenever a permit is free,
@@ -148,6 +153,13 @@ end
 /// client, for one quarantine (the lease time to live: by then every lease
 /// granted before the loss has expired, or been renewed, which puts it
 /// back). Consul's lock-delay does the same after a session is lost.
+///
+/// The **epoch marker** `KEYS[11]` is a value written once (the server's
+/// `TIME` when it was found missing) and never expiring: a server that
+/// lost its data (a restart without persistence, a flush, a promoted
+/// replica that never had it) has none, or one written since. A client
+/// that saw another starts the quarantine, although it was never granted
+/// anything. A restart *with* persistence keeps it: no quarantine.
 const ACQUIRE: &str = r"
 purge()
 local id, ttl = ARGV[1], tonumber(ARGV[2])
@@ -167,15 +179,23 @@ if rank then
 end
 local quarantine = tonumber(ARGV[6])
 if quarantine > 0 then
+  local epoch = redis.call('GET', KEYS[11])
+  if not epoch then
+    epoch = t[1] .. '.' .. t[2]
+    redis.call('SET', KEYS[11], epoch)
+  end
   local left = redis.call('PTTL', KEYS[6])
   if left > 0 then
-    return {0, 0, left, limit, holders, 1, queued}
+    return {0, 0, left, limit, holders, 1, queued, epoch}
   end
   local seen = tonumber(ARGV[5])
-  if seen > (tonumber(redis.call('GET', KEYS[3])) or 0) then
-    redis.call('SET', KEYS[3], seen)
+  local behind = seen > (tonumber(redis.call('GET', KEYS[3])) or 0)
+  if behind or epoch ~= ARGV[9] or ARGV[10] == '1' then
+    if behind then
+      redis.call('SET', KEYS[3], seen)
+    end
     redis.call('SET', KEYS[6], seen, 'PX', quarantine)
-    return {0, 0, quarantine, limit, holders, 1, queued}
+    return {0, 0, quarantine, limit, holders, 1, queued, epoch}
   end
 end
 if queued == 0 and holders < limit and redis.call('EXISTS', KEYS[7]) == 0 then

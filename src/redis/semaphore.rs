@@ -62,6 +62,8 @@ pub(super) struct Inner {
     pub(super) fence_seen: AtomicU64,
     /// The quarantine after such a loss, in ms (0: off).
     pub(super) quarantine_ms: u64,
+    /// The other signs of a loss, and `WAIT` on grants.
+    pub(super) failover: super::failover::Failover,
     /// Whether a waiting acquire joins the fair line (see
     /// [`RedisSemaphoreBuilder::fair`]).
     pub(super) fair: bool,
@@ -78,6 +80,7 @@ pub(super) struct Keys {
     pub(super) limit: String,
     pub(super) channel: String,
     pub(super) quarantine: String,
+    pub(super) epoch: String,
     pub(super) queue: String,
     pub(super) queue_beat: String,
     pub(super) queue_info: String,

@@ -135,6 +135,7 @@ pub(super) async fn connect(
         conn: Conn::Cluster(conn.clone()),
         subscriber: Subscriber::Cluster { conn, pushes },
         publish: "SPUBLISH",
+        grant_conn: None,
     })
 }
 

@@ -15,6 +15,7 @@ use redis::{Cmd, Pipeline, RedisResult, Value};
 
 use super::{Conn, Connected, Settings, Subscriber, Subscription, no_answer};
 use crate::redis::error::{ConfigError, Failure, classify};
+use crate::redis::failover::{is_promotion, parse_replication};
 use crate::redis::spawn::Spawner;
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
@@ -40,6 +41,10 @@ pub(in crate::redis) struct Primary {
     timeout: Duration,
     timer: Arc<dyn Timer>,
     spawner: Spawner,
+    /// With the quarantine on: set when the primary Sentinel names next
+    /// is a replica promoted in place of the current one (see
+    /// `failover.rs`), before any call goes to it.
+    loss_known: Option<Arc<AtomicBool>>,
 }
 
 struct Current {
@@ -49,6 +54,9 @@ struct Current {
     conn: ConnectionManager,
     /// When Sentinel was last asked.
     asked: Instant,
+    /// The primary's `master_replid` (with the quarantine on, if `INFO`
+    /// answered).
+    replid: Option<String>,
 }
 
 pub(super) async fn connect(
@@ -71,6 +79,10 @@ pub(super) async fn connect(
     if !matches!(role, redis::Role::Primary { .. }) {
         return Err(ConfigError::NotPrimary);
     }
+    let replid = match &settings.loss_known {
+        Some(_) => replication_id(&conn).await.map(|ids| ids.0),
+        None => None,
+    };
     let primary = Arc::new(Primary {
         sentinel: Mutex::new(Some(sentinel)),
         current: Mutex::new(Current {
@@ -78,6 +90,7 @@ pub(super) async fn connect(
             client,
             conn,
             asked: Instant::now(),
+            replid,
         }),
         finding: AtomicBool::new(false),
         moved: Event::new(),
@@ -85,12 +98,14 @@ pub(super) async fn connect(
         timeout: settings.response_timeout,
         timer: settings.timer.clone(),
         spawner: settings.spawner.clone(),
+        loss_known: settings.loss_known.clone(),
     });
     settings.spawner.spawn(watch(Arc::downgrade(&primary)));
     Ok(Connected {
         conn: Conn::Sentinel(primary.clone()),
         subscriber: Subscriber::Sentinel(primary),
         publish: "PUBLISH",
+        grant_conn: None,
     })
 }
 
@@ -158,6 +173,17 @@ impl Drop for Lent<'_> {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The ids of the primary on `conn` (`None` if `INFO` failed or it is
+/// not a primary).
+async fn replication_id(conn: &ConnectionManager) -> Option<(String, String)> {
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(&mut conn.clone())
+        .await
+        .ok()?;
+    parse_replication(&info)
 }
 
 /// Whether a reply says the primary may have moved.
@@ -296,10 +322,22 @@ impl Primary {
         else {
             return;
         };
+        // Before any call goes to it: a promoted replica may lack the last
+        // grants (the acquire script then starts the quarantine).
+        let ids = match &self.loss_known {
+            Some(_) => replication_id(&conn).await,
+            None => None,
+        };
         let mut current = lock(&self.current);
+        if let (Some(loss), Some(old), Some(ids)) = (&self.loss_known, &current.replid, &ids) {
+            if is_promotion(old, ids) {
+                loss.store(true, Ordering::Release);
+            }
+        }
         current.generation += 1;
         current.client = client;
         current.conn = conn;
+        current.replid = ids.map(|ids| ids.0);
         drop(current);
         self.moved.notify(usize::MAX);
     }

@@ -1,0 +1,295 @@
+//! Failover and data loss: what tells this process that Redis lost writes
+//! although it was never granted anything (the epoch marker, a promoted
+//! replica's replication id), and the optional `WAIT` on grants.
+//!
+//! # Implementation notes
+//!
+//! * **Epoch marker.** `…:epoch` holds a value written once, when a
+//!   script found it missing, and never expires. `build` reads it (writing
+//!   it first if there is none); the acquire script compares it with the
+//!   one this process saw and starts the quarantine when they differ (see
+//!   `scripts.rs`). It survives exactly what the data survives: a restart
+//!   with AOF or RDB keeps it, a restart without persistence or a flush
+//!   loses it. It is checked inside the acquire script, so no grant is made
+//!   on a server that lost it to a client that had seen it.
+//! * **Replication id.** A replica that is promoted takes a new
+//!   `master_replid` and keeps its old primary's as `master_replid2`.
+//!   Every `renew_every`, a task of its own reads `INFO
+//!   replication` from the node that runs the semaphore's scripts (on a
+//!   Cluster, the owner of the semaphore's slot); when the id changed and
+//!   the new server's `master_replid2` is the id seen before, this is a
+//!   promotion. Replication is asynchronous, so nothing proves the promoted
+//!   replica had the last grants: the quarantine starts. A restart (with or
+//!   without persistence) also changes `master_replid` (Redis 7.0 does not
+//!   keep it), but not into a `master_replid2` equal to the old one: it is
+//!   left to the epoch marker, which tells a restart that lost the data
+//!   from one that did not. `run_id` changes at every restart, so it proves
+//!   nothing by itself and is not read.
+//! * **`WAIT`.** `WAIT n timeout` waits for the writes *of the connection it
+//!   runs on*, and blocks that connection meanwhile: the script calls share
+//!   one multiplexed connection, on which a `WAIT` would hold up every
+//!   renewal and release behind it. With [`replicas`], grants get a
+//!   connection of their own; `WAIT` follows the acquire script on it
+//!   (anything sent in between only makes `WAIT` wait for more).
+//!
+//! [`replicas`]: super::RedisSemaphoreBuilder::replicas
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::{FromRedisValue, ParsingError, Value};
+
+use super::conn::Conn;
+use super::error::LeaseError;
+use super::semaphore::{Inner, Keys};
+use crate::timer::timeout::Timeout;
+
+/// `KEYS[1]`: the epoch marker. Returns it, written first (the server's
+/// `TIME`) if it is missing.
+const EPOCH: &str = r"
+local epoch = redis.call('GET', KEYS[1])
+if not epoch then
+  local t = redis.call('TIME')
+  epoch = t[1] .. '.' .. t[2]
+  redis.call('SET', KEYS[1], epoch)
+end
+return epoch
+";
+
+/// What this process knows about the server's history.
+pub(super) struct Failover {
+    /// The epoch marker as last seen (empty with the quarantine off).
+    epoch: Mutex<Arc<str>>,
+    /// The `master_replid` of the scripts' node as last read; `None`
+    /// before the first read, or if `INFO` is refused.
+    replid: Mutex<Option<String>>,
+    /// Set when a promotion was seen (here, or by the Sentinel backend as
+    /// it switches to the new primary), until a script confirms that the
+    /// quarantine started.
+    loss_known: Arc<AtomicBool>,
+    /// `WAIT` on grants, if asked for.
+    pub(super) replicas: Option<Replicas>,
+}
+
+/// [`RedisSemaphoreBuilder::replicas`](super::RedisSemaphoreBuilder::replicas).
+pub(super) struct Replicas {
+    pub(super) count: usize,
+    pub(super) timeout: Duration,
+    /// The grants' own connection.
+    pub(super) conn: Conn,
+}
+
+impl Failover {
+    /// Reads (or writes) the epoch marker and the replication id, for
+    /// `build`; with the quarantine off, neither.
+    pub(super) async fn start(
+        conn: &Conn,
+        keys: &Keys,
+        quarantine: bool,
+        loss_known: Arc<AtomicBool>,
+        replicas: Option<Replicas>,
+    ) -> redis::RedisResult<Self> {
+        let mut epoch = String::new();
+        let mut replid = None;
+        if quarantine {
+            epoch = redis::Script::new(EPOCH)
+                .key(&keys.epoch)
+                .invoke_async(&mut conn.clone())
+                .await?;
+            // `INFO` needs `@dangerous`: a user without it only has the
+            // epoch marker and the fence check.
+            replid = replication_id(conn, &keys.leases).await.ok().flatten();
+        }
+        Ok(Self {
+            epoch: Mutex::new(epoch.into()),
+            replid: Mutex::new(replid.map(|(id, _)| id)),
+            loss_known,
+            replicas,
+        })
+    }
+
+    /// The epoch marker to send with an acquire.
+    pub(super) fn epoch(&self) -> Arc<str> {
+        self.epoch
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// `"1"` if a loss was seen that no script has quarantined yet.
+    pub(super) fn loss_flag(&self) -> &'static str {
+        match self.loss_known.load(Ordering::Acquire) {
+            true => "1",
+            false => "0",
+        }
+    }
+
+    /// An acquire answered that grants are quarantined, with the marker
+    /// the server has now.
+    pub(super) fn quarantined(&self, epoch: Option<String>) {
+        self.loss_known.store(false, Ordering::Release);
+        if let Some(epoch) = epoch.filter(|e| !e.is_empty()) {
+            *self.epoch.lock().unwrap_or_else(PoisonError::into_inner) = epoch.into();
+        }
+    }
+}
+
+/// Starts the watch of the replication id (with the quarantine on): a task
+/// of its own, so that a slow `INFO` never holds up a renewal. It holds
+/// only a weak reference, and stops within `renew_every` of the last
+/// handle's drop.
+pub(super) fn start_watch(inner: &Arc<Inner>) {
+    if inner.quarantine_ms == 0 {
+        return;
+    }
+    let weak = Arc::downgrade(inner);
+    let (timer, every) = (inner.timer.clone(), inner.renew_every);
+    inner.spawner.spawn(async move {
+        loop {
+            timer.sleep(every).await;
+            let Some(inner) = weak.upgrade() else { return };
+            inner.watch_identity().await;
+        }
+    });
+}
+
+impl Inner {
+    /// The connection the acquire script runs on: the grants' own with
+    /// `replicas`, else the shared one.
+    pub(super) fn grant_conn(&self) -> Conn {
+        match &self.failover.replicas {
+            Some(r) => r.conn.clone(),
+            None => self.conn.clone(),
+        }
+    }
+
+    /// After a grant made on `conn`: with `replicas`, waits for that many
+    /// replicas to acknowledge it. On too few, the grant is not counted
+    /// (the caller's pending id releases it).
+    pub(super) async fn replicated(&self, conn: &mut Conn) -> Result<(), LeaseError> {
+        let Some(r) = &self.failover.replicas else {
+            return Ok(());
+        };
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(r.count).arg(r.timeout.as_millis() as u64);
+        let wait = cmd.query_async::<i64>(conn);
+        // The connection's own response timeout covers `r.timeout` too
+        // (see `build`); this bounds a server that stops answering.
+        let within = self.timer.sleep(r.timeout + self.response_timeout);
+        let acked = match Timeout::new(wait, within).await {
+            Ok(Ok(n)) => usize::try_from(n).unwrap_or(0),
+            Ok(Err(e)) => return Err(LeaseError::of(e)),
+            Err(_elapsed) => return Err(LeaseError::Unavailable(super::conn::no_answer())),
+        };
+        if acked < r.count {
+            return Err(LeaseError::NotReplicated {
+                acked,
+                wanted: r.count,
+            });
+        }
+        Ok(())
+    }
+
+    /// Every `renew_every` (see [`start_watch`]): reads the replication
+    /// id, and starts the quarantine if the server is a promoted replica.
+    async fn watch_identity(&self) {
+        let f = &self.failover;
+        let read = replication_id(&self.conn, &self.keys.leases);
+        let Ok(Ok(Some((now, before)))) =
+            Timeout::new(read, self.timer.sleep(self.renew_every)).await
+        else {
+            return;
+        };
+        let promoted = {
+            let mut seen = f.replid.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = (now, before);
+            let promoted = seen.as_deref().is_some_and(|old| is_promotion(old, &now));
+            *seen = Some(now.0);
+            promoted
+        };
+        if promoted {
+            f.loss_known.store(true, Ordering::Release);
+            if self.quarantine_now().await {
+                f.loss_known.store(false, Ordering::Release);
+            }
+        }
+    }
+
+    /// Starts the quarantine now (the quarantine script); `true` if Redis
+    /// answered.
+    async fn quarantine_now(&self) -> bool {
+        let mut call = self.keys.call(&self.scripts.quarantine);
+        call.key(&self.keys.quarantine)
+            .arg(self.fence_seen.load(Ordering::Relaxed))
+            .arg(self.quarantine_ms);
+        let mut conn = self.conn.clone();
+        let within = self.timer.sleep(self.renew_every);
+        matches!(
+            Timeout::new(call.invoke_async::<i64>(&mut conn), within).await,
+            Ok(Ok(_))
+        )
+    }
+}
+
+/// The `master_replid` and `master_replid2` of the node that runs the
+/// scripts for `key`, if it is a primary (`None` for a replica: its ids
+/// are its primary's).
+async fn replication_id(conn: &Conn, key: &str) -> redis::RedisResult<Option<(String, String)>> {
+    Ok(parse_replication(&conn.info_replication(key).await?))
+}
+
+/// `master_replid` and `master_replid2` from an `INFO replication` answer,
+/// if the server is a primary.
+pub(in crate::redis) fn parse_replication(info: &str) -> Option<(String, String)> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(|v| v.trim().to_owned())
+    };
+    if field("role").as_deref() != Some("master") {
+        return None;
+    }
+    field("master_replid").zip(field("master_replid2"))
+}
+
+/// Whether a server whose ids are `now` is a replica promoted in place of
+/// the primary whose `master_replid` was `old`.
+pub(in crate::redis) fn is_promotion(old: &str, now: &(String, String)) -> bool {
+    now.0 != old && now.1 == old
+}
+
+/// The acquire script's answer (see `scripts.rs`): seven numbers, and the
+/// epoch marker when grants are quarantined.
+pub(super) struct AcquireReply {
+    pub(super) granted: i64,
+    pub(super) fence: u64,
+    pub(super) ms: i64,
+    pub(super) limit: i64,
+    pub(super) quarantined: i64,
+    pub(super) queued: i64,
+    pub(super) epoch: Option<String>,
+}
+
+impl FromRedisValue for AcquireReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let mut items: Vec<Value> = redis::from_redis_value(v)?;
+        if !(7..=8).contains(&items.len()) {
+            return Err(format!("acquire answered {} values, not 7 or 8", items.len()).into());
+        }
+        let epoch = match items.len() {
+            8 => items.pop().map(redis::from_redis_value).transpose()?,
+            _ => None,
+        };
+        let n = |i: usize| redis::from_redis_value_ref::<i64>(&items[i]);
+        Ok(Self {
+            granted: n(0)?,
+            fence: u64::try_from(n(1)?).map_err(|e| ParsingError::from(e.to_string()))?,
+            ms: n(2)?,
+            limit: n(3)?,
+            quarantined: n(5)?,
+            queued: n(6)?,
+            epoch,
+        })
+    }
+}

@@ -1,0 +1,517 @@
+//! Failover and data loss seen by clients that were never granted anything
+//! (the epoch marker, a promoted replica's replication id), and `WAIT` on
+//! grants, against real `redis-server` processes started per test: a
+//! restart without persistence, a restart with AOF, a replica promoted with
+//! `REPLICAOF NO ONE` behind a switched address, a Sentinel failover, and a
+//! primary whose replica is stopped.
+#![cfg(all(not(loom), feature = "redis", feature = "tokio"))]
+
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bulkhead::redis::{ConfigError, LeaseError, LeasedPermit, RedisSemaphore};
+use redis_server::RedisServer;
+
+/// How long anything that should happen "soon" may take before a test
+/// gives up (only reached when something is broken).
+const PATIENCE: Duration = Duration::from_secs(15);
+
+fn builder(url: &str, name: &str) -> bulkhead::redis::RedisSemaphoreBuilder {
+    RedisSemaphore::builder(redis::Client::open(url).unwrap(), name)
+}
+
+fn key(name: &str, suffix: &str) -> String {
+    format!("bulkhead:{{{name}}}:{suffix}")
+}
+
+/// Restarts `server` off the async runtime.
+async fn restart(server: &Arc<RedisServer>) {
+    let server = server.clone();
+    tokio::task::spawn_blocking(move || server.restart())
+        .await
+        .unwrap();
+}
+
+/// `try_acquire` until it stops failing for want of a connection (the
+/// handle reconnects after a restart); returns the first other outcome.
+async fn try_after_reconnect(sem: &RedisSemaphore) -> Result<LeasedPermit, LeaseError> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match sem.try_acquire().await {
+            Err(LeaseError::Unavailable(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Restarts
+// ---------------------------------------------------------------------------
+
+/// A client that was built before Redis restarted without persistence, and
+/// was never granted anything, finds the epoch marker gone (or written
+/// anew by a client built after the restart): grants stop, for every
+/// client, the new one too. With `quarantine(false)` it is granted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_persistence_quarantines_a_client_never_granted() {
+    const TTL: Duration = Duration::from_millis(1_500);
+    for quarantine in [true, false] {
+        let name = format!("lost-{quarantine}");
+        let Some(server) = RedisServer::start_or_skip() else {
+            return;
+        };
+        let server = Arc::new(server);
+        let before = builder(&server.url(), &name)
+            .lease_ttl(TTL)
+            .quarantine(quarantine)
+            .build()
+            .await
+            .unwrap();
+        restart(&server).await;
+        // Built after the restart: it cannot know, and writes a new marker.
+        let after = builder(&server.url(), &name)
+            .lease_ttl(TTL)
+            .quarantine(quarantine)
+            .build()
+            .await
+            .unwrap();
+        let got = try_after_reconnect(&before).await;
+        if quarantine {
+            let Err(LeaseError::Quarantined { retry_after }) = got else {
+                panic!("the marker changed: quarantined, got {got:?}")
+            };
+            assert!(
+                retry_after > TTL / 2 && retry_after <= TTL,
+                "{retry_after:?}"
+            );
+            let other = after.try_acquire().await;
+            assert!(
+                matches!(other, Err(LeaseError::Quarantined { .. })),
+                "every client is refused: {other:?}"
+            );
+            // It ends after one time to live; no second quarantine follows
+            // (both clients learned the new marker).
+            let permit = tokio::time::timeout(PATIENCE, before.acquire())
+                .await
+                .unwrap()
+                .unwrap();
+            permit.release().await.unwrap();
+            after.try_acquire().await.unwrap().release().await.unwrap();
+            before.try_acquire().await.unwrap().release().await.unwrap();
+        } else {
+            got.expect("without the quarantine, granted at once")
+                .release()
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// A restart with AOF (`appendfsync always`: nothing acknowledged is lost)
+/// keeps the marker and the leases: no quarantine, the holder keeps its
+/// lease, and a second client is granted the other permit at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_with_persistence_does_not_quarantine() {
+    const NAME: &str = "kept";
+    const TTL: Duration = Duration::from_millis(1_500);
+    let Some(server) =
+        RedisServer::start_with_or_skip(&["--appendonly", "yes", "--appendfsync", "always"])
+    else {
+        return;
+    };
+    let server = Arc::new(server);
+    let a = builder(&server.url(), NAME)
+        .lease_ttl(TTL)
+        .limit(2)
+        .build()
+        .await
+        .unwrap();
+    let b = builder(&server.url(), NAME)
+        .lease_ttl(TTL)
+        .limit(2)
+        .build()
+        .await
+        .unwrap();
+    let held = a.try_acquire().await.unwrap();
+    let replid = |s: &RedisServer| -> String {
+        let info: String = s.cmd(&["INFO", "replication"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("master_replid:"))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    let id_before = replid(&server);
+    restart(&server).await;
+    assert_ne!(
+        replid(&server),
+        id_before,
+        "a restart changes the replication id"
+    );
+    let permit = try_after_reconnect(&b)
+        .await
+        .expect("the data survived: no quarantine");
+    assert!(permit.fence() > held.fence());
+    // Two renewal rounds later (each reads the replication id), the holder
+    // still holds and nothing is quarantined.
+    tokio::time::sleep(TTL).await;
+    assert!(!held.is_lost());
+    let q: bool = server.cmd(&["EXISTS", &key(NAME, "quarantine")]);
+    assert!(!q, "no quarantine after a restart that lost nothing");
+    permit.release().await.unwrap();
+    held.release().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// Promotion of a replica
+// ---------------------------------------------------------------------------
+
+/// A TCP proxy whose upstream can be switched, as a virtual IP or a DNS
+/// name moves to a promoted replica: switching closes every connection.
+struct Switch {
+    addr: SocketAddr,
+    upstream: Arc<Mutex<SocketAddr>>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Switch {
+    fn start(upstream: SocketAddr) -> Switch {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let switch = Switch {
+            addr,
+            upstream: Arc::new(Mutex::new(upstream)),
+            conns: Arc::default(),
+            stop: Arc::default(),
+        };
+        let (upstream, conns, stop) = (
+            switch.upstream.clone(),
+            switch.conns.clone(),
+            switch.stop.clone(),
+        );
+        thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let Ok((down, _)) = listener.accept() else {
+                    thread::sleep(Duration::from_millis(2));
+                    continue;
+                };
+                down.set_nonblocking(false).unwrap();
+                let target = *upstream.lock().unwrap();
+                let Ok(up) = TcpStream::connect(target) else {
+                    continue;
+                };
+                let mut list = conns.lock().unwrap();
+                list.push(down.try_clone().unwrap());
+                list.push(up.try_clone().unwrap());
+                drop(list);
+                pipe(down.try_clone().unwrap(), up.try_clone().unwrap());
+                pipe(up, down);
+            }
+        });
+        switch
+    }
+
+    fn url(&self) -> String {
+        format!("redis://{}/", self.addr)
+    }
+
+    /// Points new connections at `upstream` and closes the old ones.
+    fn switch_to(&self, upstream: SocketAddr) {
+        *self.upstream.lock().unwrap() = upstream;
+        for conn in self.conns.lock().unwrap().drain(..) {
+            let _ = conn.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for Switch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.switch_to(self.addr);
+    }
+}
+
+fn pipe(mut from: TcpStream, mut to: TcpStream) {
+    thread::spawn(move || {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = to.shutdown(Shutdown::Both);
+    });
+}
+
+/// A primary and a replica of it, linked.
+fn primary_and_replica() -> Option<(RedisServer, RedisServer)> {
+    let primary = RedisServer::start_or_skip()?;
+    let port = primary.port().to_string();
+    let replica = RedisServer::start_with_or_skip(&["--replicaof", "127.0.0.1", &port])?;
+    let linked = redis_server::eventually(PATIENCE, || {
+        replica
+            .try_cmd::<String>(&["INFO", "replication"])
+            .is_ok_and(|i| i.contains("master_link_status:up"))
+    });
+    assert!(linked, "the replica did not link to its primary");
+    Some((primary, replica))
+}
+
+/// The address a client uses moves to a replica promoted with `REPLICAOF
+/// NO ONE` (it had every key: the epoch marker survives). The client,
+/// never granted anything, sees the new server's `master_replid2` equal to
+/// the id it read before, and starts the quarantine within one renewal
+/// round; with `quarantine(false)` it is never refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_replica_quarantines_a_client_never_granted() {
+    const TTL: Duration = Duration::from_millis(3_000);
+    for quarantine in [true, false] {
+        let name = format!("promoted-{quarantine}");
+        let Some((primary, replica)) = primary_and_replica() else {
+            return;
+        };
+        let switch = Switch::start(primary.addr());
+        let sem = builder(&switch.url(), &name)
+            .lease_ttl(TTL)
+            .quarantine(quarantine)
+            .response_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .unwrap();
+        // The marker (written at build, with the quarantine on) reached
+        // the replica before the switch.
+        let replicated = redis_server::eventually(PATIENCE, || {
+            replica
+                .try_cmd::<bool>(&["EXISTS", &key(&name, "epoch")])
+                .unwrap_or(false)
+        });
+        assert_eq!(replicated, quarantine);
+        let ok: String = replica.cmd(&["REPLICAOF", "NO", "ONE"]);
+        assert_eq!(ok, "OK");
+        switch.switch_to(replica.addr());
+        let switched = Instant::now();
+        // Until the keeper's next round reads the replication id, grants
+        // may still be made (the gap the docs state); after it, none.
+        let refused = loop {
+            match sem.try_acquire().await {
+                Err(LeaseError::Quarantined { .. }) => break Some(switched.elapsed()),
+                Ok(permit) => permit.release().await.unwrap(),
+                Err(LeaseError::Unavailable(_)) => {}
+                Err(e) => panic!("{e:?}"),
+            }
+            if switched.elapsed() > TTL * 2 {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        if quarantine {
+            let after = refused.expect("the promotion is seen");
+            eprintln!("promoted replica: quarantined {after:?} after the switch");
+            // One renewal round (a third of the time to live less the
+            // margin), plus the first reconnection.
+            assert!(after < TTL / 3 + Duration::from_secs(1), "{after:?}");
+            let q: bool = replica.cmd(&["EXISTS", &key(&name, "quarantine")]);
+            assert!(q, "the quarantine is on the promoted server");
+        } else {
+            assert_eq!(refused, None, "no quarantine when turned off");
+        }
+    }
+}
+
+/// A Sentinel failover: the semaphore follows the promoted replica and,
+/// never granted anything, starts the quarantine there at its first
+/// acquire: it reads the new primary's replication id before it switches
+/// to it. A limit of 0 keeps every other sign out (no grant, no fence),
+/// and a 30 s time to live keeps the keeper's own `INFO` watch (every
+/// `renew_every`, 9.9 s) from running before the bound below.
+#[cfg(feature = "redis-sentinel")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_quarantines_a_client_never_granted() {
+    use redis_server::{SERVICE, SentinelSet};
+    const NAME: &str = "sentinel-promoted";
+    let Some(set) = SentinelSet::start_or_skip() else {
+        return;
+    };
+    let backend =
+        bulkhead::redis::Backend::sentinel(vec![set.sentinel_url()], SERVICE, None).unwrap();
+    let sem = RedisSemaphore::builder(backend, NAME)
+        .limit(0)
+        .lease_ttl(Duration::from_secs(30))
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let built = Instant::now();
+    assert!(matches!(
+        sem.try_acquire().await,
+        Err(LeaseError::NoPermits { .. })
+    ));
+    let old = set.primary_port();
+    let ok: String = set.sentinel().cmd(&["SENTINEL", "FAILOVER", SERVICE]);
+    assert_eq!(ok, "OK");
+    let new = tokio::task::block_in_place(|| set.wait_new_primary(old, PATIENCE))
+        .expect("sentinel promotes the replica");
+    let promoted = Instant::now();
+    let refused = loop {
+        match sem.try_acquire().await {
+            Err(LeaseError::Quarantined { .. }) => break promoted.elapsed(),
+            Err(LeaseError::NoPermits { .. } | LeaseError::Unavailable(_)) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            promoted.elapsed() < Duration::from_secs(5),
+            "the promotion was not seen within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    eprintln!("sentinel failover: quarantined {refused:?} after the promotion");
+    assert!(
+        built.elapsed() < Duration::from_secs(9),
+        "the keeper's INFO watch may have run: the test proves nothing"
+    );
+    let q: bool = set.server(new).cmd(&["EXISTS", &key(NAME, "quarantine")]);
+    assert!(q, "the quarantine is on the new primary");
+}
+
+// ---------------------------------------------------------------------------
+// WAIT on grants
+// ---------------------------------------------------------------------------
+
+/// With `replicas(1, …)` and a live replica, grants succeed and the replica
+/// has the lease as soon as the grant is returned; with the replica
+/// stopped, the grant fails typed after the timeout and is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_wait_for_replicas_and_fail_typed_without_them() {
+    const NAME: &str = "replicated";
+    const WAIT: Duration = Duration::from_millis(300);
+    let Some((primary, replica)) = primary_and_replica() else {
+        return;
+    };
+    let sem = builder(&primary.url(), NAME)
+        .limit(2)
+        .replicas(1, WAIT)
+        .build()
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        let permit = sem.try_acquire().await.unwrap();
+        let on_replica: i64 = replica.cmd(&["ZCARD", &key(NAME, "leases")]);
+        assert_eq!(on_replica, 1, "the replica acknowledged the grant");
+        permit.release().await.unwrap();
+    }
+    let held = sem.acquire().await.unwrap();
+
+    replica.freeze();
+    let start = Instant::now();
+    let got = sem.try_acquire().await;
+    let took = start.elapsed();
+    assert!(
+        matches!(
+            got,
+            Err(LeaseError::NotReplicated {
+                acked: 0,
+                wanted: 1
+            })
+        ),
+        "{got:?}"
+    );
+    assert!(took >= WAIT, "WAIT waited its timeout: {took:?}");
+    // A waiting acquire fails at once too.
+    let got = sem.acquire().await;
+    assert!(
+        matches!(got, Err(LeaseError::NotReplicated { .. })),
+        "{got:?}"
+    );
+    // The refused grants are released; the held one is renewed meanwhile
+    // (renewals do not wait behind WAIT).
+    let released = redis_server::eventually(PATIENCE, || {
+        primary.cmd::<i64>(&["ZCARD", &key(NAME, "leases")]) == 1
+    });
+    assert!(released, "a grant too few replicas had is released");
+    tokio::time::sleep(sem.lease_ttl() / 10).await;
+    assert!(!held.is_lost());
+    replica.thaw();
+    held.release().await.unwrap();
+    let ok = redis_server::eventually(PATIENCE, || {
+        primary
+            .try_cmd::<String>(&["INFO", "replication"])
+            .is_ok_and(|i| i.contains("connected_slaves:1"))
+    });
+    assert!(ok);
+    sem.try_acquire().await.unwrap().release().await.unwrap();
+}
+
+/// A zero `WAIT` timeout would block for ever: refused at build.
+#[tokio::test]
+async fn replicas_with_a_zero_timeout_are_refused() {
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let got = builder(&server.url(), "zero")
+        .replicas(1, Duration::ZERO)
+        .build()
+        .await;
+    assert!(matches!(got, Err(ConfigError::BadReplicas)), "{got:?}");
+}
+
+// ---------------------------------------------------------------------------
+// No quarantine without a loss
+// ---------------------------------------------------------------------------
+
+/// Permits released (and dropped) while renewals run all the time: a
+/// renewal that raced a release finds the lease gone, but its holder gave
+/// it back, so this is no sign of a loss and nothing is quarantined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_racing_renewals_do_not_quarantine() {
+    const NAME: &str = "churn";
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let sem = builder(&server.url(), NAME)
+        .limit(1_000)
+        .lease_ttl(Duration::from_millis(300))
+        .renew_every(Duration::from_millis(5))
+        .build()
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let mut rounds = 0;
+    while start.elapsed() < Duration::from_secs(4) {
+        let mut held = Vec::new();
+        for _ in 0..40 {
+            match sem.try_acquire().await {
+                Ok(permit) => held.push(permit),
+                Err(e) => panic!("round {rounds}: {e:?}"),
+            }
+        }
+        // Half dropped (released in the background), half released.
+        let releases: Vec<_> = held
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, p)| (i % 2 == 0).then_some(p))
+            .map(|p| tokio::spawn(p.release()))
+            .collect();
+        for r in releases {
+            let _ = r.await.unwrap();
+        }
+        rounds += 1;
+    }
+    let q: bool = server.cmd(&["EXISTS", &key(NAME, "quarantine")]);
+    assert!(!q, "quarantined after {rounds} rounds without any loss");
+}
