@@ -119,6 +119,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::BulkheadPermit;
 use crate::bulkhead::name::Name;
 use crate::bulkhead::{Bulkhead, BulkheadBuilder, CallOutcome, RejectReason, Rejected};
 use crate::semaphore::Semaphore;
@@ -920,49 +921,13 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let user = self.enter(key)?;
-        let mut start = None;
-        let acquired = {
-            let mut acquiring = pin!(user.entry.bulkhead.acquire());
-            poll_fn(|cx| {
-                let polled = acquiring.as_mut().poll(cx);
-                if polled.is_pending() && start.is_none() {
-                    start = self.budget_clock();
-                }
-                polled
-            })
-            .await
-        };
-        let mut key_permit = acquired.map_err(|r| self.key_rejected(r))?;
-        let global = match &self.global {
-            None => None,
-            Some(global) => {
-                let now = |may_wait: bool| (!may_wait).then(|| global.try_acquire());
-                let admitted = if let Some(admitted) = self.global_now(&user.entry, start, now) {
-                    admitted
-                } else {
-                    let wait = || global.acquire();
-                    self.wait_global(&user.entry, start, wait).await
-                };
-                match admitted {
-                    Ok(permit) => {
-                        bump(&user.entry.admitted);
-                        Some(permit)
-                    }
-                    Err(rejected) => {
-                        // The call never ran: the key's observers see it as
-                        // cancelled.
-                        key_permit.set_outcome(CallOutcome::Cancelled);
-                        return Err(rejected);
-                    }
-                }
-            }
-        };
-        Ok(KeyedPermit {
-            global,
-            key: key_permit,
-            user,
-        })
+        self.acquire_staged(
+            key,
+            async |bulkhead: &Bulkhead| bulkhead.acquire().await,
+            |global: &Bulkhead| global.try_acquire(),
+            async |global: &Bulkhead| global.acquire().await,
+        )
+        .await
     }
 
     /// [`acquire`](Self::acquire) for work that must be done `by`: the
@@ -972,10 +937,34 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.acquire_staged(
+            key,
+            async |bulkhead: &Bulkhead| bulkhead.acquire_by(by).await,
+            |global: &Bulkhead| global.try_acquire_by(by),
+            async |global: &Bulkhead| global.acquire_by(by).await,
+        )
+        .await
+    }
+
+    /// The two stages of [`acquire`](Self::acquire) and
+    /// [`acquire_by`](Self::acquire_by): `key_stage` is the key's
+    /// bulkhead's admission; `now` and `wait` are the global bulkhead's,
+    /// without waiting and waiting.
+    async fn acquire_staged<Q>(
+        &self,
+        key: &Q,
+        key_stage: impl AsyncFnOnce(&Bulkhead) -> Result<BulkheadPermit, Rejected>,
+        now: impl FnOnce(&Bulkhead) -> Result<BulkheadPermit, Rejected>,
+        wait: impl AsyncFnOnce(&Bulkhead) -> Result<BulkheadPermit, Rejected>,
+    ) -> Result<KeyedPermit, KeyedRejected>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let user = self.enter(key)?;
         let mut start = None;
         let acquired = {
-            let mut acquiring = pin!(user.entry.bulkhead.acquire_by(by));
+            let mut acquiring = pin!(key_stage(&user.entry.bulkhead));
             poll_fn(|cx| {
                 let polled = acquiring.as_mut().poll(cx);
                 if polled.is_pending() && start.is_none() {
@@ -989,12 +978,11 @@ where
         let global = match &self.global {
             None => None,
             Some(global) => {
-                let now = |may_wait: bool| (!may_wait).then(|| global.try_acquire_by(by));
+                let now = |may_wait: bool| (!may_wait).then(|| now(global));
                 let admitted = if let Some(admitted) = self.global_now(&user.entry, start, now) {
                     admitted
                 } else {
-                    let wait = || global.acquire_by(by);
-                    self.wait_global(&user.entry, start, wait).await
+                    self.wait_global(&user.entry, start, || wait(global)).await
                 };
                 match admitted {
                     Ok(permit) => {
@@ -1002,6 +990,8 @@ where
                         Some(permit)
                     }
                     Err(rejected) => {
+                        // The call never ran: the key's observers see it as
+                        // cancelled.
                         key_permit.set_outcome(CallOutcome::Cancelled);
                         return Err(rejected);
                     }
