@@ -216,9 +216,9 @@ impl Inner {
         }
     }
 
-    /// Starts the quarantine now (the quarantine script); `true` if Redis
-    /// answered.
-    async fn quarantine_now(&self) -> bool {
+    /// Starts the quarantine now (the quarantine script), waiting at most
+    /// `renew_every` for the answer; `true` if Redis answered.
+    pub(super) async fn quarantine_now(&self) -> bool {
         let mut call = self.keys.call(&self.scripts.quarantine);
         call.key(&self.keys.quarantine)
             .arg(self.fence_seen.load(Ordering::Relaxed))

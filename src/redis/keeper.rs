@@ -152,7 +152,13 @@ impl Inner {
                         }
                     }
                     if forgotten && self.quarantine_ms > 0 {
-                        self.start_quarantine().await;
+                        // Redis forgot a lease it should still hold (a
+                        // restart without persistence, a failover to a
+                        // replica that was behind): stop new grants to
+                        // every client for one quarantine. Best effort: if
+                        // this call fails, the next acquire of a client
+                        // granted a lost fence still starts it.
+                        self.quarantine_now().await;
                     }
                 }
                 Some(Err(_)) | None => {
@@ -188,22 +194,6 @@ impl Inner {
         if let Ok(Ok(answers)) = answer {
             beaten(beats, &answers, sent);
         }
-    }
-
-    /// Redis forgot a lease it should still hold (a restart without
-    /// persistence, a failover to a replica that was behind): stops new
-    /// grants to every client for one quarantine (see the acquire script).
-    /// Best effort: if this call fails, the next acquire of a client that
-    /// was granted a lost fence still starts it.
-    async fn start_quarantine(&self) {
-        let mut call = self.keys.call(&self.scripts.quarantine);
-        call.key(&self.keys.quarantine)
-            .arg(self.fence_seen.load(Ordering::Relaxed))
-            .arg(self.quarantine_ms);
-        let mut conn = self.conn.clone();
-        let within = self.timer.sleep(self.renew_every);
-        let _: Result<redis::RedisResult<i64>, _> =
-            Timeout::new(call.invoke_async(&mut conn), within).await;
     }
 
     fn lost(&self, lease: &super::permit::Lease, reason: LostReason) {
