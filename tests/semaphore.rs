@@ -666,6 +666,73 @@ fn dropping_a_queued_acquire_leaves_the_line() {
     drop(sem.try_acquire().expect("the line is empty"));
 }
 
+/// A dropped queued acquire lets go of the waker it stored, wherever it was
+/// in line (head, middle, tail) and whether or not its drop served anyone:
+/// no task is kept alive by a future that is gone.
+#[test]
+fn dropping_a_queued_acquire_releases_its_waker() {
+    struct Task;
+    impl Wake for Task {
+        fn wake(self: Arc<Self>) {}
+    }
+    for fair in [true, false] {
+        for victim in 0..3 {
+            let sem = Arc::new(semaphore(fair, 0));
+            let task = Arc::new(Task);
+            let waker = Waker::from(task.clone());
+            let mut cx = Context::from_waker(&waker);
+            let mut futs: Vec<Option<Pin<Box<AcquireOwned>>>> = (0..3)
+                .map(|_| Some(Box::pin(sem.clone().acquire_owned())))
+                .collect();
+            for fut in futs.iter_mut().flatten() {
+                assert!(fut.as_mut().poll(&mut cx).is_pending());
+            }
+            // Ours, the one in `waker`, and one stored per queued acquire.
+            assert_eq!(Arc::strong_count(&task), 5);
+            futs[victim] = None;
+            assert_eq!(
+                Arc::strong_count(&task),
+                4,
+                "fair {fair}, acquire {victim} of 3 dropped its waker"
+            );
+            assert_eq!(sem.queue_len(), 2);
+            drop(futs);
+            assert_eq!(Arc::strong_count(&task), 2);
+            assert_state(&sem, 0, 0);
+        }
+    }
+}
+
+/// A cancelled acquire in the middle of the line whose waker's drop panics:
+/// the drop panics after it left the line, and the line is whole (the
+/// others are served in order).
+#[test]
+fn dropping_a_queued_acquire_in_the_middle_whose_waker_drop_panics_leaves_the_line() {
+    for fair in [true, false] {
+        let sem = semaphore(fair, 0);
+        let (wa, own, wc) = (Counted::new(), Rogue::new(), Counted::new());
+        let mut a = Box::pin(sem.acquire());
+        let mut b = Box::pin(sem.acquire());
+        let mut c = Box::pin(sem.acquire());
+        wa.assert_pending(a.as_mut());
+        assert!(own.poll(b.as_mut()).unwrap().is_pending());
+        wc.assert_pending(c.as_mut());
+        own.arm(ON_DROP);
+        assert_eq!(panicked(move || drop(b)), rogue("drop"));
+        own.disarm();
+        assert_eq!(sem.queue_len(), 2, "fair {fair}");
+        assert_eq!((wa.wakes(), wc.wakes()), (0, 0), "nobody is woken");
+        sem.add_permits(1);
+        assert_eq!((wa.wakes(), wc.wakes()), (1, 0), "the head first");
+        drop(wa.ready(a.as_mut()).expect("the head is served"));
+        assert_eq!(wc.wakes(), 1, "then the one behind the cancelled one");
+        drop(wc.ready(c.as_mut()).expect("the tail is served"));
+        assert_state(&sem, 1, 0);
+        assert_eq!(sem.forget_permits(1), 1);
+        assert_line_works(&sem);
+    }
+}
+
 /// Fair mode: dropping a partly served head passes the permits it had
 /// collected on to the next waiter, and the rest to the balance.
 #[test]
