@@ -155,23 +155,6 @@ async fn bulkhead_policy_over_redis() {
     assert_eq!(one.metrics().rejected_unavailable(), 1);
 }
 
-/// Script calls run by the server so far: EVALSHA and EVAL, less those
-/// that failed (an EVALSHA answered NOSCRIPT is retried as an EVAL).
-fn script_calls(server: &RedisServer) -> u64 {
-    let info: String = server.cmd(&["INFO", "commandstats"]);
-    let field = |line: &str, name: &str| -> u64 {
-        line.split(&format!("{name}="))
-            .nth(1)
-            .and_then(|v| v.split(',').next())
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .map(|l| field(l, "calls") - field(l, "failed_calls"))
-        .sum()
-}
-
 /// A caller of the bulkhead that finds every permit leased waits from its
 /// first attempt, which puts it in the fair line: that call and the
 /// holder's release, which grants it the permit, are the only script calls
@@ -198,7 +181,7 @@ async fn a_waiting_bulkhead_caller_is_granted_in_two_script_calls() {
     // Let the waiter's subscription settle: (re)subscribing wakes every
     // waiter once, since messages may have been missed before it.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = script_calls(&server);
+    let before = server.script_calls();
     let waiting = tokio::spawn({
         let waiter = waiter.clone();
         async move { waiter.acquire().await }
@@ -219,7 +202,7 @@ async fn a_waiting_bulkhead_caller_is_granted_in_two_script_calls() {
     assert!(granted.fence() > fence);
     // The busy attempt and the release (counted while the permit is still
     // held: dropping it is one more).
-    let calls = script_calls(&server) - before;
+    let calls = server.script_calls() - before;
     assert!(
         calls == 2,
         "{calls} script calls: {}",

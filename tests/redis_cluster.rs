@@ -405,23 +405,6 @@ fn works_on_smol_outside_tokio() {
     worker.join().unwrap();
 }
 
-/// Script calls run by one node so far (EVALSHA and EVAL, less those that
-/// failed: an EVALSHA answered NOSCRIPT is retried as an EVAL).
-fn script_calls(node: &redis_server::RedisServer) -> u64 {
-    let info: String = node.cmd(&["INFO", "commandstats"]);
-    let field = |line: &str, name: &str| -> u64 {
-        line.split(&format!("{name}="))
-            .nth(1)
-            .and_then(|v| v.split(',').next())
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .map(|l| field(l, "calls") - field(l, "failed_calls"))
-        .sum()
-}
-
 /// The fair line on a Cluster: three clients that join the line one after
 /// the other are granted in that order, each grant reaching its waiter by
 /// `SPUBLISH` on its own shard channel, and the 3 contended grants cost
@@ -442,7 +425,7 @@ async fn the_fair_line_grants_in_arrival_order_at_two_script_calls_each() {
     }
     let held = holder.acquire().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let before = script_calls(owner);
+    let before = owner.script_calls();
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for (n, sem) in clients.into_iter().enumerate() {
@@ -471,5 +454,5 @@ async fn the_fair_line_grants_in_arrival_order_at_two_script_calls_each() {
     assert_eq!(*order.lock().unwrap(), [0, 1, 2]);
     // 3 acquires that joined the line, the holder's release and the 3
     // waiters' releases (the last one granted nobody).
-    assert_eq!(script_calls(owner) - before, 7);
+    assert_eq!(owner.script_calls() - before, 7);
 }

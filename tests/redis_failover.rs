@@ -6,6 +6,8 @@
 //! primary whose replica is stopped.
 #![cfg(all(not(loom), feature = "redis", feature = "tokio"))]
 
+#[path = "common/redis_reconnect.rs"]
+mod redis_reconnect;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
@@ -16,7 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use bulkhead::redis::{ConfigError, LeaseError, LeasedPermit, RedisSemaphore};
+use bulkhead::redis::{ConfigError, LeaseError, RedisSemaphore};
+use redis_reconnect::{restart, try_after_reconnect};
 use redis_server::RedisServer;
 
 /// How long anything that should happen "soon" may take before a test
@@ -29,28 +32,6 @@ fn builder(url: &str, name: &str) -> bulkhead::redis::RedisSemaphoreBuilder {
 
 fn key(name: &str, suffix: &str) -> String {
     format!("bulkhead:{{{name}}}:{suffix}")
-}
-
-/// Restarts `server` off the async runtime.
-async fn restart(server: &Arc<RedisServer>) {
-    let server = server.clone();
-    tokio::task::spawn_blocking(move || server.restart())
-        .await
-        .unwrap();
-}
-
-/// `try_acquire` until it stops failing for want of a connection (the
-/// handle reconnects after a restart); returns the first other outcome.
-async fn try_after_reconnect(sem: &RedisSemaphore) -> Result<LeasedPermit, LeaseError> {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        match sem.try_acquire().await {
-            Err(LeaseError::Unavailable(_)) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            other => return other,
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------

@@ -55,23 +55,6 @@ async fn until_in_line(server: &RedisServer, name: &str, n: i64) {
     }
 }
 
-/// Script calls run by the server so far (EVALSHA and EVAL, less those
-/// that failed: an EVALSHA answered NOSCRIPT is retried as an EVAL).
-fn script_calls(server: &RedisServer) -> u64 {
-    let info: String = server.cmd(&["INFO", "commandstats"]);
-    let field = |line: &str, name: &str| -> u64 {
-        line.split(&format!("{name}="))
-            .nth(1)
-            .and_then(|v| v.split(',').next())
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .map(|l| field(l, "calls") - field(l, "failed_calls"))
-        .sum()
-}
-
 /// Every message published on any of a semaphore's channels (the shared
 /// one and each process's), as (channel, payload), read by a thread of
 /// its own through `PSUBSCRIBE`.
@@ -203,7 +186,7 @@ async fn a_contended_grant_costs_two_script_calls_and_one_wake_up() {
     // One grant, measured alone: b holds, a waits.
     let held = b.acquire().await.unwrap();
     sleep(Duration::from_millis(200)).await;
-    let before = script_calls(&server);
+    let before = server.script_calls();
     let seen_before = tap.messages().len();
     let waiter = tokio::spawn({
         let a = a.clone();
@@ -215,7 +198,7 @@ async fn a_contended_grant_costs_two_script_calls_and_one_wake_up() {
     let granted = timeout(PATIENCE, waiter).await.unwrap().unwrap().unwrap();
     assert!(granted.fence() > fence);
     assert_eq!(
-        script_calls(&server) - before,
+        server.script_calls() - before,
         2,
         "script calls for one grant"
     );
@@ -236,7 +219,7 @@ async fn a_contended_grant_costs_two_script_calls_and_one_wake_up() {
 
     // 30 hand-offs: three processes that each loop acquire, hold, release.
     sleep(Duration::from_millis(200)).await;
-    let before = script_calls(&server);
+    let before = server.script_calls();
     let seen_before = tap.messages().len();
     let grants = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -254,7 +237,7 @@ async fn a_contended_grant_costs_two_script_calls_and_one_wake_up() {
     for task in tasks {
         timeout(PATIENCE, task).await.unwrap().unwrap();
     }
-    let calls = script_calls(&server) - before;
+    let calls = server.script_calls() - before;
     let messages = tap.settle(seen_before).await.len() - seen_before;
     let grants = grants.load(Ordering::SeqCst);
     assert_eq!(grants, 30);
@@ -286,7 +269,7 @@ async fn an_unfair_contended_grant_costs_three_script_calls() {
     let b = unfair(server.url()).await;
     let held = b.acquire().await.unwrap();
     sleep(Duration::from_millis(200)).await;
-    let before = script_calls(&server);
+    let before = server.script_calls();
     let waiter = tokio::spawn({
         let a = a.clone();
         async move { a.acquire().await }
@@ -295,7 +278,7 @@ async fn an_unfair_contended_grant_costs_three_script_calls() {
     assert_eq!(in_line(&server, name), 0, "unfair waiters do not queue");
     held.release().await.unwrap();
     let granted = timeout(PATIENCE, waiter).await.unwrap().unwrap().unwrap();
-    assert_eq!(script_calls(&server) - before, 3);
+    assert_eq!(server.script_calls() - before, 3);
     drop(granted);
 }
 
@@ -609,7 +592,7 @@ async fn hot_and_polite(server: &RedisServer, name: &str, fair: bool) -> (Share,
         })
     };
     sleep(Duration::from_millis(200)).await;
-    let before = script_calls(server);
+    let before = server.script_calls();
     let hot_run = run(hot.clone(), 4, Duration::ZERO);
     let polite_run = run(polite.clone(), 1, Duration::from_millis(10));
     sleep(Duration::from_millis(1500)).await;
@@ -619,7 +602,7 @@ async fn hot_and_polite(server: &RedisServer, name: &str, fair: bool) -> (Share,
     polite.close();
     let hot_share = timeout(PATIENCE, hot_run).await.unwrap().unwrap();
     let polite_share = timeout(PATIENCE, polite_run).await.unwrap().unwrap();
-    let calls = script_calls(server) - before;
+    let calls = server.script_calls() - before;
     (hot_share, polite_share, calls)
 }
 
@@ -686,7 +669,7 @@ async fn crowd(
     }
     let tap = Tap::new(server, name);
     sleep(Duration::from_millis(200)).await;
-    let before = script_calls(server);
+    let before = server.script_calls();
     let seen_before = tap.messages().len();
     let grants = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
@@ -708,7 +691,7 @@ async fn crowd(
         timeout(Duration::from_secs(120), h).await.unwrap().unwrap();
     }
     let took = start.elapsed();
-    let calls = script_calls(server) - before;
+    let calls = server.script_calls() - before;
     let grants = grants.load(Ordering::Relaxed);
     let messages = tap.settle(0).await.len() - seen_before;
     (grants, calls, messages, grants as f64 / took.as_secs_f64())

@@ -12,6 +12,8 @@
 //! against behaviour that would take far longer if it were wrong.
 #![cfg(all(not(loom), feature = "redis", feature = "tokio"))]
 
+#[path = "common/redis_reconnect.rs"]
+mod redis_reconnect;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
@@ -24,6 +26,7 @@ use bulkhead::redis::{
     RedisSemaphoreBuilder, ReleaseError,
 };
 use futures::FutureExt;
+use redis_reconnect::{restart, try_after_reconnect};
 use redis_server::{ChildTest, ConcurrencyProbe, ProbeClient, RedisServer, is_child};
 use tokio::time::timeout;
 
@@ -1483,29 +1486,6 @@ async fn holders_lists_labels_fences_and_ages() {
 // Quarantine after Redis lost writes
 // ---------------------------------------------------------------------------
 
-/// Restarts `server` (persistence off: it comes back empty) off the async
-/// runtime.
-async fn restart_empty(server: &Arc<RedisServer>) {
-    let server = server.clone();
-    tokio::task::spawn_blocking(move || server.restart())
-        .await
-        .unwrap();
-}
-
-/// `try_acquire` until it stops failing for want of a connection (the
-/// handle reconnects after the restart); returns the first other outcome.
-async fn try_after_reconnect(sem: &RedisSemaphore) -> Result<LeasedPermit, LeaseError> {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        match sem.try_acquire().await {
-            Err(LeaseError::Unavailable(_)) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            other => return other,
-        }
-    }
-}
-
 /// A client granted fence 1, after Redis restarted empty, finds the fence
 /// counter behind what it was granted: its next acquire refuses grants to
 /// every client for one lease time to live, and the fences go on from
@@ -1532,7 +1512,7 @@ async fn a_fence_counter_gone_back_quarantines_every_client() {
     let fence = first.fence();
     first.release().await.unwrap();
 
-    restart_empty(&server).await;
+    restart(&server).await;
     let refused = Instant::now();
     let Err(LeaseError::Quarantined { retry_after }) = try_after_reconnect(&a).await else {
         panic!("the client that saw a fence must find the counter gone back")
@@ -1585,7 +1565,7 @@ async fn a_forgotten_lease_found_by_its_renewal_quarantines_new_grants() {
             .await
             .unwrap();
         let held = holder.try_acquire().await.unwrap();
-        restart_empty(&server).await;
+        restart(&server).await;
         // The holder's next renewal (a third of the time to live) finds the
         // lease gone, well before the holder's own deadline.
         let reason = timeout(TTL, held.lost())

@@ -254,6 +254,24 @@ impl RedisServer {
         format!("redis://{user}:{password}@127.0.0.1:{}/", self.port)
     }
 
+    /// Script calls this server has run so far: `EVALSHA` and `EVAL`, less
+    /// those that failed (an `EVALSHA` answered `NOSCRIPT` is retried as an
+    /// `EVAL`).
+    pub fn script_calls(&self) -> u64 {
+        let info: String = self.cmd(&["INFO", "commandstats"]);
+        let field = |line: &str, name: &str| -> u64 {
+            line.split(&format!("{name}="))
+                .nth(1)
+                .and_then(|v| v.split(',').next())
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .map(|l| field(l, "calls") - field(l, "failed_calls"))
+            .sum()
+    }
+
     /// A new connection to the server (the `redis` crate's synchronous
     /// one), with `timeout` for connecting and for every read and write.
     pub fn connection(&self, timeout: Duration) -> RedisResult<redis::Connection> {
