@@ -599,6 +599,8 @@ fn close_rejects_every_classed_waiter() {
     futures::executor::block_on(bh.wait_idle());
 }
 
+// The paused clock moves the default timer only when that is tokio's.
+#[cfg(feature = "tokio")]
 #[tokio::test(start_paused = true)]
 async fn max_wait_bounds_a_classed_wait() {
     let bh = Bulkhead::builder()
