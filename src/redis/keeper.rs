@@ -134,20 +134,25 @@ impl Inner {
                 Timeout::new(renewal, self.timer.sleep(budget)).await.ok();
             match answer {
                 Some(Ok(ttls)) => {
+                    let answered = Instant::now();
                     let mut forgotten = false;
                     beaten(&beats, ttls.get(chunk.len()..).unwrap_or(&[]), sent);
                     for (lease, ttl) in chunk.iter().zip(ttls) {
                         if ttl > 0 {
                             lease.renewed(sent, self.life);
                         } else {
-                            // Sent before the holder's own deadline, which
-                            // comes before Redis's: Redis should still
-                            // have had it, and lost it. Unless it was
-                            // released meanwhile (a release forgets the
+                            // Answered before the holder's own deadline,
+                            // which comes before Redis's: the renewal
+                            // reached Redis before the lease could expire
+                            // there, so Redis lost it. (Sent before the
+                            // deadline is not enough: a renewal sent just
+                            // before it may arrive after Redis's, on a
+                            // loaded machine or a slow network.) Unless it
+                            // was released meanwhile (a release forgets the
                             // lease before it is sent, and may reach Redis
                             // before this renewal did).
                             let released = !self.lock_leases().contains_key(&lease.id);
-                            forgotten |= sent < lease.deadline() && !released;
+                            forgotten |= answered < lease.deadline() && !released;
                             self.lost(lease, LostReason::Expired);
                         }
                     }
