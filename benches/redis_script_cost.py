@@ -68,16 +68,20 @@ def free_port():
 
 def cli(port, *args):
     out = subprocess.run(
-        ["redis-cli", "-p", str(port), *args], capture_output=True, text=True, check=True
+        ["redis-cli", "-p", str(port), *args], capture_output=True, text=True, errors="replace", check=True
     )
     return out.stdout
 
 
 def send(port, lines):
-    """Sends one command per line, each waiting for its reply (no pipelining)."""
+    """Sends one command per line: with `PIPE=1` in the environment
+    pipelined (`redis-cli --pipe`: the server runs them back to back, with
+    fewer wake-ups between calls to disturb its timings), else each waiting
+    for its reply."""
+    pipe = ["--pipe"] if os.environ.get("PIPE") == "1" else []
     subprocess.run(
-        ["redis-cli", "-p", str(port)],
-        input="\n".join(lines) + "\n",
+        ["redis-cli", "-p", str(port), *pipe],
+        input="\r\n".join(lines) + "\r\n",
         capture_output=True,
         text=True,
         check=True,
