@@ -517,6 +517,83 @@ async fn cancelled_waiters_leave_no_entry_and_leak_no_permit() {
     drop(holder.try_acquire().await.unwrap());
 }
 
+/// Commands the scripts ran since the last `CONFIG RESETSTAT`, by name
+/// (`INFO commandstats` counts a script's own commands), leaving out the
+/// script calls themselves and what connections and tests send.
+fn script_commands(server: &RedisServer) -> Vec<(String, u64)> {
+    let info: String = server.cmd(&["INFO", "commandstats"]);
+    let outside = [
+        "evalsha",
+        "eval",
+        "script",
+        "info",
+        "config",
+        "subscribe",
+        "ssubscribe",
+        "client",
+        "hello",
+        "ping",
+        "command",
+        "select",
+    ];
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            let base = name.split('|').next().unwrap_or(name);
+            (!outside.contains(&base)).then(|| (name.to_string(), calls))
+        })
+        .collect()
+}
+
+/// docs/distributed.md, "Scripts": with nobody in line, an acquire that
+/// grants and a release each run 9 commands in Redis, one of them the
+/// line's `EXISTS`: no purge of dead waiters, no rank lookup, and, with the
+/// quarantine on (the default), one `MGET` for the limit, fence, quarantine
+/// and epoch marker, no `PTTL`.
+#[tokio::test]
+async fn an_uncontended_cycle_runs_nine_commands_a_script() {
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let name = "lean";
+    let sem = process(&server, name).await;
+    // Loads the scripts (`NOSCRIPT`, then `SCRIPT LOAD`) before counting.
+    sem.try_acquire().await.unwrap().release().await.unwrap();
+    let _: String = server.cmd(&["CONFIG", "RESETSTAT"]);
+    let cycles = 10;
+    for _ in 0..cycles {
+        sem.try_acquire().await.unwrap().release().await.unwrap();
+    }
+    let scripts = server.script_calls();
+    let commands = script_commands(&server);
+    // A lease renewal may have run meanwhile (every ttl / 3, 10 s): none
+    // should in this test's few milliseconds; if one did, say so.
+    assert_eq!(scripts, 2 * cycles, "{commands:?}");
+    let total: u64 = commands.iter().map(|(_, n)| n).sum();
+    let of = |name: &str| {
+        commands
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, calls)| *calls)
+    };
+    assert_eq!(total, 9 * scripts, "{commands:?}");
+    assert_eq!(of("exists"), scripts, "one look at the line per script");
+    assert_eq!(
+        (of("zrank"), of("pttl"), of("get"), of("mget")),
+        (0, 0, cycles, cycles),
+        "{commands:?}"
+    );
+    // Each permit was free again for the next: all released.
+    let held: i64 = server.cmd(&["ZCARD", &key(name, "leases")]);
+    assert_eq!(held, 0);
+}
+
 /// What one process did in [`hot_and_polite`].
 #[derive(Debug, Default)]
 struct Share {

@@ -53,11 +53,21 @@ use redis::Script;
 /// shared channel for the waiters that are not in the line (unfair mode),
 /// for the permits still free once the line is served (none while the
 /// line is not empty), so a grant from the line wakes no one else.
+///
+/// **`lined`**: whether the line may have anyone in it, read once per
+/// script (one `EXISTS`; `false` for the scripts not given `KEYS[7]`) and
+/// kept by the scripts that change the line, so that with nobody waiting,
+/// the usual case, the line costs that one command: no purge of dead
+/// waiters, no rank lookup, no second look. `false` means the line is
+/// empty; `true` that it was not, or (after `serve` granted every free
+/// permit) that it may be, where nothing then depends on which: no permit
+/// is free.
 const PRELUDE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lined = KEYS[7] ~= nil and redis.call('EXISTS', KEYS[7]) == 1
 local function serve()
-  if not KEYS[7] or redis.call('EXISTS', KEYS[7]) == 0 then
+  if not lined then
     return
   end
   local gone = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now)
@@ -67,6 +77,10 @@ local function serve()
       redis.call('ZREM', KEYS[7], id)
       redis.call('HDEL', KEYS[9], id)
     end
+    lined = redis.call('EXISTS', KEYS[7]) == 1
+    if not lined then
+      return
+    end
   end
   local limit = tonumber(redis.call('GET', KEYS[4])) or 0
   local free = limit - redis.call('ZCARD', KEYS[1])
@@ -74,12 +88,12 @@ local function serve()
     return
   end
   while free > 0 do
-    local id = redis.call('ZRANGE', KEYS[7], 0, 0)[1]
+    local id = redis.call('ZPOPMIN', KEYS[7])[1]
     if not id then
+      lined = false
       return
     end
     local w = redis.call('HGET', KEYS[9], id) or ''
-    redis.call('ZREM', KEYS[7], id)
     redis.call('ZREM', KEYS[8], id)
     redis.call('HDEL', KEYS[9], id)
     local ttl, token, label = string.match(w, '^(%d+):(%x*):(.*)$')
@@ -93,7 +107,7 @@ local function serve()
   end
 end
 local function wake(n)
-  if n <= 0 or (KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1) then
+  if n <= 0 or lined then
     return
   end
   local free = (tonumber(redis.call('GET', KEYS[4])) or 0) - redis.call('ZCARD', KEYS[1])
@@ -163,7 +177,18 @@ end
 const ACQUIRE: &str = r"
 purge()
 local id, ttl = ARGV[1], tonumber(ARGV[2])
-local limit = limit_of(ARGV[3])
+local quarantine = tonumber(ARGV[6])
+local state = {}
+if quarantine > 0 then
+  state = redis.call('MGET', KEYS[4], KEYS[3], KEYS[6], KEYS[11])
+else
+  state[1] = redis.call('GET', KEYS[4])
+end
+local limit = tonumber(state[1])
+if not limit then
+  limit = tonumber(ARGV[3])
+  redis.call('SET', KEYS[4], ARGV[3])
+end
 local info = redis.call('HGET', KEYS[2], id)
 if info then
   redis.call('ZADD', KEYS[1], 'XX', now + ttl, id)
@@ -172,24 +197,25 @@ if info then
 end
 local holders = redis.call('ZCARD', KEYS[1])
 local queued = 0
-local rank = redis.call('ZRANK', KEYS[7], id)
+local rank = lined and redis.call('ZRANK', KEYS[7], id)
 if rank then
   redis.call('ZADD', KEYS[8], 'XX', now + ttl, id)
   queued = rank + 1
 end
-local quarantine = tonumber(ARGV[6])
 if quarantine > 0 then
-  local epoch = redis.call('GET', KEYS[11])
+  local epoch = state[4]
   if not epoch then
     epoch = t[1] .. '.' .. t[2]
     redis.call('SET', KEYS[11], epoch)
   end
-  local left = redis.call('PTTL', KEYS[6])
-  if left > 0 then
-    return {0, 0, left, limit, holders, 1, queued, epoch}
+  if state[3] then
+    local left = redis.call('PTTL', KEYS[6])
+    if left > 0 then
+      return {0, 0, left, limit, holders, 1, queued, epoch}
+    end
   end
   local seen = tonumber(ARGV[5])
-  local behind = seen > (tonumber(redis.call('GET', KEYS[3])) or 0)
+  local behind = seen > (tonumber(state[2]) or 0)
   if behind or epoch ~= ARGV[9] or ARGV[10] == '1' then
     if behind then
       redis.call('SET', KEYS[3], seen)
@@ -198,7 +224,7 @@ if quarantine > 0 then
     return {0, 0, quarantine, limit, holders, 1, queued, epoch}
   end
 end
-if queued == 0 and holders < limit and redis.call('EXISTS', KEYS[7]) == 0 then
+if queued == 0 and holders < limit and not lined then
   local fence = redis.call('INCR', KEYS[3])
   redis.call('ZADD', KEYS[1], now + ttl, id)
   redis.call('HSET', KEYS[2], id, fence .. ':' .. now .. ':' .. ARGV[4])
@@ -266,11 +292,15 @@ return out
 /// freed goes to the line's head first.
 const RELEASE: &str = r"
 local deadline = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
-redis.call('ZREM', KEYS[1], ARGV[1])
+if deadline then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+end
 redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[7], ARGV[1])
-redis.call('ZREM', KEYS[8], ARGV[1])
-redis.call('HDEL', KEYS[9], ARGV[1])
+if lined and redis.call('ZREM', KEYS[7], ARGV[1]) == 1 then
+  redis.call('ZREM', KEYS[8], ARGV[1])
+  redis.call('HDEL', KEYS[9], ARGV[1])
+  lined = redis.call('EXISTS', KEYS[7]) == 1
+end
 purge()
 if not deadline then
   return nil
