@@ -21,7 +21,7 @@ use std::future::{Future, pending};
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bulkhead::futures::Call;
 use bulkhead::keyed::{KeyedBulkhead, KeyedBulkheadBuilder, KeyedError, KeyedRejectReason};
@@ -700,6 +700,43 @@ fn keyed_every_path(
         assert_eq!(poll_once(first), Poll::Ready(Ok(6)));
     });
 
+    // Deadline-aware admission at both stages, and controlled delay on
+    // every line: admitted at once, and after waiting for each stage.
+    let by = Instant::now() + Duration::from_secs(60);
+    let call_by = |key: &'static u64, n: u32| kb.call_by(key, by, async move { Ok::<_, ()>(n) });
+    assert_no_allocation(&format!("{timer}: keyed call_by, admitted at once"), || {
+        assert_eq!(poll_once(pin!(call_by(&KEY, 10))), Poll::Ready(Ok(10)));
+    });
+    for (held, n) in [(KEY, 11), (OTHER, 12)] {
+        assert_no_allocation(
+            &format!("{timer}: keyed call_by, after waiting ({held})"),
+            || {
+                let held = kb.try_acquire(&held).unwrap();
+                let mut waiting = pin!(call_by(&KEY, n));
+                assert!(poll_once(waiting.as_mut()).is_pending());
+                drop(held);
+                assert_eq!(poll_once(waiting), Poll::Ready(Ok(n)));
+            },
+        );
+    }
+    let delayed = make(
+        limits()
+            .max_wait(Duration::from_secs(10))
+            .queue_delay(Duration::from_millis(5), Duration::from_millis(100)),
+    );
+    for (held, n) in [(KEY, 13), (OTHER, 14)] {
+        assert_no_allocation(
+            &format!("{timer}: keyed queue_delay, after waiting ({held})"),
+            || {
+                let held = delayed.try_acquire(&held).unwrap();
+                let mut waiting = pin!(delayed.call(&KEY, async move { Ok::<_, ()>(n) }));
+                assert!(poll_once(waiting.as_mut()).is_pending());
+                drop(held);
+                assert_eq!(poll_once(waiting), Poll::Ready(Ok(n)));
+            },
+        );
+    }
+
     let fail_fast = make(limits().max_wait(Duration::ZERO));
     assert_no_allocation(&format!("{timer}: keyed, failing fast"), || {
         let held = fail_fast.try_acquire(&KEY).unwrap();
@@ -739,7 +776,7 @@ fn keyed_every_path(
         assert!(matches!(out, Some(Err(KeyedError::CallTimeout))));
     });
 
-    for kb in [&kb, &fail_fast, &short] {
+    for kb in [&kb, &delayed, &fail_fast, &short] {
         assert_eq!(kb.global_metrics().unwrap().in_flight(), 0);
         assert_eq!(kb.metrics_for(&KEY).unwrap().in_flight(), 0);
     }
