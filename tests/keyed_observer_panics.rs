@@ -10,6 +10,7 @@ use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -357,4 +358,66 @@ fn a_key_observer_that_panics_leaves_the_global_counts_right() {
             assert_eq!(kb.evict_idle(), 1, "{event}: the key still has a user");
         }
     }
+}
+
+/// Panics on the events switched on (at run time), for every bulkhead.
+#[derive(Debug, Default)]
+struct Switched {
+    permitted: AtomicBool,
+    rejected: AtomicBool,
+}
+
+impl Observer for Switched {
+    fn on_permitted(&self, _: &Permitted<'_>) {
+        assert!(
+            !self.permitted.load(Ordering::Relaxed),
+            "on_permitted panics"
+        );
+    }
+    fn on_rejected(&self, _: &Rejection<'_>) {
+        assert!(!self.rejected.load(Ordering::Relaxed), "on_rejected panics");
+    }
+}
+
+/// A rejection by a shared global bulkhead whose observer panicked, caught
+/// by a caller of that bulkhead itself (not the keyed bulkhead's), is not
+/// counted later for a key whose global stage panics for another reason
+/// (here its admission's observer).
+#[test]
+fn a_caught_global_rejection_is_not_counted_for_a_later_key() {
+    let observer = Arc::new(Switched::default());
+    let global = Bulkhead::builder()
+        .name("g")
+        .max_concurrent_calls(1)
+        .max_wait(Duration::ZERO)
+        .observer(observer.clone())
+        .build()
+        .unwrap();
+    let kb = KeyedBulkhead::<u32>::builder()
+        .name("t")
+        .max_concurrent_calls(1)
+        .global(global.clone())
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let by = Instant::now() + Duration::from_secs(10);
+    for way in ALL {
+        // The global bulkhead's own caller: rejected, its observer panics,
+        // and the caller catches it.
+        let holder = global.try_acquire().unwrap();
+        observer.rejected.store(true, Ordering::Relaxed);
+        let caught = catch_unwind(AssertUnwindSafe(|| drop(global.try_acquire())));
+        assert!(caught.is_err(), "{way:?}: the observer panicked");
+        observer.rejected.store(false, Ordering::Relaxed);
+        drop(holder);
+        // A keyed call admitted globally, whose observer panics there.
+        observer.permitted.store(true, Ordering::Relaxed);
+        assert!(panics(&kb, way, 1, by), "{way:?}: the observer panicked");
+        observer.permitted.store(false, Ordering::Relaxed);
+        let m = kb.metrics_for(&1).unwrap();
+        assert_eq!((m.rejected_by_global(), m.in_flight()), (0, 0), "{way:?}");
+        assert_eq!(kb.stats().rejected_by_global(), 0, "{way:?}");
+    }
+    assert_eq!(global.metrics().rejected_full(), 5);
+    usable_again(&kb, [1], "after caught rejections");
 }
