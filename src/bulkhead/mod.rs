@@ -1136,6 +1136,14 @@ impl Bulkhead {
         Ok(held)
     }
 
+    /// While unwinding from one of this bulkhead's admissions: the reason
+    /// of the rejection it counted, if its observers' panic is what
+    /// unwinds (see `Policy::take_unwinding_rejection`). Taken once.
+    #[cold]
+    pub(crate) fn take_unwinding_rejection(&self) -> Option<RejectReason> {
+        self.shared.policy.take_unwinding_rejection()
+    }
+
     /// [`try_acquire`](Self::try_acquire) for work that must be done
     /// `by`: deadline-aware admission first.
     #[cold]

@@ -116,6 +116,18 @@ const HOLD_SAMPLE: u64 = 64;
 /// moving average needs a sample now and then, not every call.
 const BUSY_SAMPLE: u64 = 16;
 
+std::thread_local! {
+    /// The rejection whose observers' panic unwinds on this thread, by the
+    /// policy that made it ([`Policy::id`]): set as the panic is resumed,
+    /// until a keyed bulkhead unwinding from that policy's admission takes
+    /// it
+    /// ([`Policy::take_unwinding_rejection`]), or the next rejection or
+    /// admission with observers on this thread replaces it. Only the
+    /// observers' (cold) paths touch it.
+    static UNWINDING: core::cell::Cell<Option<(usize, RejectReason)>> =
+        const { core::cell::Cell::new(None) };
+}
+
 /// Whether grant number `n` is in the sample of one in `every` (a power of
 /// two): `n` times an odd constant, whose top bits pick the sample. Not
 /// `n % every`: grants often come in a fixed pattern (a bulkhead of 2
@@ -461,17 +473,22 @@ impl Policy {
 
     #[cold]
     fn notify_each(&self, f: &dyn Fn(&dyn Observer)) {
+        if let Some(payload) = self.run_each(f) {
+            resume_unwind(payload);
+        }
+    }
+
+    /// Runs `f` on every observer, and returns the first panic's payload
+    /// for the caller to resume, unless a panic is already unwinding.
+    #[cold]
+    fn run_each(&self, f: &dyn Fn(&dyn Observer)) -> Option<Box<dyn core::any::Any + Send>> {
         let mut panic = None;
         for observer in &*self.observers {
             if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(&**observer))) {
                 panic.get_or_insert(payload);
             }
         }
-        if let Some(payload) = panic {
-            if !std::thread::panicking() {
-                resume_unwind(payload);
-            }
-        }
+        panic.filter(|_| !std::thread::panicking())
     }
 
     /// Counts an admitted call and tells the observers. Call it once the
@@ -480,7 +497,20 @@ impl Policy {
     #[inline]
     pub(crate) fn permitted(&self, waited: Duration) {
         Counters::bump(&self.counters.permitted);
-        self.notify(|o| {
+        if self.observed() {
+            self.tell_permitted(waited);
+        }
+    }
+
+    /// Tells the observers of an admission. A rejection noted for this
+    /// thread ([`UNWINDING`]) is stale by now (its panic was caught
+    /// without anyone taking the note): it is dropped, so that a panic
+    /// here is not taken for it.
+    #[cold]
+    #[inline(never)]
+    fn tell_permitted(&self, waited: Duration) {
+        UNWINDING.set(None);
+        self.notify_each(&|o| {
             o.on_permitted(&Permitted {
                 name: self.name,
                 waited,
@@ -536,16 +566,47 @@ impl Policy {
         Rejected::new(reason, timer_gone, waited_ns, self.name, hint)
     }
 
+    /// Tells the observers of a counted rejection. If one of them panics,
+    /// the rejection is noted for this thread ([`UNWINDING`]) as the panic
+    /// is resumed, for a keyed bulkhead whose global stage this is to
+    /// count it for the caller's key as the panic unwinds past it
+    /// ([`take_unwinding_rejection`](Self::take_unwinding_rejection)).
     #[cold]
     #[inline(never)]
     fn tell_rejected(&self, reason: RejectReason, waited_ns: u64) {
-        self.notify_each(&|o| {
+        let panic = self.run_each(&|o| {
             o.on_rejected(&Rejection {
                 name: self.name,
                 reason,
                 waited: Duration::from_nanos(waited_ns),
             })
         });
+        if let Some(payload) = panic {
+            UNWINDING.set(Some((self.id(), reason)));
+            resume_unwind(payload);
+        }
+    }
+
+    /// The reason of the rejection by this policy whose observers' panic
+    /// is unwinding through the caller, if that is what unwinds: call it
+    /// only while unwinding from one of this policy's admissions. Takes
+    /// the note, so that the rejection is counted once.
+    #[cold]
+    pub(crate) fn take_unwinding_rejection(&self) -> Option<RejectReason> {
+        match UNWINDING.take() {
+            Some((id, reason)) if id == self.id() => Some(reason),
+            other => {
+                // Another policy's: left for whoever unwinds from it.
+                UNWINDING.set(other);
+                None
+            }
+        }
+    }
+
+    /// The policy's identity while it lives: its address (it lives in its
+    /// bulkhead's shared state, which does not move).
+    fn id(&self) -> usize {
+        core::ptr::from_ref(self).addr()
     }
 
     /// What a rejected caller's retry hint is computed from (see

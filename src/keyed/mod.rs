@@ -585,16 +585,21 @@ where
         };
         let global = match &inner.global {
             None => None,
-            Some(global) => match global.try_acquire() {
-                Ok(permit) => {
-                    bump(&user.entry.admitted);
-                    Some(permit)
+            Some(global) => {
+                let unwinding = GlobalStage::new(Some(global), &user.entry, &inner.counters);
+                let acquired = global.try_acquire();
+                unwinding.passed();
+                match acquired {
+                    Ok(permit) => {
+                        bump(&user.entry.admitted);
+                        Some(permit)
+                    }
+                    Err(rejected) => {
+                        key_permit.set_outcome(CallOutcome::Cancelled);
+                        return Err(inner.global_rejected(&user.entry, rejected, Duration::ZERO));
+                    }
                 }
-                Err(rejected) => {
-                    key_permit.set_outcome(CallOutcome::Cancelled);
-                    return Err(inner.global_rejected(&user.entry, rejected, Duration::ZERO));
-                }
-            },
+            }
         };
         Ok(KeyedPermit {
             global,
@@ -1025,15 +1030,20 @@ where
             (Some(max_wait), Some(start)) if start.elapsed() >= max_wait => Some(true),
             _ => None,
         };
+        let unwinding = GlobalStage::new(self.global.as_ref(), entry, &self.counters);
         let Some(spent) = spent else {
-            return Some(match now(true)? {
+            let decided = now(true);
+            unwinding.passed();
+            return Some(match decided? {
                 Ok(permit) => Ok(permit),
                 Err(r) => Err(self.global_rejected(entry, r, waited())),
             });
         };
         // Fail fast, or the key's wait used the whole budget: a free
         // global permit is still taken.
-        let decided = now(false).expect("without waiting, admission is decided at once");
+        let decided = now(false);
+        unwinding.passed();
+        let decided = decided.expect("without waiting, admission is decided at once");
         Some(decided.map_err(|r| {
             let rejected = self.global_rejected(entry, r, waited());
             if spent {
@@ -1067,7 +1077,10 @@ where
         let mut waiting: Option<Counted<'_>> = None;
         let mut begun = start;
         let outcome = poll_fn(|cx| {
-            if let Poll::Ready(acquired) = wait.as_mut().poll(cx) {
+            let unwinding = GlobalStage::new(self.global.as_ref(), entry, &self.counters);
+            let polled = wait.as_mut().poll(cx);
+            unwinding.passed();
+            if let Poll::Ready(acquired) = polled {
                 return Poll::Ready(acquired.map_err(GlobalFailure::Rejected));
             }
             waiting.get_or_insert_with(|| Counted::new(&entry.waiting_global));
@@ -1258,13 +1271,7 @@ where
         rejected: Rejected,
         waited: Duration,
     ) -> KeyedRejected {
-        bump(&entry.rejected_global);
-        bump(&self.counters.rejected_global);
-        match rejected.reason() {
-            RejectReason::WontMakeDeadline => bump(&entry.rejected_global_deadline),
-            RejectReason::QueueDelay => bump(&entry.rejected_global_queue_delay),
-            _ => {}
-        }
+        count_global_rejection(entry, &self.counters, rejected.reason());
         KeyedRejected::from_bulkhead(
             rejected,
             true,
@@ -1292,6 +1299,62 @@ where
             self.registry.max_keys(),
             None,
         )
+    }
+}
+
+/// Counts, for `entry`'s key and in `counters`, a rejection by the global
+/// bulkhead (which counted it itself).
+fn count_global_rejection(entry: &Entry, counters: &Counters, reason: RejectReason) {
+    bump(&entry.rejected_global);
+    bump(&counters.rejected_global);
+    match reason {
+        RejectReason::WontMakeDeadline => bump(&entry.rejected_global_deadline),
+        RejectReason::QueueDelay => bump(&entry.rejected_global_queue_delay),
+        _ => {}
+    }
+}
+
+/// Armed around each step of the global stage that may reject (a
+/// decision without waiting, a poll of the wait): if the global bulkhead
+/// rejects and one of its observers panics, the panic unwinds past
+/// [`global_rejected`](Inner::global_rejected), which would count the
+/// rejection for the caller's key; dropped while unwinding, this counts
+/// it instead, with the reason the global bulkhead noted
+/// ([`Bulkhead::take_unwinding_rejection`]). Forgotten when the step
+/// returns ([`passed`](Self::passed)), so that on the fast path it costs
+/// no more than keeping its fields where the unwinding path finds them.
+struct GlobalStage<'a> {
+    global: Option<&'a Bulkhead>,
+    entry: &'a Entry,
+    counters: &'a Counters,
+}
+
+impl<'a> GlobalStage<'a> {
+    #[inline(always)]
+    fn new(global: Option<&'a Bulkhead>, entry: &'a Entry, counters: &'a Counters) -> Self {
+        Self {
+            global,
+            entry,
+            counters,
+        }
+    }
+
+    /// The step returned (a permit, a rejection counted by the caller, or
+    /// a wait): nothing to count here.
+    #[inline(always)]
+    fn passed(self) {
+        core::mem::forget(self);
+    }
+}
+
+impl Drop for GlobalStage<'_> {
+    /// Only while unwinding (the step did not return).
+    #[cold]
+    fn drop(&mut self) {
+        let Some(global) = self.global else { return };
+        if let Some(reason) = global.take_unwinding_rejection() {
+            count_global_rejection(self.entry, self.counters, reason);
+        }
     }
 }
 
