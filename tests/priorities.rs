@@ -824,3 +824,179 @@ async fn a_classed_deadline_counts_only_the_waiters_ahead() {
     drop(held);
     assert_eq!((bh.metrics().in_flight(), bh.metrics().queued()), (0, 0));
 }
+
+/// `call_as_by` and `acquire_as_by`: a classed call's deadline counts
+/// only the waiters served before its class, is rejected at once if they
+/// leave it no time, and bounds its wait to when it could still finish.
+/// Under tokio's paused clock, which is the bulkhead's.
+#[cfg(feature = "tokio")]
+#[tokio::test(start_paused = true)]
+async fn call_as_by_counts_only_the_waiters_served_before_it() {
+    use tokio::time::Instant;
+    let ms = Duration::from_millis;
+    let at = |d: Duration| (Instant::now() + d).into_std();
+
+    let seen = Arc::new(Seen::default());
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .priorities(&[1, 1])
+        .observer(seen.clone())
+        .build()
+        .unwrap();
+    // A call holds its seat 20 ms or a little more. Hold times are
+    // measured on the system's clock (which the paused clock does not
+    // move), so the calls sleep on it.
+    for _ in 0..8 {
+        let held = async {
+            std::thread::sleep(ms(20));
+            Ok::<_, ()>(())
+        };
+        bh.call_as_by(0, at(ms(1000)), held).await.unwrap();
+    }
+    let held = bh.try_acquire_as(1).unwrap();
+    let batch: Vec<_> = (0..20).map(|_| waiter(&bh, 1)).collect();
+    // Batch work with 300 ms behind 20 batch waiters of ~20 ms: turned
+    // away at once, not after waiting.
+    let start = Instant::now();
+    let r = bh.acquire_as_by(1, at(ms(300))).await.unwrap_err();
+    assert_eq!(r.reason(), RejectReason::WontMakeDeadline);
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    let r = bh
+        .call_as_by(1, at(ms(300)), async { Ok::<_, ()>(()) })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(r, BulkheadError::Rejected(r) if r.reason() == RejectReason::WontMakeDeadline)
+    );
+    // A critical call with the same 300 ms has nobody ahead of it: it
+    // waits, and takes the next seat.
+    let critical = tokio::spawn({
+        let bh = bh.clone();
+        let by = at(ms(300));
+        async move { bh.call_as_by(0, by, async { Ok::<_, ()>(9) }).await }
+    });
+    while bh.metrics().queued() < 21 {
+        tokio::task::yield_now().await;
+    }
+    drop(held);
+    assert_eq!(critical.await.unwrap(), Ok(9));
+    drop(batch);
+    // A critical call whose wait would run past the latest start that
+    // still finishes (120 ms less the average hold, which the instant
+    // critical call above brought under 20 ms): rejected then, on the
+    // paused clock, before its deadline.
+    let held = bh.try_acquire_as(0).unwrap();
+    let start = Instant::now();
+    let r = bh.acquire_as_by(0, at(ms(120))).await.unwrap_err();
+    assert_eq!(r.reason(), RejectReason::WontMakeDeadline);
+    assert!(
+        (ms(1)..ms(120)).contains(&start.elapsed()),
+        "{:?}",
+        start.elapsed()
+    );
+    drop(held);
+    let m = bh.metrics();
+    assert_eq!(
+        (m.in_flight(), m.queued(), m.rejected_deadline()),
+        (0, 0, 3)
+    );
+    assert_eq!(
+        seen.rejected
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| **r == RejectReason::WontMakeDeadline)
+            .count(),
+        3
+    );
+    // `acquire_as_by` hands the caller a permit it manages: released, not
+    // cancelled, when dropped.
+    drop(bh.acquire_as_by(1, at(ms(1000))).await.unwrap());
+    assert_eq!(
+        seen.finished.lock().unwrap().last(),
+        Some(&CallOutcome::Released)
+    );
+}
+
+#[test]
+fn call_as_by_without_classes_is_call_by_and_checks_its_class() {
+    use std::time::Instant;
+    let plain = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    let by = Instant::now() + Duration::from_secs(5);
+    let ok = futures::executor::block_on(plain.call_as_by(0, by, async { Ok::<_, ()>(4) }));
+    assert_eq!(ok, Ok(4));
+    let passed = Instant::now() - Duration::from_millis(1);
+    let r = futures::executor::block_on(plain.acquire_as_by(0, passed)).unwrap_err();
+    assert_eq!(r.reason(), RejectReason::WontMakeDeadline);
+    assert!(catch_unwind(AssertUnwindSafe(|| drop(plain.acquire_as_by(1, by)))).is_err());
+    let bh = bulkhead(2, &[1, 1]);
+    let err = catch_unwind(AssertUnwindSafe(|| {
+        drop(bh.call_as_by(2, by, async { Ok::<(), ()>(()) }))
+    }))
+    .unwrap_err();
+    let msg = err.downcast_ref::<String>().unwrap();
+    assert!(msg.contains("priority class 2 out of range"), "{msg}");
+}
+
+#[test]
+fn a_classed_call_by_cancelled_or_panicking_loses_no_seat() {
+    use std::time::Instant;
+    let by = Instant::now() + Duration::from_secs(60);
+    let seen = Arc::new(Seen::default());
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .priorities(&[1, 1])
+        .observer(seen.clone())
+        .build()
+        .unwrap();
+    // Dropped while it runs.
+    let mut call = Box::pin(bh.call_as_by(1, by, std::future::pending::<Result<(), ()>>()));
+    assert!(poll(call.as_mut()).is_pending());
+    assert_eq!(held(&bh), [0, 1]);
+    // Dropped while it waits, and after a seat was handed to it.
+    let mut queued = Box::pin(bh.call_as_by(0, by, async { Ok::<_, ()>(()) }));
+    assert!(poll(queued.as_mut()).is_pending());
+    assert_eq!(bh.metrics().queued(), 1);
+    let mut next = waiter(&bh, 1);
+    drop(call);
+    // The seat went to the critical waiter; dropped unpolled, it passes it on.
+    drop(queued);
+    assert!(poll(next.as_mut()).is_ready());
+    assert_eq!(held(&bh), [0, 0]);
+    // The guarded call panics.
+    let panicked = catch_unwind(AssertUnwindSafe(|| {
+        let mut call = Box::pin(bh.call_as_by(0, by, async {
+            panic!("the guarded call panics");
+            #[allow(unreachable_code)]
+            Ok::<(), ()>(())
+        }));
+        let _ = poll(call.as_mut());
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(
+        *seen.finished.lock().unwrap(),
+        [
+            CallOutcome::Cancelled,
+            CallOutcome::Released,
+            CallOutcome::Panicked
+        ]
+    );
+    // An observer that panics as the call is admitted.
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .priorities(&[1, 1])
+        .observer(Arc::new(PanicsOnPermit))
+        .build()
+        .unwrap();
+    let mut call = Box::pin(bh.call_as_by(1, by, async { Ok::<_, ()>(()) }));
+    assert!(catch_unwind(AssertUnwindSafe(|| poll(call.as_mut()))).is_err());
+    drop(call);
+    bh.set_max_concurrent_calls(0);
+    let mut w = Box::pin(bh.acquire_as_by(0, by));
+    assert!(poll(w.as_mut()).is_pending());
+    bh.set_max_concurrent_calls(1);
+    assert!(catch_unwind(AssertUnwindSafe(|| poll(w.as_mut()))).is_err());
+    drop(w);
+    assert_eq!((bh.metrics().in_flight(), bh.metrics().queued()), (0, 0));
+    assert_eq!(held(&bh), [0, 0]);
+}

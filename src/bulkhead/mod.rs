@@ -471,6 +471,131 @@ impl Bulkhead {
         }
     }
 
+    /// [`call_as`](Self::call_as) for a call that must be done `by` a
+    /// deadline: deadline-aware admission as [`call_by`](Self::call_by)'s,
+    /// except that the expected wait counts only the waiters served before
+    /// a caller of `class` (those of its class and of the more important
+    /// ones), so a critical call behind a long line of batch work is not
+    /// turned away for it. Rejected at once with
+    /// [`RejectReason::WontMakeDeadline`] if it cannot make it; else it
+    /// waits in its class's line at most until it could still finish (or
+    /// `max_wait`, if sooner).
+    ///
+    /// On a bulkhead without classes, `call_as_by(0, by, f)` is
+    /// `call_by(by, f)`.
+    ///
+    /// # Errors
+    ///
+    /// As [`call_as`](Self::call_as), and [`BulkheadError::Rejected`] with
+    /// [`RejectReason::WontMakeDeadline`].
+    ///
+    /// # Panics
+    ///
+    /// At once, if `class` is not one of the bulkhead's classes.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`call_as`](Self::call_as).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use bulkhead::{Bulkhead, BulkheadError, RejectReason};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(2).priorities(&[1, 1]).build().unwrap();
+    /// let by = Instant::now() + Duration::from_secs(5);
+    /// assert_eq!(bh.call_as_by(0, by, async { Ok::<_, ()>(7) }).await, Ok(7));
+    /// let passed = Instant::now() - Duration::from_millis(1);
+    /// match bh.call_as_by(1, passed, async { Ok::<_, ()>(8) }).await {
+    ///     Err(BulkheadError::Rejected(r)) => {
+    ///         assert_eq!(r.reason(), RejectReason::WontMakeDeadline)
+    ///     }
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// # });
+    /// ```
+    #[track_caller]
+    pub fn call_as_by<F, T, E>(
+        &self,
+        class: usize,
+        by: Instant,
+        call: F,
+    ) -> impl Future<Output = Result<T, BulkheadError<E>>>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        self.shared.check_class(class);
+        async move {
+            if self.shared.classes.is_none() {
+                return self.call_by(by, call).await;
+            }
+            let shared = &*self.shared;
+            // Already reported as permitted, its outcome `Cancelled` until
+            // set: dropped or unwound through while the call runs, it
+            // gives the seat back as cancelled.
+            let mut permit =
+                seating::AdmissionAs::new(self.shared.clone(), class, Some(by)).await?;
+            let (result, outcome) = shared.policy.run(shared.policy.traced(call)).await;
+            permit.set_outcome(outcome);
+            result
+        }
+    }
+
+    /// [`acquire_as`](Self::acquire_as) for work that must be done `by` a
+    /// deadline: admitted, rejected at once or bounded in its wait as
+    /// [`call_as_by`](Self::call_as_by) says. On a bulkhead without
+    /// classes, `acquire_as_by(0, by)` is `acquire_by(by)`.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`], with the [reason](Rejected::reason), among them
+    /// [`RejectReason::WontMakeDeadline`] and [`RejectReason::Displaced`].
+    ///
+    /// # Panics
+    ///
+    /// At once, if `class` is not one of the bulkhead's classes.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_as`](Self::acquire_as).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use bulkhead::{Bulkhead, RejectReason};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).priorities(&[1, 1]).build().unwrap();
+    /// let permit = bh.acquire_as_by(1, Instant::now() + Duration::from_secs(1)).await.unwrap();
+    /// drop(permit);
+    /// let passed = Instant::now() - Duration::from_secs(1);
+    /// let rejected = bh.acquire_as_by(0, passed).await.unwrap_err();
+    /// assert_eq!(rejected.reason(), RejectReason::WontMakeDeadline);
+    /// # });
+    /// ```
+    #[track_caller]
+    pub fn acquire_as_by(
+        &self,
+        class: usize,
+        by: Instant,
+    ) -> impl Future<Output = Result<BulkheadPermit, Rejected>> {
+        self.shared.check_class(class);
+        async move {
+            if self.shared.classes.is_none() {
+                return self.acquire_by(by).await;
+            }
+            let mut permit =
+                seating::AdmissionAs::new(self.shared.clone(), class, Some(by)).await?;
+            // A permit the caller manages: released, not cancelled, unless
+            // the caller says otherwise.
+            permit.set_outcome(CallOutcome::Released);
+            Ok(permit)
+        }
+    }
+
     /// [`try_acquire`](Self::try_acquire) for a caller of priority class
     /// `class`: a seat only if one is free and nobody waits.
     ///
