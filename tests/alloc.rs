@@ -850,7 +850,8 @@ fn keyed_async_io_timer_paths_allocate_nothing() {
 
 /// Priority classes: a classed call admitted at once, one that waits and
 /// is handed a seat, one displaced from a full line and one out of
-/// `max_wait` allocate nothing once the line's storage has grown.
+/// `max_wait`, and with a deadline (`call_as_by`) allocate nothing once
+/// the line's storage has grown.
 #[test]
 fn priority_class_paths_allocate_nothing() {
     let timer: Arc<dyn Timer> = Arc::new(ThreadTimer::new());
@@ -887,5 +888,22 @@ fn priority_class_paths_allocate_nothing() {
         let _held = bh.try_acquire_as(0).unwrap();
         let r = futures::executor::block_on(bh.acquire_as(1));
         assert_eq!(r.unwrap_err().reason(), RejectReason::Timeout);
+    });
+    let by = std::time::Instant::now() + Duration::from_secs(60);
+    assert_no_allocation("classed with a deadline, at once", || {
+        let mut call = pin!(bh.call_as_by(0, by, async { Ok::<_, ()>(()) }));
+        assert!(matches!(poll_once(call.as_mut()), Poll::Ready(Ok(()))));
+    });
+    assert_no_allocation("classed with a deadline, after waiting", || {
+        let held = bh.try_acquire_as(1).unwrap();
+        let mut call = pin!(bh.call_as_by(0, by, async { Ok::<_, ()>(()) }));
+        assert!(poll_once(call.as_mut()).is_pending());
+        drop(held);
+        assert!(matches!(poll_once(call.as_mut()), Poll::Ready(Ok(()))));
+    });
+    assert_no_allocation("classed with a deadline, rejected", || {
+        let passed = std::time::Instant::now() - Duration::from_millis(1);
+        let r = futures::executor::block_on(bh.acquire_as_by(1, passed));
+        assert_eq!(r.unwrap_err().reason(), RejectReason::WontMakeDeadline);
     });
 }
