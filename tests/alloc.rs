@@ -901,6 +901,26 @@ fn priority_class_paths_allocate_nothing() {
         drop(held);
         assert!(matches!(poll_once(call.as_mut()), Poll::Ready(Ok(()))));
     });
+    let delayed = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .priorities(&[1, 1])
+        .queue_delay(Duration::from_millis(1), Duration::from_millis(100))
+        .max_wait(Duration::from_millis(2))
+        .timer(Arc::new(ThreadTimer::new()))
+        .build()
+        .unwrap();
+    assert_no_allocation("classed with controlled delay, after waiting", || {
+        let held = delayed.try_acquire_as(1).unwrap();
+        let mut call = pin!(delayed.call_as(0, async { Ok::<_, ()>(()) }));
+        assert!(poll_once(call.as_mut()).is_pending());
+        drop(held);
+        assert!(matches!(poll_once(call.as_mut()), Poll::Ready(Ok(()))));
+    });
+    assert_no_allocation("classed with controlled delay, past the target", || {
+        let _held = delayed.try_acquire_as(0).unwrap();
+        let r = futures::executor::block_on(delayed.acquire_as(1));
+        assert_eq!(r.unwrap_err().reason(), RejectReason::Timeout);
+    });
     assert_no_allocation("classed with a deadline, rejected", || {
         let passed = std::time::Instant::now() - Duration::from_millis(1);
         let r = futures::executor::block_on(bh.acquire_as_by(1, passed));

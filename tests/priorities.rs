@@ -457,13 +457,6 @@ fn bad_shares_are_build_errors() {
     };
     assert_eq!(build(&[]), BuildErrorKind::NoPriorityShare);
     assert_eq!(build(&[0, 0]), BuildErrorKind::NoPriorityShare);
-    let err = Bulkhead::builder()
-        .max_concurrent_calls(2)
-        .priorities(&[1])
-        .queue_delay(Duration::from_millis(5), Duration::from_millis(100))
-        .build()
-        .unwrap_err();
-    assert_eq!(err.kind(), BuildErrorKind::PrioritiesWithQueueDelay);
     // A class with no share has no reserved seat but borrows.
     let bh = bulkhead(2, &[0, 1]);
     assert_eq!(seats(&bh)[0].reserved, 0);
@@ -998,5 +991,165 @@ fn a_classed_call_by_cancelled_or_panicking_loses_no_seat() {
     assert!(catch_unwind(AssertUnwindSafe(|| poll(w.as_mut()))).is_err());
     drop(w);
     assert_eq!((bh.metrics().in_flight(), bh.metrics().queued()), (0, 0));
+    assert_eq!(held(&bh), [0, 0]);
+}
+
+/// Controlled delay with classes: each class's line has its own. A class
+/// whose line stands is cut to the target; a class whose line empties
+/// between its calls never is; and once the standing line empties, long
+/// waits are served again. Under tokio's paused clock.
+#[cfg(feature = "tokio")]
+#[tokio::test(start_paused = true)]
+async fn controlled_delay_cuts_only_the_class_whose_line_stands() {
+    use tokio::time::{Instant, sleep};
+    let ms = Duration::from_millis;
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(2)
+        .priorities(&[1, 1])
+        .queue_delay(ms(10), ms(100))
+        .max_wait(ms(1000))
+        .build()
+        .unwrap();
+    type Outcome = (usize, Duration, Duration, Result<(), RejectReason>);
+    let outcomes: Arc<Mutex<Vec<Outcome>>> = Arc::default();
+    let origin = Instant::now();
+    let mut tasks = Vec::new();
+    // Class 1: a call every 10 ms for 600 ms, each holding 50 ms (2 seats
+    // serve 40 a second: its line stands). Class 0: one every 100 ms.
+    for i in 0..60u64 {
+        let class = if i % 10 == 5 { 0 } else { 1 };
+        let (bh, outcomes) = (bh.clone(), outcomes.clone());
+        tasks.push(tokio::spawn(async move {
+            sleep(ms(10 * i)).await;
+            let arrived = origin.elapsed();
+            let r = bh
+                .acquire_as(class)
+                .await
+                .map(|permit| (permit, arrived))
+                .map_err(|r| r.reason());
+            let waited = origin.elapsed() - arrived;
+            if r.is_ok() {
+                sleep(ms(50)).await;
+            }
+            outcomes
+                .lock()
+                .unwrap()
+                .push((class, arrived, waited, r.map(drop)));
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let outcomes = outcomes.lock().unwrap().clone();
+    // Class 0's line empties between its calls: never cut.
+    assert!(
+        outcomes.iter().filter(|o| o.0 == 0).all(|o| o.3.is_ok()),
+        "{outcomes:?}"
+    );
+    // Class 1's stands: cut, and nobody waits out max_wait.
+    let cut = outcomes
+        .iter()
+        .filter(|o| o.3 == Err(RejectReason::QueueDelay))
+        .count();
+    assert!(cut > 10, "{cut} cut: {outcomes:?}");
+    assert!(
+        outcomes.iter().all(|o| o.3 != Err(RejectReason::Timeout)),
+        "{outcomes:?}"
+    );
+    // A line stands for an interval (100 ms) before it is cut; cut, it
+    // empties, which ends the overload, and may stand again. So no wait
+    // is longer than the interval and the target (without controlled
+    // delay they grow to max_wait), and nobody is cut before the target.
+    for o in outcomes.iter().filter(|o| o.0 == 1) {
+        assert!(o.2 <= ms(110), "{o:?} in {outcomes:?}");
+        if o.3.is_err() {
+            assert!(o.2 >= ms(10), "{o:?} in {outcomes:?}");
+        }
+    }
+    let m = bh.metrics();
+    assert_eq!(m.rejected_queue_delay(), cut as u64);
+    assert_eq!((m.in_flight(), m.queued()), (0, 0));
+    // The line emptied: a long wait now is served, not cut.
+    let held = [bh.try_acquire_as(1).unwrap(), bh.try_acquire_as(1).unwrap()];
+    let waiter = tokio::spawn({
+        let bh = bh.clone();
+        async move { bh.acquire_as(1).await.map(drop).map_err(|r| r.reason()) }
+    });
+    sleep(ms(30)).await;
+    drop(held);
+    assert_eq!(waiter.await.unwrap(), Ok(()));
+}
+
+/// An observer that panics on the first rejection it sees.
+#[derive(Default)]
+struct PanicsOnFirstRejection(std::sync::atomic::AtomicBool);
+
+impl Observer for PanicsOnFirstRejection {
+    fn on_rejected(&self, _: &Rejection<'_>) {
+        if !self.0.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            panic!("observer panics");
+        }
+    }
+}
+
+/// The sample that finds a class's line standing cuts every waiter of
+/// it past the target at once, one waking the next, even when the first
+/// one's observer panics; a waiter that joins after the cut emptied the
+/// line is not cut; nothing is lost.
+#[cfg(feature = "tokio")]
+#[tokio::test(start_paused = true)]
+async fn a_standing_class_line_is_cut_at_once_even_if_an_observer_panics() {
+    use tokio::time::sleep;
+    let ms = Duration::from_millis;
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .priorities(&[1, 1])
+        .queue_delay(ms(10), ms(100))
+        .observer(Arc::new(PanicsOnFirstRejection::default()))
+        .build()
+        .unwrap();
+    let spawn_waiter = |at: u64, hold: u64| {
+        let bh = bh.clone();
+        tokio::spawn(async move {
+            sleep(ms(at)).await;
+            let r = bh.acquire_as(1).await.map_err(|r| r.reason());
+            if r.is_ok() {
+                sleep(ms(hold)).await;
+            }
+            r.map(drop)
+        })
+    };
+    let seat = bh.try_acquire_as(1).unwrap();
+    // Served at 20 ms after 20 ms, holds to 130 ms.
+    let first = spawn_waiter(0, 110);
+    // Served at 130 ms after 110: the interval is full, the line stands.
+    let second = spawn_waiter(20, 100);
+    let cut: Vec<_> = (0..3).map(|i| spawn_waiter(21 + i, 0)).collect();
+    sleep(ms(20)).await;
+    drop(seat);
+    sleep(ms(112)).await;
+    // At 132 ms: the three behind it were cut as the second was served.
+    assert_eq!(bh.metrics().queued(), 0);
+    let late = spawn_waiter(0, 0);
+    assert_eq!(first.await.unwrap(), Ok(()));
+    assert_eq!(second.await.unwrap(), Ok(()));
+    let mut outcomes = Vec::new();
+    for t in cut {
+        outcomes.push(match t.await {
+            Ok(r) => format!("{r:?}"),
+            Err(e) if e.is_panic() => "observer panicked".to_string(),
+            Err(e) => panic!("{e}"),
+        });
+    }
+    assert_eq!(
+        outcomes,
+        ["observer panicked", "Err(QueueDelay)", "Err(QueueDelay)"]
+    );
+    // It waited ~100 ms behind the second, past the target, on a line
+    // that does not stand (it emptied): served.
+    assert_eq!(late.await.unwrap(), Ok(()));
+    let m = bh.metrics();
+    assert_eq!(m.rejected_queue_delay(), 3);
+    assert_eq!((m.in_flight(), m.queued()), (0, 0));
     assert_eq!(held(&bh), [0, 0]);
 }

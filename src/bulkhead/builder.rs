@@ -469,8 +469,9 @@ impl BulkheadBuilder {
     /// is a call of the least important class that **never waits**: it
     /// takes a seat that is free with nobody waiting, or is rejected with
     /// `Full` (call `call_as` to wait). The seats live with the classes
-    /// then, so `fair(false)` changes nothing. Not combined with
-    /// `queue_delay` yet (a [`BuildError`]). Every waiter and every seat
+    /// then, so `fair(false)` changes nothing. With `queue_delay`, each
+    /// class's line has controlled delay of its own: a class whose line
+    /// stands is cut to the target, and no other class is. Every waiter and every seat
     /// that comes back takes the classes' lock, and a waiter reads the
     /// clock when it joins and when it leaves.
     ///
@@ -519,10 +520,13 @@ impl BulkheadBuilder {
             Some(shares) if !shares.iter().any(|&s| s > 0) => {
                 return Err(BuildError::new(BuildErrorKind::NoPriorityShare));
             }
-            Some(_) if self.queue_delay.is_some() => {
-                return Err(BuildError::new(BuildErrorKind::PrioritiesWithQueueDelay));
-            }
-            Some(shares) => Some(Box::new(Classes::new(limit, shares, self.max_queue))),
+            // With controlled delay, each class's line has its own.
+            Some(shares) => Some(Box::new(Classes::new(
+                limit,
+                shares,
+                self.max_queue,
+                self.queue_delay,
+            ))),
         };
         let mut policy = self.into_policy(None, limit)?;
         // With classes, the seats are theirs: the semaphore has none and is
@@ -536,6 +540,8 @@ impl BulkheadBuilder {
         });
         if classes.is_some() {
             sem.close();
+            // The classes' lines are the only ones, and have the delay.
+            policy.no_line_delay();
         } else {
             policy.line_of(&sem);
             policy.time_line(&sem);

@@ -33,11 +33,12 @@
 //! released.
 
 use core::task::{Context, Poll, Waker};
+use core::time::Duration;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::error::RejectReason;
 use super::policy::Policy;
-use crate::overload::{Join, Seats};
+use crate::overload::{Change, Join, QueueDelay, Seats};
 
 /// No slot: the end of a line, or of the free list.
 pub(crate) const NONE: u32 = u32::MAX;
@@ -47,6 +48,9 @@ pub(crate) struct Classes {
     state: Mutex<State>,
     /// The least important class: the class of plain calls.
     least: usize,
+    /// Controlled delay's target, if each class's line has controlled
+    /// delay (`queue_delay`).
+    target: Option<Duration>,
 }
 
 struct State {
@@ -56,6 +60,9 @@ struct State {
     free: u32,
     /// Per class, the first and last waiter (`NONE` if nobody waits).
     lines: Vec<(u32, u32)>,
+    /// Per class, controlled delay on its line (empty without
+    /// `queue_delay`): a class's standing line is cut, no other's.
+    delays: Vec<QueueDelay>,
     closed: bool,
 }
 
@@ -100,17 +107,37 @@ pub(crate) enum GaveUp {
 impl Classes {
     /// `limit` seats shared by `shares` (class 0 first), with a line of at
     /// most `max_queue` waiters.
-    pub(crate) fn new(limit: usize, shares: &[u32], max_queue: Option<usize>) -> Self {
+    /// With `delay` (target, interval), each class's line has controlled
+    /// delay of its own.
+    pub(crate) fn new(
+        limit: usize,
+        shares: &[u32],
+        max_queue: Option<usize>,
+        delay: Option<(Duration, Duration)>,
+    ) -> Self {
+        let delays = match delay {
+            Some((target, interval)) => vec![QueueDelay::new(target, interval); shares.len()],
+            None => Vec::new(),
+        };
         Self {
             state: Mutex::new(State {
                 seats: Seats::new(limit, shares, max_queue),
                 slots: Vec::new(),
                 free: NONE,
                 lines: vec![(NONE, NONE); shares.len()],
+                delays,
                 closed: false,
             }),
             least: shares.len() - 1,
+            target: delay.map(|(target, _)| target),
         }
+    }
+
+    /// Controlled delay's target, if the classes' lines have controlled
+    /// delay.
+    #[inline]
+    pub(crate) fn target(&self) -> Option<Duration> {
+        self.target
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -203,35 +230,77 @@ impl Classes {
     /// The waiter in `slot` looks at its place: `Ready(Ok)` with a seat
     /// (its slot freed), `Ready(Err)` displaced or closed (its slot
     /// freed), else `Pending` with its waker kept.
-    pub(crate) fn poll(&self, slot: u32, cx: &mut Context<'_>) -> Poll<Result<(), RejectReason>> {
+    ///
+    /// With controlled delay, `now` is the waiter's [`Sample`]: a waiter
+    /// served is a sample of its class's line (the one that finds the line
+    /// standing wakes the line's front waiter to look), and a waiter still
+    /// waiting that has waited the target on a standing line is cut
+    /// (`QueueDelay`), waking the next one to look in turn. The waker to
+    /// wake, once the lock is released, comes back with the verdict.
+    pub(crate) fn poll(
+        &self,
+        slot: u32,
+        cx: &mut Context<'_>,
+        now: Option<Sample>,
+        policy: &Policy,
+    ) -> (Poll<Result<(), RejectReason>>, Option<Waker>) {
         let mut state = self.lock();
-        let s = &mut state.slots[slot as usize];
-        let out = match s.status {
+        let state = &mut *state;
+        let Slot { class, status, .. } = state.slots[slot as usize];
+        let mut wake = None;
+        let out = match status {
             Status::Waiting => {
-                match &mut s.waker {
-                    Some(w) if w.will_wake(cx.waker()) => {}
-                    w => *w = Some(cx.waker().clone()),
+                if now.is_some_and(|now| state.cuts(class, now.waited)) {
+                    state.unlink(slot);
+                    state.seats.leave(class);
+                    policy.set_queued(state.seats.queued());
+                    wake = state.front_to_look(class);
+                    Err(RejectReason::QueueDelay)
+                } else {
+                    match &mut state.slots[slot as usize].waker {
+                        Some(w) if w.will_wake(cx.waker()) => {}
+                        w => *w = Some(cx.waker().clone()),
+                    }
+                    return (Poll::Pending, None);
                 }
-                return Poll::Pending;
             }
-            Status::Granted => Ok(()),
+            Status::Granted => {
+                if let Some(now) = now {
+                    wake = state.sample(class, now);
+                }
+                Ok(())
+            }
             Status::Displaced => Err(RejectReason::Displaced),
             Status::Closed => Err(RejectReason::Closed),
             Status::Free => unreachable!("a classed waiter polled a slot it no longer holds"),
         };
         state.release_slot(slot);
-        Poll::Ready(out)
+        (Poll::Ready(out), wake)
     }
 
-    /// The waiter in `slot` gives up (its `max_wait` ran out): it leaves
-    /// the line, unless a verdict reached it first. Its slot is freed.
-    pub(crate) fn give_up(&self, slot: u32, policy: &Policy) -> GaveUp {
+    /// The waiter in `slot` gives up (its `max_wait` ran out, or its
+    /// deadline's budget): it leaves the line, unless a verdict reached
+    /// it first. Its slot is freed. With controlled delay, a wait out of
+    /// `max_wait` is a sample of its class's line (`now`); and a waiter
+    /// that leaves a standing line wakes the next one to look. The waker
+    /// to wake comes back with the verdict.
+    pub(crate) fn give_up(
+        &self,
+        slot: u32,
+        now: Option<Sample>,
+        policy: &Policy,
+    ) -> (GaveUp, Option<Waker>) {
         let mut state = self.lock();
+        let class = state.slots[slot as usize].class;
+        let mut wake = None;
         let out = match state.slots[slot as usize].status {
             Status::Waiting => {
-                let class = state.slots[slot as usize].class;
                 state.unlink(slot);
                 state.seats.leave(class);
+                if let Some(now) = now {
+                    wake = state.sample(class, now);
+                }
+                wake = wake.or_else(|| state.front_to_look(class));
                 GaveUp::Left
             }
             Status::Granted => GaveUp::Granted,
@@ -241,7 +310,7 @@ impl Classes {
         };
         state.release_slot(slot);
         policy.set_queued(state.seats.queued());
-        out
+        (out, wake)
     }
 
     /// The waiter in `slot` is dropped before it saw its verdict: it
@@ -257,6 +326,7 @@ impl Classes {
                 let class = state.slots[slot as usize].class;
                 state.unlink(slot);
                 state.seats.leave(class);
+                dropped.wake = state.front_to_look(class);
             }
             Status::Granted => {
                 let class = state.slots[slot as usize].class;
@@ -314,10 +384,21 @@ impl Classes {
                 slot = next;
             }
             state.lines[class] = (NONE, NONE);
+            if let Some(delay) = state.delays.get_mut(class) {
+                delay.emptied();
+            }
         }
         policy.set_queued(state.seats.queued());
         wakers
     }
+}
+
+/// A classed waiter's look at the clock, for controlled delay: now and
+/// how long it has waited, in nanoseconds (now since the policy's origin).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sample {
+    pub(crate) now: u64,
+    pub(crate) waited: u64,
 }
 
 /// What [`Classes::drop_waiter`] did.
@@ -393,6 +474,46 @@ impl State {
         let s = &mut self.slots[slot as usize];
         s.prev = NONE;
         s.next = NONE;
+        if self.lines[class].0 == NONE {
+            // The class's line is empty: its delay is zero.
+            if let Some(delay) = self.delays.get_mut(class) {
+                delay.emptied();
+            }
+        }
+    }
+
+    /// Whether a waiter of `class` that has waited `waited` ns is cut:
+    /// its class's line stands, and it has waited the target.
+    fn cuts(&self, class: usize, waited: u64) -> bool {
+        self.delays
+            .get(class)
+            .is_some_and(|d| d.is_overloaded() && waited >= d.target())
+    }
+
+    /// A wait of `class` ended at `now` (served, or out of `max_wait`):
+    /// a sample of its line; the one that finds the line standing returns
+    /// the front waiter's waker, for it to look at its wait.
+    fn sample(&mut self, class: usize, now: Sample) -> Option<Waker> {
+        let delay = self.delays.get_mut(class)?;
+        if delay.sample(now.now, now.waited) == Change::Overloaded {
+            self.front_to_look(class)
+        } else {
+            None
+        }
+    }
+
+    /// While `class`'s line stands: its front waiter's waker (taken; the
+    /// waiter leaves a new one when it polls), for it to look at how long
+    /// it has waited and be cut if past the target, waking the next.
+    fn front_to_look(&mut self, class: usize) -> Option<Waker> {
+        if !self.delays.get(class)?.is_overloaded() {
+            return None;
+        }
+        let front = self.lines[class].0;
+        if front == NONE {
+            return None;
+        }
+        self.slots[front as usize].waker.take()
     }
 
     /// Hands a free seat, if any, to the waiter `Seats::pick` chooses:

@@ -510,9 +510,6 @@ pub enum BuildErrorKind {
     /// `priorities` was given no class, or only shares of zero: no class
     /// would be guaranteed a seat, and the split is undefined.
     NoPriorityShare,
-    /// `priorities` and `queue_delay` were both set: controlled delay does
-    /// not run on the classes' lines yet.
-    PrioritiesWithQueueDelay,
     /// A keyed bulkhead's `max_keys` was zero: no key could ever be served.
     ZeroMaxKeys,
     /// A non-zero `max_wait` or a `call_timeout` needs a timer, and none is
@@ -562,9 +559,6 @@ impl fmt::Display for BuildError {
             }
             BuildErrorKind::NoPriorityShare => {
                 "priorities needs at least one class with a share greater than zero"
-            }
-            BuildErrorKind::PrioritiesWithQueueDelay => {
-                "priorities and queue_delay cannot be combined yet"
             }
             BuildErrorKind::ZeroMaxKeys => "max_keys must be at least 1",
             BuildErrorKind::NoTimer => {

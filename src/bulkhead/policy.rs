@@ -217,6 +217,12 @@ impl Policy {
         }
     }
 
+    /// Drops controlled delay on the policy's own line, for a bulkhead
+    /// whose lines are its priority classes' (each with a delay of its own).
+    pub(crate) fn no_line_delay(&mut self) {
+        self.delay = None;
+    }
+
     /// Lets controlled delay wake the front waiter of `sem` (whose waiters
     /// are exactly this policy's) when the line starts to stand.
     pub(crate) fn delay_line(&mut self, sem: &Arc<crate::Semaphore>) {
@@ -666,7 +672,7 @@ impl Policy {
     /// `t` in nanoseconds since the policy's origin, at least 1 (0 stands
     /// for "none" in [`Line::deadline`]).
     #[inline]
-    fn since_origin(&self, t: Instant) -> u64 {
+    pub(crate) fn since_origin(&self, t: Instant) -> u64 {
         nanos(t.saturating_duration_since(self.origin)).saturating_add(1)
     }
 

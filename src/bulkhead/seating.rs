@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use pin_project_lite::pin_project;
 
 use super::Shared;
-use super::classes::{Admit, GaveUp, NONE};
+use super::classes::{Admit, GaveUp, NONE, Sample};
 use super::error::{RejectReason, Rejected};
 use super::permit::{Admitted, BulkheadPermit};
 use super::policy::Line;
@@ -80,6 +80,7 @@ impl Shared {
                     slot,
                     start,
                     until,
+                    armed: Arm::None,
                     deadline: Deadline::new(),
                 }))
             }
@@ -123,7 +124,11 @@ pin_project! {
         start: Instant,
         // A call's deadline budget, if it ends the wait before `max_wait`.
         until: Option<Duration>,
-        // `max_wait` or `until`, whichever is sooner, armed at the first poll that finds no seat yet.
+        // What `deadline` is armed for.
+        armed: Arm,
+        // The soonest of `max_wait`, `until` and (with controlled delay)
+        // the target, armed at the first poll that finds no seat yet; at
+        // the target, re-armed for what is left of the others.
         #[pin]
         deadline: Deadline,
     }
@@ -151,42 +156,89 @@ pin_project! {
     }
 }
 
+/// What a classed wait's own sleep is armed for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arm {
+    /// Not yet (no poll has found it waiting).
+    None,
+    /// Controlled delay's target: there, a waiter on a standing line is
+    /// cut, and one on a line that does not stand sleeps on.
+    Target,
+    /// `max_wait`.
+    MaxWait,
+    /// The latest start that still makes the call's deadline.
+    Until,
+    /// Nothing: the wait has no limit left.
+    Unneeded,
+}
+
 impl<S: Deref<Target = Shared>> Future for Seating<S> {
     type Output = Result<Waited, Rejected>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
+        let mut this = self.project();
         let shared = &**this.shared;
         let policy = &shared.policy;
         assert!(*this.slot != NONE, "a classed wait polled after it ended");
         let classes = shared.classes_on();
-        let verdict = match classes.poll(*this.slot, cx) {
+        // With controlled delay, every look reads the clock: the wait is
+        // a sample if served, and is cut past the target if the line stands.
+        let target = classes.target();
+        let now = target.map(|_| policy.line_now());
+        let sample = now.map(|now| Sample {
+            now: policy.since_origin(now),
+            waited: crate::bulkhead::error::nanos(now.saturating_duration_since(*this.start)),
+        });
+        let (polled, wake) = classes.poll(*this.slot, cx, sample, policy);
+        if let Some(waker) = wake {
+            waker.wake();
+        }
+        let verdict = match polled {
             Poll::Ready(verdict) => verdict,
             Poll::Pending => {
-                let (limit, reason) = match (policy.max_wait(), *this.until) {
-                    (None, None) => return Poll::Pending,
-                    (Some(max), Some(until)) if until < max => {
-                        (until, RejectReason::WontMakeDeadline)
-                    }
-                    (Some(max), _) => (max, RejectReason::Timeout),
-                    (None, Some(until)) => (until, RejectReason::WontMakeDeadline),
-                };
                 // A deadline's limit needs a timer even where `max_wait` does
                 // not: the bulkhead's clock, as for `call_by`.
                 let clock = policy.clock().or(Some(&AUTO_CLOCK));
-                let fired = ready!(this.deadline.poll_at(clock, limit, cx));
-                match classes.give_up(*this.slot, policy) {
-                    GaveUp::Granted => Ok(()),
-                    GaveUp::Rejected(reason) => Err(reason),
-                    GaveUp::Left => {
-                        *this.slot = NONE;
-                        let waited = policy.line_now().saturating_duration_since(*this.start);
-                        return Poll::Ready(Err(match fired {
-                            Ok(()) => policy.reject(reason, waited),
-                            Err(_gone) => policy.reject_timer_gone(waited),
-                        }));
+                let fired = match *this.armed {
+                    Arm::None => {
+                        let waited =
+                            sample.map_or(Duration::ZERO, |s| Duration::from_nanos(s.waited));
+                        let limits = [
+                            target.map(|t| (t, Arm::Target)),
+                            this.until.map(|u| (u, Arm::Until)),
+                            policy.max_wait().map(|m| (m, Arm::MaxWait)),
+                        ];
+                        let Some((limit, arm)) = soonest(limits, waited) else {
+                            *this.armed = Arm::Unneeded;
+                            return Poll::Pending;
+                        };
+                        *this.armed = arm;
+                        ready!(this.deadline.as_mut().poll_at(clock, limit, cx))
                     }
+                    Arm::Unneeded => return Poll::Pending,
+                    _ => ready!(this.deadline.as_mut().poll_at(clock, Duration::ZERO, cx)),
+                };
+                let arm = *this.armed;
+                if arm == Arm::Target && fired.is_ok() {
+                    // At the target, on a line that does not stand (or it
+                    // would have been cut above): sleep on for what is left
+                    // of the other limits, if any.
+                    this.deadline.set(Deadline::new());
+                    let waited = policy.line_now().saturating_duration_since(*this.start);
+                    let limits = [
+                        None,
+                        this.until.map(|u| (u, Arm::Until)),
+                        policy.max_wait().map(|m| (m, Arm::MaxWait)),
+                    ];
+                    let Some((limit, next)) = soonest(limits, waited) else {
+                        *this.armed = Arm::Unneeded;
+                        return Poll::Pending;
+                    };
+                    *this.armed = next;
+                    let fired = ready!(this.deadline.as_mut().poll_at(clock, limit, cx));
+                    return give_up(shared, this.slot, *this.start, fired, next);
                 }
+                return give_up(shared, this.slot, *this.start, fired, arm);
             }
         };
         *this.slot = NONE;
@@ -199,6 +251,61 @@ impl<S: Deref<Target = Shared>> Future for Seating<S> {
             Err(reason) => Err(policy.reject(reason, waited)),
         })
     }
+}
+
+/// The soonest of a wait's `limits` (each from the start of the wait),
+/// as time left after `waited`; on a tie, not the target (at the same
+/// instant, `max_wait` or the deadline ends the wait).
+fn soonest(limits: [Option<(Duration, Arm)>; 3], waited: Duration) -> Option<(Duration, Arm)> {
+    limits
+        .into_iter()
+        .flatten()
+        .map(|(limit, arm)| (limit.saturating_sub(waited), arm))
+        .min_by_key(|&(left, arm)| (left, arm == Arm::Target))
+}
+
+/// A classed wait's own sleep fired (`fired`, armed for `arm`): it leaves
+/// the line, unless a seat or a rejection reached it first.
+fn give_up(
+    shared: &Shared,
+    slot: &mut u32,
+    start: Instant,
+    fired: Result<(), crate::timer::TimerGone>,
+    arm: Arm,
+) -> Poll<Result<Waited, Rejected>> {
+    let policy = &shared.policy;
+    let classes = shared.classes_on();
+    let now = policy.line_now();
+    let waited = now.saturating_duration_since(start);
+    // Only a wait out of `max_wait` is a sample of the line: a deadline
+    // is the caller's patience.
+    let sample =
+        (classes.target().is_some() && arm == Arm::MaxWait && fired.is_ok()).then(|| Sample {
+            now: policy.since_origin(now),
+            waited: crate::bulkhead::error::nanos(waited),
+        });
+    let (gave_up, wake) = classes.give_up(*slot, sample, policy);
+    *slot = NONE;
+    if let Some(waker) = wake {
+        waker.wake();
+    }
+    Poll::Ready(match gave_up {
+        GaveUp::Granted => Ok(Waited {
+            waited,
+            since: policy.clock_in(true),
+        }),
+        GaveUp::Rejected(reason) => Err(policy.reject(reason, waited)),
+        GaveUp::Left => Err(match fired {
+            Ok(()) => policy.reject(
+                match arm {
+                    Arm::Until => RejectReason::WontMakeDeadline,
+                    _ => RejectReason::Timeout,
+                },
+                waited,
+            ),
+            Err(_gone) => policy.reject_timer_gone(waited),
+        }),
+    })
 }
 
 pin_project! {
