@@ -205,8 +205,8 @@ impl<S: Deref<Target = Shared>> Future for Seating<S> {
                             sample.map_or(Duration::ZERO, |s| Duration::from_nanos(s.waited));
                         let limits = [
                             target.map(|t| (t, Arm::Target)),
-                            this.until.map(|u| (u, Arm::Until)),
                             policy.max_wait().map(|m| (m, Arm::MaxWait)),
+                            this.until.map(|u| (u, Arm::Until)),
                         ];
                         let Some((limit, arm)) = soonest(limits, waited) else {
                             *this.armed = Arm::Unneeded;
@@ -227,8 +227,8 @@ impl<S: Deref<Target = Shared>> Future for Seating<S> {
                     let waited = policy.line_now().saturating_duration_since(*this.start);
                     let limits = [
                         None,
-                        this.until.map(|u| (u, Arm::Until)),
                         policy.max_wait().map(|m| (m, Arm::MaxWait)),
+                        this.until.map(|u| (u, Arm::Until)),
                     ];
                     let Some((limit, next)) = soonest(limits, waited) else {
                         *this.armed = Arm::Unneeded;
@@ -255,7 +255,8 @@ impl<S: Deref<Target = Shared>> Future for Seating<S> {
 
 /// The soonest of a wait's `limits` (each from the start of the wait),
 /// as time left after `waited`; on a tie, not the target (at the same
-/// instant, `max_wait` or the deadline ends the wait).
+/// instant, `max_wait` or the deadline ends the wait), and the first
+/// given (`max_wait` before the deadline, as before there was a target).
 fn soonest(limits: [Option<(Duration, Arm)>; 3], waited: Duration) -> Option<(Duration, Arm)> {
     limits
         .into_iter()
