@@ -13,6 +13,7 @@ use super::error::{Failure, LeaseError, classify};
 use super::failover::AcquireReply;
 use super::line::Slot;
 use super::permit::{Lease, LeasedPermit};
+use super::scripts::Call;
 use super::semaphore::{Inner, RedisSemaphore};
 use crate::timer::timeout::Timeout;
 
@@ -321,9 +322,8 @@ impl Inner {
         loop {
             pending.maybe_granted = true;
             let sent = Instant::now();
-            let mut call = self.keys.call_all(&self.scripts.acquire);
-            call.key(&self.keys.epoch)
-                .arg(&pending.id)
+            let mut call = Call::new(&self.scripts.acquire, &self.keys.all(), 10);
+            call.arg(&pending.id)
                 .arg(self.ttl.as_millis() as u64)
                 .arg(self.default_limit)
                 .arg(&self.label)
@@ -334,7 +334,7 @@ impl Inner {
                 .arg(&*self.failover.epoch())
                 .arg(self.failover.loss_flag());
             let mut conn = self.grant_conn();
-            let script = call.invoke_async(&mut conn);
+            let script = call.invoke(&mut conn);
             let cut = bound.and_then(|b| (attempt > 0 || b.cut_first).then_some(b.end));
             let answer: redis::RedisResult<AcquireReply> = match cut {
                 None => script.await,

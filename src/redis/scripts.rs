@@ -36,7 +36,7 @@
 //! may not publish on the channel (`pubsub(false)`) must not fail the
 //! script half-way, after its writes (Redis does not roll them back).
 
-use redis::Script;
+use redis::{Cmd, FromRedisValue, RedisResult, Script, ToRedisArgs};
 
 /// Shared by every script: the server's clock in milliseconds, and the
 /// removal of expired leases.
@@ -394,6 +394,57 @@ impl Scripts {
             set_limit: with_prelude(SET_LIMIT),
             probe: with_prelude(PROBE),
             quarantine: with_prelude(QUARANTINE),
+        }
+    }
+}
+
+/// One script call written straight into a `redis::Cmd`: `EVALSHA sha
+/// numkeys keys… args…`, sent by SHA and re-sent after `SCRIPT LOAD` when
+/// the server answers `NOSCRIPT` (as after a restart), as redis-rs's own
+/// `ScriptInvocation` does. That one first collects every key and argument
+/// in a `Vec` of its own, then copies them into a `Cmd`: about twenty
+/// allocations for the acquire script, where this makes two. For the
+/// scripts of every acquire and release; the rarer calls keep redis-rs's.
+pub(super) struct Call<'a> {
+    script: &'a Script,
+    cmd: Cmd,
+}
+
+impl<'a> Call<'a> {
+    /// A call of `script` with `keys`, and room for `args` arguments.
+    pub(super) fn new(script: &'a Script, keys: &[&str], args: usize) -> Self {
+        let hash = script.get_hash();
+        let bytes = "EVALSHA".len()
+            + hash.len()
+            + 2
+            + keys.iter().map(|k| k.len()).sum::<usize>()
+            + args * 20;
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + args, bytes);
+        cmd.arg("EVALSHA").arg(hash).arg(keys.len());
+        for key in keys {
+            cmd.arg(*key);
+        }
+        Self { script, cmd }
+    }
+
+    /// Appends an argument (`ARGV[n]`, in order).
+    pub(super) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// Sends the call on `conn`; on `NOSCRIPT`, loads the script and sends
+    /// it once more.
+    pub(super) async fn invoke<T: FromRedisValue>(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+    ) -> RedisResult<T> {
+        match self.cmd.query_async(conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.script.load_async(conn).await?;
+                self.cmd.query_async(conn).await
+            }
+            answer => answer,
         }
     }
 }
