@@ -261,6 +261,7 @@ impl Inner {
             inner: self.clone(),
             id,
             maybe_granted: false,
+            sent: false,
             queued: false,
             slot,
         }
@@ -332,7 +333,9 @@ impl Inner {
                 .arg(u8::from(pending.slot.is_some()))
                 .arg(&self.token)
                 .arg(&*self.failover.epoch())
-                .arg(self.failover.loss_flag());
+                .arg(self.failover.loss_flag())
+                .arg(u8::from(!pending.sent));
+            pending.sent = true;
             let mut conn = self.grant_conn();
             let script = call.invoke(&mut conn);
             let cut = bound.and_then(|b| (attempt > 0 || b.cut_first).then_some(b.end));
@@ -441,6 +444,9 @@ struct Pending {
     inner: Arc<Inner>,
     id: String,
     maybe_granted: bool,
+    /// A call with the id was sent (not the first any more: it may hold a
+    /// lease or stand in the line, which the acquire script then looks up).
+    sent: bool,
     /// The last answer put (or kept) the id in the fair line.
     queued: bool,
     /// Its place in this process's line, while it may join or wait in the

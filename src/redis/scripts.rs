@@ -142,7 +142,9 @@ end
 /// when no permit is free (1, fair mode) or not (0), the process token (the
 /// suffix of this process's channel), the epoch marker this client last
 /// saw, `1` if this client found another sign of a loss (a promoted
-/// replica: see `failover.rs`).
+/// replica: see `failover.rs`), and `1` if the id is new (this is its first
+/// call: it can neither hold a lease nor stand in the line, so neither is
+/// looked up; a client that does not send it gets both looked up).
 ///
 /// Returns `{1, fence, ttl_left_ms, limit, holders, 0, 0}` when granted
 /// (also for a retry of an id that already holds, or was granted from the
@@ -189,7 +191,7 @@ if not limit then
   limit = tonumber(ARGV[3])
   redis.call('SET', KEYS[4], ARGV[3])
 end
-local info = redis.call('HGET', KEYS[2], id)
+local info = ARGV[11] ~= '1' and redis.call('HGET', KEYS[2], id)
 if info then
   redis.call('ZADD', KEYS[1], 'XX', now + ttl, id)
   local fence = string.match(info, '^(%d+):')
@@ -197,7 +199,7 @@ if info then
 end
 local holders = redis.call('ZCARD', KEYS[1])
 local queued = 0
-local rank = lined and redis.call('ZRANK', KEYS[7], id)
+local rank = lined and ARGV[11] ~= '1' and redis.call('ZRANK', KEYS[7], id)
 if rank then
   redis.call('ZADD', KEYS[8], 'XX', now + ttl, id)
   queued = rank + 1
