@@ -92,147 +92,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-// ---------------------------------------------------------------------------
-// The scripts, as the semaphore sends them
-// ---------------------------------------------------------------------------
-
-/// `benches/redis.rs`'s comparable script (kept identical).
-const COMPARABLE_SCRIPT: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - 60000)
-redis.call('ZADD', KEYS[1], now + 30000, ARGV[1])
-local n = redis.call('ZCARD', KEYS[1])
-redis.call('ZREM', KEYS[1], ARGV[1])
-return {1, now, n}
-";
-const COMPARABLE_KEY: &str = "bench:{cmp}:leases";
-const COMPARABLE_MEMBER: &str = "0123456789abcdef0123456789abcdef";
-
-const SCRIPTS_RS: &str = include_str!("../src/redis/scripts.rs");
-
-/// The body of `const NAME: &str = r"…";` in `src/redis/scripts.rs`.
-fn lua(name: &str) -> &'static str {
-    let start = format!("const {name}: &str = r\"");
-    let at = SCRIPTS_RS
-        .find(&start)
-        .unwrap_or_else(|| panic!("no {name} in src/redis/scripts.rs"))
-        + start.len();
-    let len = SCRIPTS_RS[at..].find("\";").expect("the script's end");
-    &SCRIPTS_RS[at..at + len]
-}
-
-/// A script as `Scripts::new` builds it (same text, so the same SHA).
-fn our_script(body: &str, publish: &str) -> redis::Script {
-    redis::Script::new(&format!(
-        "local PUBLISH = '{publish}'\n{}{}",
-        lua("PRELUDE"),
-        lua(body)
-    ))
-}
-
-/// The keys of semaphore `name` (see `scripts.rs`), the epoch marker last.
-fn keys(name: &str) -> Vec<String> {
-    let base = format!("bulkhead:{{{name}}}");
-    [
-        "leases",
-        "info",
-        "fence",
-        "limit",
-        "wake",
-        "quarantine",
-        "queue",
-        "queue:beat",
-        "queue:info",
-        "queue:seq",
-        "epoch",
-    ]
-    .iter()
-    .map(|k| format!("{base}:{k}"))
-    .collect()
-}
-
-/// redis-rs alone, sending the semaphore's own acquire and release with
-/// its arguments: the same ttl, limit, quarantine, a fixed id of the same
-/// length, a label and token of the same lengths, the epoch marker read
-/// from the server.
-struct Bare {
-    acquire: redis::Script,
-    release: redis::Script,
-    keys: Vec<String>,
-    label: String,
-    token: String,
-    epoch: String,
-    /// The highest fence granted so far, sent back as the semaphore does.
-    fence: std::cell::Cell<u64>,
-}
-
-impl Bare {
-    async fn new(name: &str, publish: &str, conn: &mut impl redis::aio::ConnectionLike) -> Bare {
-        let keys = keys(name);
-        let epoch_script = redis::Script::new(
-            "local e = redis.call('GET', KEYS[1]) if not e then local t = redis.call('TIME') \
-             e = t[1] .. '.' .. t[2] redis.call('SET', KEYS[1], e) end return e",
-        );
-        let epoch: String = epoch_script
-            .key(&keys[10])
-            .invoke_async(conn)
-            .await
-            .expect("the epoch marker");
-        Bare {
-            acquire: our_script("ACQUIRE", publish),
-            release: our_script("RELEASE", publish),
-            keys,
-            label: format!("{}/{}", "bench-host", std::process::id()),
-            token: "0123456789abcdef".into(),
-            epoch,
-            fence: std::cell::Cell::new(0),
-        }
-    }
-
-    async fn cycles(&self, conn: &mut impl redis::aio::ConnectionLike, n: u64) {
-        let id = COMPARABLE_MEMBER;
-        for _ in 0..n {
-            let mut call = self.acquire.prepare_invoke();
-            for key in &self.keys {
-                call.key(key);
-            }
-            call.arg(id)
-                .arg(30_000u64)
-                .arg(1usize)
-                .arg(&self.label)
-                .arg(self.fence.get())
-                .arg(30_000u64)
-                .arg(1u8)
-                .arg(&self.token)
-                .arg(&self.epoch)
-                .arg("0");
-            let reply: Vec<i64> = call.invoke_async(conn).await.expect("acquire");
-            assert_eq!(reply[0], 1, "the bare acquire is granted: {reply:?}");
-            self.fence.set(reply[1] as u64);
-            let mut call = self.release.prepare_invoke();
-            for key in &self.keys[..10] {
-                call.key(key);
-            }
-            call.arg(id);
-            let left: Option<i64> = call.invoke_async(conn).await.expect("release");
-            assert!(left.is_some_and(|ms| ms > 0), "released in time");
-        }
-    }
-}
-
-async fn comparable(conn: &mut impl redis::aio::ConnectionLike, n: u64) {
-    let script = redis::Script::new(COMPARABLE_SCRIPT);
-    for _ in 0..2 * n {
-        let out: (i64, i64, i64) = script
-            .key(COMPARABLE_KEY)
-            .arg(COMPARABLE_MEMBER)
-            .invoke_async(conn)
-            .await
-            .expect("the script runs");
-        std::hint::black_box(out);
-    }
-}
+#[path = "common/redis_bare.rs"]
+mod redis_bare;
+use redis_bare::{Bare, comparable};
 
 async fn ours(sem: &RedisSemaphore, n: u64) {
     for _ in 0..n {
@@ -270,11 +132,11 @@ impl Case {
         match &self.kind {
             Kind::Ours(sem) => ours(sem, n).await,
             Kind::BareOurs(bare, Conn::Node(c)) => bare.cycles(&mut c.clone(), n).await,
-            Kind::BareCmp(Conn::Node(c)) => comparable(&mut c.clone(), n).await,
+            Kind::BareCmp(Conn::Node(c)) => comparable(&mut c.clone(), 2 * n).await,
             #[cfg(feature = "redis-cluster")]
             Kind::BareOurs(bare, Conn::Cluster(c)) => bare.cycles(&mut c.clone(), n).await,
             #[cfg(feature = "redis-cluster")]
-            Kind::BareCmp(Conn::Cluster(c)) => comparable(&mut c.clone(), n).await,
+            Kind::BareCmp(Conn::Cluster(c)) => comparable(&mut c.clone(), 2 * n).await,
         }
     }
 }
