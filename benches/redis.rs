@@ -380,8 +380,14 @@ fn bench_cluster(c: &mut Criterion) -> Vec<CaseStats> {
         })
     });
 
+    // Configured like the semaphore's (`conn/cluster.rs`: both timeouts at
+    // the default 2 s; redis-rs's defaults differ, and cost the cycle two
+    // system calls fewer).
+    let config = redis::cluster::ClusterConfig::new()
+        .set_connection_timeout(Duration::from_secs(2))
+        .set_response_timeout(Duration::from_secs(2));
     let conn = rt
-        .block_on(client().get_async_connection())
+        .block_on(client().get_async_connection_with_config(config))
         .expect("a cluster connection");
     let script = redis::Script::new(COMPARABLE_SCRIPT);
     case("cluster_redis_rs_evalsha", 1, &mut |iters| {

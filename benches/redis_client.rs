@@ -222,6 +222,24 @@ fn build_cases(rt: &Runtime, servers: &Servers, only: Option<&str>) -> Vec<Case>
         if let Some(cluster) = &servers.cluster {
             let client =
                 || redis::cluster::ClusterClient::new(cluster.urls("?protocol=3")).unwrap();
+            // The bare connections configured like the semaphore's
+            // (`conn/cluster.rs`: both timeouts at the default 2 s;
+            // BULKHEAD_BENCH_PUSHES=1 adds a push sender, as ours has).
+            let bare_conn = || async {
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(Duration::from_secs(2))
+                    .set_response_timeout(Duration::from_secs(2));
+                let config = match std::env::var_os("BULKHEAD_BENCH_PUSHES") {
+                    Some(_) => config.set_push_sender(|_: redis::PushInfo| {
+                        Ok::<(), core::convert::Infallible>(())
+                    }),
+                    None => config,
+                };
+                client()
+                    .get_async_connection_with_config(config)
+                    .await
+                    .expect("a cluster connection")
+            };
             let ports: Vec<u16> = cluster.nodes().iter().map(|n| n.port()).collect();
             let stats = move || -> Box<dyn Fn(bool) -> ScriptStats> {
                 let nodes: Vec<_> = ports.iter().map(|&p| node_stats(p)).collect();
@@ -248,7 +266,7 @@ fn build_cases(rt: &Runtime, servers: &Servers, only: Option<&str>) -> Vec<Case>
                 });
             }
             if want("cluster_bare_ours") {
-                let mut conn = client().get_async_connection().await.unwrap();
+                let mut conn = bare_conn().await;
                 let bare = Bare::new("bench-bare", "SPUBLISH", &mut conn).await;
                 cases.push(Case {
                     name: "cluster_bare_ours".into(),
@@ -257,7 +275,7 @@ fn build_cases(rt: &Runtime, servers: &Servers, only: Option<&str>) -> Vec<Case>
                 });
             }
             if want("cluster_bare_cmp") {
-                let conn = client().get_async_connection().await.unwrap();
+                let conn = bare_conn().await;
                 cases.push(Case {
                     name: "cluster_bare_cmp".into(),
                     kind: Kind::BareCmp(Conn::Cluster(conn)),
