@@ -353,7 +353,10 @@ fn run(samples: usize, cycles: u64) {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "{samples} rounds of {cycles} cycles per case, interleaved; load average {}",
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     println!(
         "| case | µs per cycle, min / median / max | µs in Redis per script | script calls per cycle | allocations per cycle |"

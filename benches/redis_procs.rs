@@ -414,7 +414,12 @@ impl Usage {
             .map_or("", |(_, rest)| rest)
             .split_whitespace()
             .collect();
-        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
         // utime and stime are fields 14 and 15 of stat, 12 and 13 here, in
         // clock ticks (100 a second on Linux).
         let cpu_us = (ticks(11) + ticks(12)) * 10_000;

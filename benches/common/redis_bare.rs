@@ -92,7 +92,11 @@ pub struct Bare {
 }
 
 impl Bare {
-    pub async fn new(name: &str, publish: &str, conn: &mut impl redis::aio::ConnectionLike) -> Bare {
+    pub async fn new(
+        name: &str,
+        publish: &str,
+        conn: &mut impl redis::aio::ConnectionLike,
+    ) -> Bare {
         let keys = keys(name);
         let epoch_script = redis::Script::new(
             "local e = redis.call('GET', KEYS[1]) if not e then local t = redis.call('TIME') \
