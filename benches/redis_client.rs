@@ -52,7 +52,6 @@ use redis_server::{ScriptStats, Server};
 /// The test harness's cluster (three primaries on loopback).
 #[cfg(feature = "redis-cluster")]
 #[path = "../tests/common/redis_server.rs"]
-#[allow(dead_code)]
 mod harness;
 
 // ---------------------------------------------------------------------------
