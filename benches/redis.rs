@@ -28,7 +28,13 @@
 //! - `redis_rs_evalsha`: the floor for any client written with redis-rs:
 //!   one `Script::invoke_async` of [`COMPARABLE_SCRIPT`] on a
 //!   `ConnectionManager` configured like the semaphore's. One iteration is
-//!   **one** script call here.
+//!   **one** script call here. Lighter than ours (5 commands, one key).
+//! - `redis_rs_ours`: the like-for-like floor (`benches/common/redis_bare.rs`):
+//!   redis-rs alone sending the semaphore's own acquire and release scripts
+//!   with its keys and arguments. One iteration is one cycle, two calls.
+//! - `cluster_acquire_release`, `cluster_redis_rs_evalsha`,
+//!   `cluster_redis_rs_ours` (feature `redis-cluster`): the same on a
+//!   3-primary cluster.
 //!
 //! Around each case the bench resets and reads `INFO commandstats`, to count
 //! the script calls per cycle (waiters that lose a race call again) and the
@@ -59,25 +65,6 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::runtime::{Builder, Runtime};
 
-/// A script of about the cost of ours, for `redis-benchmark` and the
-/// redis-rs floor: the server's clock, a range scan that finds nothing (as
-/// the purge of expired leases usually does), then add, count and remove a
-/// member of a sorted set whose key carries a hash tag. Our acquire script
-/// runs 8 Redis commands when it grants, the release script 6; this one 5.
-/// `INFO commandstats` gives the real server-side cost of each, so the
-/// difference is measured rather than assumed.
-const COMPARABLE_SCRIPT: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - 60000)
-redis.call('ZADD', KEYS[1], now + 30000, ARGV[1])
-local n = redis.call('ZCARD', KEYS[1])
-redis.call('ZREM', KEYS[1], ARGV[1])
-return {1, now, n}
-";
-const COMPARABLE_KEY: &str = "bench:{cmp}:leases";
-const COMPARABLE_MEMBER: &str = "0123456789abcdef0123456789abcdef";
-
 /// Tasks and limit of the contended case.
 const TASKS: usize = 16;
 const LIMIT: usize = 4;
@@ -94,6 +81,10 @@ const RB_REPEATS: usize = 3;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 use redis_server::{ScriptStats, Server};
+
+#[path = "common/redis_bare.rs"]
+mod redis_bare;
+use redis_bare::{Bare, COMPARABLE_KEY, COMPARABLE_MEMBER, COMPARABLE_SCRIPT};
 
 // ---------------------------------------------------------------------------
 // The criterion cases
@@ -238,12 +229,8 @@ fn bench_cases(c: &mut Criterion, server: &Server) -> Vec<CaseStats> {
     // The redis-rs floor: one EVALSHA per iteration, no bulkhead.
     with_stats(server, &mut stats, "redis_rs_evalsha", 1, |cycles| {
         let rt = current_thread();
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(Duration::from_secs(2)))
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_number_of_retries(1);
         let conn: ConnectionManager = rt
-            .block_on(server.client().get_connection_manager_with_config(config))
+            .block_on(server.client().get_connection_manager_with_config(config()))
             .expect("a connection");
         let script = redis::Script::new(COMPARABLE_SCRIPT);
         g.bench_function("redis_rs_evalsha", |b| {
@@ -255,8 +242,39 @@ fn bench_cases(c: &mut Criterion, server: &Server) -> Vec<CaseStats> {
         });
     });
 
+    // The like-for-like floor: redis-rs alone sending our own acquire and
+    // release scripts, with our keys and arguments. One iteration is one
+    // cycle (two script calls), as for `acquire_release`.
+    with_stats(server, &mut stats, "redis_rs_ours", 2, |cycles| {
+        let rt = current_thread();
+        let mut conn: ConnectionManager = rt
+            .block_on(server.client().get_connection_manager_with_config(config()))
+            .expect("a connection");
+        let bare = rt.block_on(Bare::new("bench-bare", "PUBLISH", &mut conn));
+        g.bench_function("redis_rs_ours", |b| {
+            b.iter_custom(|iters| {
+                let elapsed = rt.block_on(async {
+                    let start = Instant::now();
+                    bare.cycles(&mut conn.clone(), iters).await;
+                    start.elapsed()
+                });
+                cycles.fetch_add(iters, Ordering::Relaxed);
+                elapsed
+            })
+        });
+    });
+
     g.finish();
     stats
+}
+
+/// A `ConnectionManager` configuration like the semaphore's.
+fn config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(2)))
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_secs(1))
 }
 
 /// `iters` calls of [`COMPARABLE_SCRIPT`] on `conn`, one at a time: the
@@ -362,12 +380,28 @@ fn bench_cluster(c: &mut Criterion) -> Vec<CaseStats> {
         })
     });
 
+    // Configured like the semaphore's (`conn/cluster.rs`: both timeouts at
+    // the default 2 s; redis-rs's defaults differ, and cost the cycle two
+    // system calls fewer).
+    let config = redis::cluster::ClusterConfig::new()
+        .set_connection_timeout(Duration::from_secs(2))
+        .set_response_timeout(Duration::from_secs(2));
     let conn = rt
-        .block_on(client().get_async_connection())
+        .block_on(client().get_async_connection_with_config(config))
         .expect("a cluster connection");
     let script = redis::Script::new(COMPARABLE_SCRIPT);
     case("cluster_redis_rs_evalsha", 1, &mut |iters| {
         rt.block_on(comparable_calls(&script, conn.clone(), iters))
+    });
+
+    let mut bare_conn = conn.clone();
+    let bare = rt.block_on(Bare::new("bench-bare", "SPUBLISH", &mut bare_conn));
+    case("cluster_redis_rs_ours", 2, &mut |iters| {
+        rt.block_on(async {
+            let start = Instant::now();
+            bare.cycles(&mut bare_conn.clone(), iters).await;
+            start.elapsed()
+        })
     });
     g.finish();
     stats

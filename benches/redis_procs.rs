@@ -131,8 +131,26 @@ fn main() {
             per(r.publishes) * r.subscribers_per_channel(),
             r.channels_text(),
         );
+        eprintln!(
+            "      per grant: client CPU {:.1} µs, {:.2} voluntary + {:.2} involuntary context \
+             switches; server CPU {:.1} µs, {:.2} read and {:.2} write events; \
+             CPU of all {:.0} % of the machine's",
+            r.clients.cpu_us as f64 / r.grants.max(1) as f64,
+            per(r.clients.voluntary),
+            per(r.clients.involuntary),
+            r.server.cpu_us as f64 / r.grants.max(1) as f64,
+            per(r.events.0),
+            per(r.events.1),
+            100.0 * (r.clients.cpu_us + r.server.cpu_us) as f64
+                / (window.as_secs_f64() * 1e6 * cores() as f64),
+        );
         eprintln!("      grants per process: {:?}", r.per_process);
     }
+}
+
+/// The machine's cores, for the share of CPU the setup used.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// What one setup did within its window.
@@ -143,6 +161,12 @@ struct Outcome {
     publishes: u64,
     /// Subscriptions per wake-up channel, near the end of the window.
     channels: BTreeMap<String, u64>,
+    /// The client processes' CPU time and context switches, summed.
+    clients: Usage,
+    /// The server's.
+    server: Usage,
+    /// The server's read and write events.
+    events: (u64, u64),
 }
 
 impl Outcome {
@@ -200,20 +224,32 @@ fn run(
 
     std::thread::sleep(until(start + warm_up.as_millis() as u64));
     server.reset_stats();
+    let server_before = Usage::of(&server.pid().to_string());
     std::thread::sleep(until(start + (warm_up + window).as_millis() as u64 - 100));
     let channels = wake_channels(server);
     std::thread::sleep(until(start + (warm_up + window).as_millis() as u64));
     let stats = command_calls(server);
+    let server_usage = Usage::of(&server.pid().to_string()).since(server_before);
+    let events = server_events(server);
 
+    let mut clients = Usage::default();
     let per_process: Vec<u64> = children
         .into_iter()
         .map(|c| {
             let out = c.wait_with_output().expect("the child ends");
             assert!(out.status.success(), "a child failed: {}", out.status);
-            String::from_utf8_lossy(&out.stdout)
-                .trim()
-                .parse()
-                .expect("the child prints its grants")
+            let text = String::from_utf8_lossy(&out.stdout);
+            let nums: Vec<u64> = text
+                .split_whitespace()
+                .map(|n| n.parse().expect("the child prints numbers"))
+                .collect();
+            let [grants, cpu_us, voluntary, involuntary] = nums[..] else {
+                panic!("the child printed {text:?}");
+            };
+            clients.cpu_us += cpu_us;
+            clients.voluntary += voluntary;
+            clients.involuntary += involuntary;
+            grants
         })
         .collect();
     let calls = |names: &[&str]| {
@@ -228,7 +264,28 @@ fn run(
         scripts: calls(&["evalsha", "eval"]),
         publishes: calls(&["publish", "spublish"]),
         channels,
+        clients,
+        server: server_usage,
+        events,
     }
+}
+
+/// The server's read and write events since the last reset (`INFO stats`
+/// `total_reads_processed`, `total_writes_processed`): one read event may
+/// carry many commands of one connection (pipelined, or sent by many tasks
+/// on one multiplexed connection), one write many answers and messages.
+fn server_events(server: &Server) -> (u64, u64) {
+    let info: String = server.query(redis::cmd("INFO").arg("stats"));
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (
+        field("total_reads_processed"),
+        field("total_writes_processed"),
+    )
 }
 
 /// Calls per command since the last reset (`INFO commandstats`).
@@ -313,11 +370,79 @@ fn child(spec: &str) {
                 })
             })
             .collect();
+        // This process's CPU time and context switches over the window.
+        let usage = tokio::spawn(async move {
+            tokio::time::sleep_until(open).await;
+            let before = Usage::read();
+            tokio::time::sleep_until(close).await;
+            Usage::read().since(before)
+        });
         let mut grants = 0;
         for h in handles {
             grants += h.await.expect("a waiter task");
         }
-        grants
+        (grants, usage.await.expect("the usage task"))
     });
-    println!("{grants}");
+    let (grants, usage) = grants;
+    println!(
+        "{grants} {} {} {}",
+        usage.cpu_us, usage.voluntary, usage.involuntary
+    );
+}
+
+/// A process's CPU time (user and system, µs) and context switches
+/// (voluntary: it waited; involuntary: it was preempted), from `/proc`
+/// (zeros where there is none).
+#[derive(Clone, Copy, Default)]
+struct Usage {
+    cpu_us: u64,
+    voluntary: u64,
+    involuntary: u64,
+}
+
+impl Usage {
+    fn read() -> Usage {
+        Self::of("self")
+    }
+
+    /// Of the process `pid` (`"self"` for this one).
+    fn of(pid: &str) -> Usage {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The fields after the command name, which is in parentheses.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace()
+            .collect();
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        // utime and stime are fields 14 and 15 of stat, 12 and 13 here, in
+        // clock ticks (100 a second on Linux).
+        let cpu_us = (ticks(11) + ticks(12)) * 10_000;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        Usage {
+            cpu_us,
+            voluntary: field("voluntary_ctxt_switches:"),
+            involuntary: field("nonvoluntary_ctxt_switches:"),
+        }
+    }
+
+    fn since(self, before: Usage) -> Usage {
+        Usage {
+            cpu_us: self.cpu_us.saturating_sub(before.cpu_us),
+            voluntary: self.voluntary.saturating_sub(before.voluntary),
+            involuntary: self.involuntary.saturating_sub(before.involuntary),
+        }
+    }
 }

@@ -34,8 +34,10 @@ CASES = [
     ("contended_t16_p4", "16 tasks, limit 4, multi-thread runtime, fair line: wall time / cycles"),
     ("contended_t16_p4_unfair", "the same with `fair(false)`: wall time / cycles"),
     ("redis_rs_evalsha", "redis-rs alone: one `invoke_async` of the comparable script"),
+    ("redis_rs_ours", "redis-rs alone: `invoke_async` of our acquire and release scripts, our keys and arguments"),
     ("cluster_acquire_release", "`acquire` + `release` on a 3-primary Cluster, current-thread runtime"),
     ("cluster_redis_rs_evalsha", "redis-rs alone on the same Cluster: one `invoke_async`"),
+    ("cluster_redis_rs_ours", "redis-rs alone on the same Cluster: our two scripts, as `redis_rs_ours`"),
 ]
 REFERENCE = "EVALSHA -c 1 -P 1"
 
@@ -175,7 +177,15 @@ def main():
             floors.append(f"`{cycle}` is {a[0] / (2 * b[0]):.2f}x two `{floor}` calls")
     if floors:
         print()
-        print("Against two bare redis-rs script calls on the same connection type: " + "; ".join(floors) + ".")
+        print("Against two bare redis-rs calls of the comparable script on the same connection type: " + "; ".join(floors) + ".")
+    same = []
+    for cycle, floor in [("acquire_release", "redis_rs_ours"), ("cluster_acquire_release", "cluster_redis_rs_ours")]:
+        a, b = load_case(root, cycle), load_case(root, floor)
+        if a and b:
+            same.append(f"`{cycle}` is {a[0] / b[0]:.2f}x `{floor}`")
+    if same:
+        print()
+        print("Against bare redis-rs calls of our own two scripts (like for like): " + "; ".join(same) + ".")
     if mtimes and max(mtimes) - min(mtimes) > 3600:
         print()
         print("<!-- warning: these results span more than an hour; rerun the whole bench -->")

@@ -94,8 +94,10 @@ def evalsha(sha, keys, args):
 
 def acquire(sha, pid, fair):
     # id, ttl, default limit, label, fence seen, quarantine ms, fair,
-    # process token, epoch seen, loss flag
-    return evalsha(sha, KEYS + [EPOCH_KEY], [pid, TTL, 1, "bench", 0, TTL, fair, TOKEN, "e1", 0])
+    # process token, epoch seen, loss flag, new id (each id here is used for
+    # one acquire only, as the client's are; a script older than the flag
+    # ignores it)
+    return evalsha(sha, KEYS + [EPOCH_KEY], [pid, TTL, 1, "bench", 0, TTL, fair, TOKEN, "e1", 0, 1])
 
 
 def release(sha, pid):

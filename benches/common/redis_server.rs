@@ -87,6 +87,11 @@ impl Server {
         lines[lines.len().saturating_sub(5)..].join("\n")
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }

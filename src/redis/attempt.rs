@@ -13,6 +13,7 @@ use super::error::{Failure, LeaseError, classify};
 use super::failover::AcquireReply;
 use super::line::Slot;
 use super::permit::{Lease, LeasedPermit};
+use super::scripts::Call;
 use super::semaphore::{Inner, RedisSemaphore};
 use crate::timer::timeout::Timeout;
 
@@ -260,6 +261,7 @@ impl Inner {
             inner: self.clone(),
             id,
             maybe_granted: false,
+            sent: false,
             queued: false,
             slot,
         }
@@ -321,9 +323,8 @@ impl Inner {
         loop {
             pending.maybe_granted = true;
             let sent = Instant::now();
-            let mut call = self.keys.call_all(&self.scripts.acquire);
-            call.key(&self.keys.epoch)
-                .arg(&pending.id)
+            let mut call = Call::new(&self.scripts.acquire, &self.keys.all(), 10);
+            call.arg(&pending.id)
                 .arg(self.ttl.as_millis() as u64)
                 .arg(self.default_limit)
                 .arg(&self.label)
@@ -332,9 +333,11 @@ impl Inner {
                 .arg(u8::from(pending.slot.is_some()))
                 .arg(&self.token)
                 .arg(&*self.failover.epoch())
-                .arg(self.failover.loss_flag());
+                .arg(self.failover.loss_flag())
+                .arg(u8::from(!pending.sent));
+            pending.sent = true;
             let mut conn = self.grant_conn();
-            let script = call.invoke_async(&mut conn);
+            let script = call.invoke(&mut conn);
             let cut = bound.and_then(|b| (attempt > 0 || b.cut_first).then_some(b.end));
             let answer: redis::RedisResult<AcquireReply> = match cut {
                 None => script.await,
@@ -441,6 +444,9 @@ struct Pending {
     inner: Arc<Inner>,
     id: String,
     maybe_granted: bool,
+    /// A call with the id was sent (not the first any more: it may hold a
+    /// lease or stand in the line, which the acquire script then looks up).
+    sent: bool,
     /// The last answer put (or kept) the id in the fair line.
     queued: bool,
     /// Its place in this process's line, while it may join or wait in the

@@ -36,7 +36,7 @@
 //! may not publish on the channel (`pubsub(false)`) must not fail the
 //! script half-way, after its writes (Redis does not roll them back).
 
-use redis::Script;
+use redis::{Cmd, FromRedisValue, RedisResult, Script, ToRedisArgs};
 
 /// Shared by every script: the server's clock in milliseconds, and the
 /// removal of expired leases.
@@ -142,7 +142,9 @@ end
 /// when no permit is free (1, fair mode) or not (0), the process token (the
 /// suffix of this process's channel), the epoch marker this client last
 /// saw, `1` if this client found another sign of a loss (a promoted
-/// replica: see `failover.rs`).
+/// replica: see `failover.rs`), and `1` if the id is new (this is its first
+/// call: it can neither hold a lease nor stand in the line, so neither is
+/// looked up; a client that does not send it gets both looked up).
 ///
 /// Returns `{1, fence, ttl_left_ms, limit, holders, 0, 0}` when granted
 /// (also for a retry of an id that already holds, or was granted from the
@@ -189,7 +191,7 @@ if not limit then
   limit = tonumber(ARGV[3])
   redis.call('SET', KEYS[4], ARGV[3])
 end
-local info = redis.call('HGET', KEYS[2], id)
+local info = ARGV[11] ~= '1' and redis.call('HGET', KEYS[2], id)
 if info then
   redis.call('ZADD', KEYS[1], 'XX', now + ttl, id)
   local fence = string.match(info, '^(%d+):')
@@ -197,7 +199,7 @@ if info then
 end
 local holders = redis.call('ZCARD', KEYS[1])
 local queued = 0
-local rank = lined and redis.call('ZRANK', KEYS[7], id)
+local rank = lined and ARGV[11] ~= '1' and redis.call('ZRANK', KEYS[7], id)
 if rank then
   redis.call('ZADD', KEYS[8], 'XX', now + ttl, id)
   queued = rank + 1
@@ -394,6 +396,57 @@ impl Scripts {
             set_limit: with_prelude(SET_LIMIT),
             probe: with_prelude(PROBE),
             quarantine: with_prelude(QUARANTINE),
+        }
+    }
+}
+
+/// One script call written straight into a `redis::Cmd`: `EVALSHA sha
+/// numkeys keys… args…`, sent by SHA and re-sent after `SCRIPT LOAD` when
+/// the server answers `NOSCRIPT` (as after a restart), as redis-rs's own
+/// `ScriptInvocation` does. That one first collects every key and argument
+/// in a `Vec` of its own, then copies them into a `Cmd`: about twenty
+/// allocations for the acquire script, where this makes two. For the
+/// scripts of every acquire and release; the rarer calls keep redis-rs's.
+pub(super) struct Call<'a> {
+    script: &'a Script,
+    cmd: Cmd,
+}
+
+impl<'a> Call<'a> {
+    /// A call of `script` with `keys`, and room for `args` arguments.
+    pub(super) fn new(script: &'a Script, keys: &[&str], args: usize) -> Self {
+        let hash = script.get_hash();
+        let bytes = "EVALSHA".len()
+            + hash.len()
+            + 2
+            + keys.iter().map(|k| k.len()).sum::<usize>()
+            + args * 20;
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + args, bytes);
+        cmd.arg("EVALSHA").arg(hash).arg(keys.len());
+        for key in keys {
+            cmd.arg(*key);
+        }
+        Self { script, cmd }
+    }
+
+    /// Appends an argument (`ARGV[n]`, in order).
+    pub(super) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// Sends the call on `conn`; on `NOSCRIPT`, loads the script and sends
+    /// it once more.
+    pub(super) async fn invoke<T: FromRedisValue>(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+    ) -> RedisResult<T> {
+        match self.cmd.query_async(conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.script.load_async(conn).await?;
+                self.cmd.query_async(conn).await
+            }
+            answer => answer,
         }
     }
 }

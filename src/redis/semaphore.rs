@@ -14,7 +14,7 @@ use super::error::LeaseError;
 use super::id::IdSource;
 use super::keeper::Signals;
 use super::permit::{Lease, LeasedPermit};
-use super::scripts::Scripts;
+use super::scripts::{Call, Scripts};
 use super::spawn::Spawner;
 use crate::semaphore::Semaphore;
 use crate::timer::Timer;
@@ -113,6 +113,25 @@ impl Keys {
             .key(&self.queue_info)
             .key(&self.queue_seq);
         call
+    }
+
+    /// The ten keys of [`call_all`](Self::call_all), in order, and the
+    /// epoch marker: the acquire script's eleven keys are all of them, the
+    /// release script's the first ten (see [`Call`](super::scripts::Call)).
+    pub(super) fn all(&self) -> [&str; 11] {
+        [
+            &self.leases,
+            &self.info,
+            &self.fence,
+            &self.limit,
+            &self.channel,
+            &self.quarantine,
+            &self.queue,
+            &self.queue_beat,
+            &self.queue_info,
+            &self.queue_seq,
+            &self.epoch,
+        ]
     }
 }
 
@@ -352,12 +371,9 @@ impl Inner {
     }
 
     pub(super) async fn release_id(&self, id: &str) -> redis::RedisResult<ReleaseOutcome> {
-        let left: Option<i64> = self
-            .keys
-            .call_all(&self.scripts.release)
-            .arg(id)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
+        let mut call = Call::new(&self.scripts.release, &self.keys.all()[..10], 1);
+        call.arg(id);
+        let left: Option<i64> = call.invoke(&mut self.conn.clone()).await?;
         Ok(match left {
             None => ReleaseOutcome::Gone,
             Some(ms) if ms > 0 => ReleaseOutcome::InTime,

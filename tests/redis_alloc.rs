@@ -1,0 +1,134 @@
+//! The Redis semaphore's client adds nothing to an uncontended cycle
+//! (acquire, release) that redis-rs alone would not spend on the same two
+//! script calls (docs/distributed.md, "The client's share"): it allocates
+//! less than redis-rs's own `Script::invoke_async` sending the same scripts
+//! with the same keys and arguments, against a real `redis-server`.
+//!
+//! A counting global allocator counts the allocations made on the test's
+//! thread; the runtime is a current-thread one, so the connection's driver
+//! task, the semaphore's keeper and its subscriber run on that thread and
+//! are counted too.
+#![cfg(all(not(loom), feature = "redis", feature = "tokio"))]
+
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+/// The bare redis-rs client of the benches: our scripts, sent by redis-rs.
+#[path = "../benches/common/redis_bare.rs"]
+mod redis_bare;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::time::Duration;
+
+use bulkhead::redis::RedisSemaphore;
+use redis::aio::ConnectionManagerConfig;
+use redis_bare::Bare;
+use redis_server::RedisServer;
+
+struct Counting;
+
+thread_local! {
+    static COUNT: Cell<u64> = const { Cell::new(0) };
+}
+
+fn note() {
+    // `try_with`: a thread-local that is gone (thread teardown) counts
+    // nothing.
+    let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+}
+
+// SAFETY: forwards every call to the system allocator unchanged; the
+// bookkeeping only touches a const-initialised thread-local, which never
+// allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: the caller's contract is passed on unchanged.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract is passed on unchanged.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: the caller's contract is passed on unchanged.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note();
+        // SAFETY: the caller's contract is passed on unchanged.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn count() -> u64 {
+    COUNT.with(Cell::get)
+}
+
+const CYCLES: u64 = 50;
+
+/// Ours: 23 allocations a cycle with redis 1.2, against 56 for redis-rs
+/// alone sending the same scripts; 63 before the scripts were written
+/// straight into one command (then this failed).
+#[test]
+fn an_uncontended_cycle_allocates_less_than_redis_rs_alone() {
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = redis::Client::open(server.url()).unwrap();
+        let sem = RedisSemaphore::builder(client.clone(), "alloc-ours")
+            .limit(1)
+            .build()
+            .await
+            .unwrap();
+        // As the semaphore's builder configures its connection.
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(Duration::from_secs(2)))
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(1));
+        let mut conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .unwrap();
+        let bare = Bare::new("alloc-bare", "PUBLISH", &mut conn).await;
+
+        // Warm up: the scripts loaded, the connections' buffers grown.
+        for _ in 0..10 {
+            sem.acquire().await.unwrap().release().await.unwrap();
+        }
+        bare.cycles(&mut conn, 10).await;
+
+        let before = count();
+        for _ in 0..CYCLES {
+            let permit = sem.acquire().await.unwrap();
+            permit.release().await.unwrap();
+        }
+        let ours = count() - before;
+        let before = count();
+        bare.cycles(&mut conn, CYCLES).await;
+        let alone = count() - before;
+        eprintln!(
+            "allocations per cycle: ours {:.1}, redis-rs alone {:.1}",
+            ours as f64 / CYCLES as f64,
+            alone as f64 / CYCLES as f64
+        );
+        assert!(
+            ours < alone,
+            "ours allocated {ours} times in {CYCLES} cycles, redis-rs alone {alone}"
+        );
+    });
+}
