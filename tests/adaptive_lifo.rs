@@ -14,7 +14,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bulkhead::observer::{Finished, Observer, Permitted, Rejection};
-use bulkhead::{Bulkhead, BulkheadBuilder, BulkheadPermit, BuildErrorKind, Rejected};
+use bulkhead::{BuildErrorKind, Bulkhead, BulkheadBuilder, BulkheadPermit, Rejected};
 
 const MS: Duration = Duration::from_millis(1);
 /// The target wait; the interval is zero, so the line stands at the first
@@ -193,7 +193,11 @@ async fn a_waiter_dropped_at_any_point_passes_its_permit_on_in_the_current_order
         assert_eq!(bh.metrics().queued(), 0, "{kind}");
         drop(pd);
         let m = bh.metrics();
-        assert_eq!((m.in_flight(), m.queued(), m.available()), (0, 0, 1), "{kind}");
+        assert_eq!(
+            (m.in_flight(), m.queued(), m.available()),
+            (0, 0, 1),
+            "{kind}"
+        );
         assert_eq!(m.rejected(), 0, "{kind}");
         assert_eq!(hooks.in_flight.load(Ordering::SeqCst), 0, "{kind}");
         // The line emptied: the oldest is served first again.
@@ -203,9 +207,15 @@ async fn a_waiter_dropped_at_any_point_passes_its_permit_on_in_the_current_order
         assert!(poll_once(f.as_mut()).is_pending(), "{kind}");
         drop(held);
         assert!(poll_once(f.as_mut()).is_pending(), "{kind}: FIFO again");
-        assert!(matches!(poll_once(e.as_mut()), Poll::Ready(Ok(_))), "{kind}");
+        assert!(
+            matches!(poll_once(e.as_mut()), Poll::Ready(Ok(_))),
+            "{kind}"
+        );
         drop(e);
-        assert!(matches!(poll_once(f.as_mut()), Poll::Ready(Ok(_))), "{kind}");
+        assert!(
+            matches!(poll_once(f.as_mut()), Poll::Ready(Ok(_))),
+            "{kind}"
+        );
     }
 }
 
@@ -222,7 +232,11 @@ async fn a_running_call_dropped_hands_its_permit_to_the_newest_waiter() {
         assert!(poll_once(newest.as_mut()).is_pending(), "{kind}");
         // `newest` joined last: served first, it completes at once.
         drop(p0);
-        assert_eq!(poll_once(newest.as_mut()), Poll::Ready(Ok("newest")), "{kind}");
+        assert_eq!(
+            poll_once(newest.as_mut()),
+            Poll::Ready(Ok("newest")),
+            "{kind}"
+        );
         // Its permit came back to `running`, the newest left, which now
         // runs; dropped mid-call, it gives the permit back, to the newest
         // waiter again.
@@ -233,10 +247,17 @@ async fn a_running_call_dropped_hands_its_permit_to_the_newest_waiter() {
         drop(running);
         assert!(poll_once(oldest.as_mut()).is_pending(), "{kind}");
         assert_eq!(poll_once(last.as_mut()), Poll::Ready(Ok("last")), "{kind}");
-        assert!(matches!(poll_once(oldest.as_mut()), Poll::Ready(Ok(_))), "{kind}");
+        assert!(
+            matches!(poll_once(oldest.as_mut()), Poll::Ready(Ok(_))),
+            "{kind}"
+        );
         drop(oldest);
         let m = bh.metrics();
-        assert_eq!((m.in_flight(), m.queued(), m.available()), (0, 0, 1), "{kind}");
+        assert_eq!(
+            (m.in_flight(), m.queued(), m.available()),
+            (0, 0, 1),
+            "{kind}"
+        );
     }
 }
 
@@ -278,7 +299,11 @@ async fn an_observer_that_panics_on_this_path_loses_no_permit() {
         drop(a);
         drop(pb);
         let m = bh.metrics();
-        assert_eq!((m.in_flight(), m.queued(), m.available()), (0, 0, 1), "{kind}");
+        assert_eq!(
+            (m.in_flight(), m.queued(), m.available()),
+            (0, 0, 1),
+            "{kind}"
+        );
         assert_eq!(m.rejected_queue_delay(), 1, "{kind}");
         assert_eq!(hooks.in_flight.load(Ordering::SeqCst), 0, "{kind}");
         // The line emptied: the oldest first again.
@@ -288,7 +313,10 @@ async fn an_observer_that_panics_on_this_path_loses_no_permit() {
         assert!(poll_once(f.as_mut()).is_pending(), "{kind}");
         drop(held);
         assert!(poll_once(f.as_mut()).is_pending(), "{kind}: FIFO again");
-        assert!(matches!(poll_once(e.as_mut()), Poll::Ready(Ok(_))), "{kind}");
+        assert!(
+            matches!(poll_once(e.as_mut()), Poll::Ready(Ok(_))),
+            "{kind}"
+        );
     }
 }
 

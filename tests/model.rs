@@ -406,7 +406,11 @@ impl Model {
 
     /// What the waiting future `id` is still owed.
     fn owed(&self, id: u64) -> usize {
-        let fut = self.futs.iter().find(|f| f.id == id).expect("queued future is alive");
+        let fut = self
+            .futs
+            .iter()
+            .find(|f| f.id == id)
+            .expect("queued future is alive");
         let FutState::Waiting { received } = fut.state else {
             unreachable!("only waiting futures are in line")
         };

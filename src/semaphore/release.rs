@@ -155,7 +155,9 @@ impl Semaphore {
         }
         let mut wakers = WakeList::new();
         while left > 0 && wakers.can_push() {
-            let Some(node) = self.next_served(&list, left) else { break };
+            let Some(node) = self.next_served(&list, left) else {
+                break;
+            };
             // SAFETY: `node` is linked, so it is alive, and we hold the lock.
             let waiter = unsafe { node.as_ref() };
             let need = waiter.remaining();
