@@ -257,12 +257,13 @@ fn queue_delay_paths(timer: &str, make: &dyn Fn(BulkheadBuilder) -> Bulkhead, dr
         assert!(poll_once(older.as_mut()).is_pending());
         std::thread::sleep(Duration::from_millis(2));
         drop(held);
-        // Its grant finds the line standing, with `older` in it.
         let mut running = pin!(lifo.call(async { Ok::<_, ()>(7) }));
         let mut newest = pin!(lifo.call(async { Ok::<_, ()>(8) }));
-        assert!(poll_once(first.as_mut()).is_ready());
         assert!(poll_once(running.as_mut()).is_pending());
         assert!(poll_once(newest.as_mut()).is_pending());
+        // `first`'s grant finds the line standing; its permit, back at
+        // once, goes to `newest`.
+        assert!(poll_once(first.as_mut()).is_ready());
         macro_rules! finish {
             ($call:expr) => {{
                 let mut out = None;
@@ -273,9 +274,12 @@ fn queue_delay_paths(timer: &str, make: &dyn Fn(BulkheadBuilder) -> Bulkhead, dr
                 }
             }};
         }
+        // `newest` holds the permit (served, or cut and passing it on to
+        // `running`, the newest left); `older`, at the front, is woken to
+        // be cut at the target; `running` holds the permit by then.
         finish!(newest.as_mut());
-        finish!(running.as_mut());
         finish!(older.as_mut());
+        finish!(running.as_mut());
         assert_eq!(lifo.metrics().queued(), 0);
     });
 }
