@@ -314,7 +314,8 @@ impl Semaphore {
     ///
     /// sem.set_serve_newest(true);
     /// drop(held);
-    /// assert!(newest.as_mut().poll(cx).is_ready());
+    /// let served = newest.as_mut().poll(cx); // holds the permit
+    /// assert!(served.is_ready());
     /// assert!(oldest.as_mut().poll(cx).is_pending());
     /// ```
     pub fn set_serve_newest(&self, on: bool) {
