@@ -106,6 +106,12 @@ impl<T: Linked> List<T> {
         self.head
     }
 
+    /// The last node, without unlinking it.
+    #[inline]
+    pub(crate) fn back(&self) -> Option<NonNull<T>> {
+        self.tail
+    }
+
     /// Appends `node` at the tail.
     ///
     /// # Safety
@@ -316,9 +322,10 @@ mod tests {
         }
         assert_eq!(list.len(), 5);
         assert_eq!(list.front(), Some(ptr(&nodes[0])));
+        assert_eq!(list.back(), Some(ptr(&nodes[4])));
         assert_eq!(drain(&mut list), [0, 1, 2, 3, 4]);
         assert!(list.is_empty());
-        assert_eq!(list.front(), None);
+        assert_eq!((list.front(), list.back()), (None, None));
     }
 
     #[test]
@@ -335,6 +342,7 @@ mod tests {
             list.assert_valid();
         }
         assert_eq!(list.len(), 2);
+        assert_eq!(list.back(), Some(ptr(&nodes[3])), "the tail moves back");
         assert_eq!(drain(&mut list), [1, 3]);
     }
 

@@ -5,13 +5,13 @@
 #[cfg(loom)]
 pub(crate) use loom::sync::{
     Mutex, MutexGuard,
-    atomic::{AtomicUsize, Ordering},
+    atomic::{AtomicBool, AtomicUsize, Ordering},
 };
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::{
     Mutex, MutexGuard,
-    atomic::{AtomicUsize, Ordering},
+    atomic::{AtomicBool, AtomicUsize, Ordering},
 };
 
 /// An `UnsafeCell` with loom's closure-based API, so the same code tracks

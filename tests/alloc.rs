@@ -237,6 +237,51 @@ fn queue_delay_paths(timer: &str, make: &dyn Fn(BulkheadBuilder) -> Bulkhead, dr
         drive(pin!(async { out = Some(second.as_mut().await) }));
         assert_rejected(Poll::Ready(out.unwrap()), RejectReason::QueueDelay);
     });
+    // Adaptive LIFO: the line found standing switches to the newest first,
+    // a freed permit is handed to the tail, and the line that empties
+    // switches back. (Whether the older waiters are served or cut by then
+    // depends on the machine's speed against the 1 ms target; neither
+    // allocates.)
+    let lifo = make(
+        Bulkhead::builder()
+            .max_concurrent_calls(1)
+            .max_wait(Duration::from_secs(10))
+            .queue_delay(Duration::from_millis(1), Duration::ZERO)
+            .adaptive_lifo(true),
+    );
+    assert_no_allocation(&format!("{timer}: adaptive_lifo, newest first"), || {
+        let held = lifo.try_acquire().unwrap();
+        let mut first = pin!(lifo.call(async { Ok::<_, ()>(5) }));
+        let mut older = pin!(lifo.call(async { Ok::<_, ()>(6) }));
+        assert!(poll_once(first.as_mut()).is_pending());
+        assert!(poll_once(older.as_mut()).is_pending());
+        std::thread::sleep(Duration::from_millis(2));
+        drop(held);
+        let mut running = pin!(lifo.call(async { Ok::<_, ()>(7) }));
+        let mut newest = pin!(lifo.call(async { Ok::<_, ()>(8) }));
+        assert!(poll_once(running.as_mut()).is_pending());
+        assert!(poll_once(newest.as_mut()).is_pending());
+        // `first`'s grant finds the line standing; its permit, back at
+        // once, goes to `newest`.
+        assert!(poll_once(first.as_mut()).is_ready());
+        macro_rules! finish {
+            ($call:expr) => {{
+                let mut out = None;
+                drive(pin!(async { out = Some($call.await) }));
+                match out.unwrap() {
+                    Ok(_) => {}
+                    cut => assert_rejected(Poll::Ready(cut), RejectReason::QueueDelay),
+                }
+            }};
+        }
+        // `newest` holds the permit (served, or cut and passing it on to
+        // `running`, the newest left); `older`, at the front, is woken to
+        // be cut at the target; `running` holds the permit by then.
+        finish!(newest.as_mut());
+        finish!(older.as_mut());
+        finish!(running.as_mut());
+        assert_eq!(lifo.metrics().queued(), 0);
+    });
 }
 
 /// The paths of a call that carries a deadline (`call_by`, `acquire_by`):

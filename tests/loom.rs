@@ -396,3 +396,91 @@ fn unfair_waker_drop_panics_while_the_acquire_queues() {
         drop(again);
     });
 }
+
+/// Serving the newest first, switched off by another thread while a
+/// permit comes back to two waiters, one of which gives up after its first
+/// poll (if it was handed the permit by then, it passes it on in the order
+/// of the moment): the other is served, nothing is lost or left behind.
+#[test]
+fn serving_the_newest_first_racing_a_switch_and_a_cancellation() {
+    loom::model(|| {
+        let sem = Arc::new(Semaphore::new(1));
+        sem.set_serve_newest(true);
+        let held = sem.clone().try_acquire_owned().unwrap();
+        let s = sem.clone();
+        let stays = thread::spawn(move || block_on(s.acquire()).unwrap().num_permits());
+        let s = sem.clone();
+        let leaves = thread::spawn(move || {
+            let mut fut = pin!(s.acquire());
+            if let Poll::Ready(permit) = poll_once(fut.as_mut()) {
+                drop(permit.unwrap());
+            }
+            // Dropped: pending, or handed the permit since its poll.
+        });
+        let s = sem.clone();
+        let switch = thread::spawn(move || s.set_serve_newest(false));
+        drop(held);
+        leaves.join().unwrap();
+        switch.join().unwrap();
+        assert_eq!(stays.join().unwrap(), 1);
+        assert!(!sem.serves_newest());
+        assert_eq!(sem.available_permits(), 1);
+        assert_eq!(sem.queue_len(), 0);
+    });
+}
+
+/// Serving the newest first, the balance falls (`reduce_permits`) between
+/// the hand-off's pick of the tail for a whole hand-off and its taking the
+/// permits: the hand-off picks again, and the permits left go to the head
+/// in part, never to the tail. (A tail handed one of its two would be
+/// served by the one permit added after: it is not.)
+#[test]
+fn serving_the_newest_first_with_the_balance_falling_mid_hand_off() {
+    loom::model(|| {
+        let sem = Arc::new(Semaphore::new(0));
+        sem.set_serve_newest(true);
+        let mut head = pin!(sem.acquire_many(3));
+        let mut tail = pin!(sem.acquire_many(2));
+        assert!(poll_once(head.as_mut()).is_pending());
+        assert!(poll_once(tail.as_mut()).is_pending());
+        let s = sem.clone();
+        let reducer = thread::spawn(move || s.reduce_permits(1));
+        sem.add_permits(2);
+        reducer.join().unwrap();
+        // Served in full before the reduction, or handed nothing.
+        let mut served = Vec::new();
+        let mut added = 2;
+        let tail_done = match poll_once(tail.as_mut()) {
+            Poll::Ready(p) => {
+                served.push(p.unwrap());
+                true
+            }
+            Poll::Pending => {
+                sem.add_permits(1);
+                added += 1;
+                assert!(
+                    poll_once(tail.as_mut()).is_pending(),
+                    "the tail was served in part"
+                );
+                false
+            }
+        };
+        sem.add_permits(4);
+        added += 4;
+        match poll_once(head.as_mut()) {
+            Poll::Ready(p) => served.push(p.unwrap()),
+            Poll::Pending => panic!("enough permits came back for the head"),
+        }
+        if !tail_done {
+            match poll_once(tail.as_mut()) {
+                Poll::Ready(p) => served.push(p.unwrap()),
+                Poll::Pending => panic!("enough permits came back for the tail"),
+            }
+        }
+        let got: usize = served.iter().map(|p| p.num_permits()).sum();
+        assert_eq!(got, 5);
+        drop(served);
+        assert_eq!(sem.queue_len(), 0);
+        assert_eq!(sem.available_permits(), added - 1);
+    });
+}

@@ -4,11 +4,13 @@
 //! a random sequence of operations on it: acquire futures created, polled
 //! by hand and dropped at any point; `try_acquire*`; permits dropped,
 //! forgotten, split and merged; `add_permits`, `reduce_permits`,
-//! `forget_permits`, `drain_permits` and `close`. Everything runs on the
+//! `forget_permits`, `drain_permits`, `close` and `set_serve_newest`. Everything runs on the
 //! test thread, so every step is deterministic.
 //!
 //! The same steps drive [`Model`], a few lines of plain code that encode the
-//! documented semantics (strict FIFO with partial hand-off when fair; when
+//! documented semantics (strict FIFO with partial hand-off when fair, or
+//! while serving the newest first, the newest waiter when the permits
+//! cover all it needs and else the oldest, in part; when
 //! not, barging, and releases that hand nothing over but wake waiters in
 //! order, each once the spare balance covers its whole request, to compete
 //! for it). After every step the test checks
@@ -81,6 +83,8 @@ enum Op {
     ForgetPermits(usize),
     DrainPermits,
     Close,
+    /// `set_serve_newest`: adaptive LIFO on or off.
+    ServeNewest(bool),
     /// Creates and polls this many `acquire()` futures, enough to overflow
     /// the semaphore's batch of 32 wakers.
     Burst(usize),
@@ -109,6 +113,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => small().prop_map(Op::ForgetPermits),
         2 => Just(Op::DrainPermits),
         1 => Just(Op::Close),
+        3 => any::<bool>().prop_map(Op::ServeNewest),
         1 => (30usize..40).prop_map(Op::Burst),
     ]
 }
@@ -205,6 +210,9 @@ struct Model {
     balance: isize,
     /// Unfair mode: permits asked for by `Notified` futures.
     notified: usize,
+    /// `set_serve_newest`: fair hand-offs go to the newest waiter when the
+    /// permits cover it.
+    newest: bool,
     /// Ids of the futures in line, oldest first.
     queue: VecDeque<u64>,
     futs: Vec<ModelFut>,
@@ -219,6 +227,7 @@ impl Model {
             closed: false,
             balance: initial as isize,
             notified: 0,
+            newest: false,
             queue: VecDeque::new(),
             futs: Vec::new(),
             held: Vec::new(),
@@ -362,11 +371,19 @@ impl Model {
             }
             return;
         }
-        while let Some(&id) = self.queue.front() {
+        while let Some(&head) = self.queue.front() {
             if self.balance <= 0 {
                 return;
             }
             let available = self.balance as usize;
+            // Serving the newest first: the newest waiter, if the permits
+            // cover all it still needs; else the oldest, in part if need be.
+            let tail = *self.queue.back().expect("non-empty");
+            let id = if self.newest && self.owed(tail) <= available {
+                tail
+            } else {
+                head
+            };
             let fut = self.fut_mut(id);
             let FutState::Waiting { received } = fut.state else {
                 unreachable!("only waiting futures are in line")
@@ -383,8 +400,21 @@ impl Model {
             fut.state = FutState::Granted;
             fut.wakes += 1;
             self.balance -= take as isize;
-            self.queue.pop_front();
+            self.queue.retain(|&q| q != id);
         }
+    }
+
+    /// What the waiting future `id` is still owed.
+    fn owed(&self, id: u64) -> usize {
+        let fut = self
+            .futs
+            .iter()
+            .find(|f| f.id == id)
+            .expect("queued future is alive");
+        let FutState::Waiting { received } = fut.state else {
+            unreachable!("only waiting futures are in line")
+        };
+        fut.n - received
     }
 
     fn close(&mut self) {
@@ -666,6 +696,11 @@ impl<'a> Harness<'a> {
             Op::Close => {
                 self.sem.close();
                 self.model.close();
+            }
+            Op::ServeNewest(on) => {
+                self.sem.set_serve_newest(on);
+                self.model.newest = on;
+                prop_assert_eq!(self.sem.serves_newest(), on);
             }
             Op::Burst(count) => {
                 for _ in 0..count {

@@ -430,16 +430,22 @@ async fn standing_line(
 /// not before); from then on nobody is admitted having waited more than
 /// the target (`slack` is the timer's margin); the cut waiters waited the
 /// target; and once the line has emptied, a long wait is served again.
+/// With adaptive LIFO (`lifo`), all the same, and while the line stands
+/// the callers admitted are the newest: their median wait is a fraction
+/// of the target.
 async fn check_standing_line(
     kind: &str,
     timer: Option<Arc<dyn Timer>>,
-    fair: bool,
+    (fair, lifo): (bool, bool),
     target: Duration,
     interval: Duration,
     slack: Duration,
 ) {
     let hold = 10 * MS;
-    let mut builder = Bulkhead::builder().queue_delay(target, interval).fair(fair);
+    let mut builder = Bulkhead::builder()
+        .queue_delay(target, interval)
+        .fair(fair)
+        .adaptive_lifo(lifo);
     if let Some(timer) = timer {
         builder = builder.timer(timer);
     }
@@ -499,6 +505,28 @@ async fn check_standing_line(
     let m = bh.metrics();
     assert_eq!(m.rejected_queue_delay(), cut as u64, "{kind}");
     assert_eq!((m.in_flight(), m.queued()), (0, 0), "{kind}");
+    // While the line stands (from a hold after the cut until arrivals
+    // stop), adaptive LIFO serves whoever arrived last, a gap (2 ms) ago at
+    // most; FIFO serves the oldest not yet cut, who has waited nearly the
+    // target.
+    if lifo {
+        let last_arrival = calls.last().unwrap().arrived;
+        let mut waits: Vec<_> = calls
+            .iter()
+            .filter(|c| {
+                c.admitted
+                    .is_some_and(|at| at >= first_cut + hold && at <= last_arrival)
+            })
+            .filter_map(waited)
+            .collect();
+        waits.sort();
+        assert!(waits.len() > 10, "{kind}: {waits:?}");
+        let median = waits[waits.len() / 2];
+        assert!(
+            median <= target / 4,
+            "{kind}: the median wait on the standing line is {median:?}"
+        );
+    }
 
     // The line has emptied: a wait of three times the target is served.
     let held = bh.try_acquire().unwrap();
@@ -520,7 +548,23 @@ async fn check_standing_line(
 async fn a_standing_line_is_cut_to_the_target_on_the_paused_clock() {
     // The default timer, on tokio's paused clock: the line timer, and
     // exact virtual times (tokio's timer rounds up to its 1 ms tick).
-    check_standing_line("paused", None, true, 20 * MS, 100 * MS, 2 * MS).await;
+    check_standing_line("paused", None, (true, false), 20 * MS, 100 * MS, 2 * MS).await;
+}
+
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_standing_line_with_adaptive_lifo_is_cut_to_the_target_on_the_paused_clock() {
+    // The newest first while the line stands, and still nobody admitted
+    // having waited past the target.
+    check_standing_line(
+        "paused, lifo",
+        None,
+        (true, true),
+        20 * MS,
+        100 * MS,
+        2 * MS,
+    )
+    .await;
 }
 
 #[cfg(feature = "tokio")]
@@ -528,13 +572,21 @@ async fn a_standing_line_is_cut_to_the_target_on_the_paused_clock() {
 async fn a_standing_line_is_cut_to_the_target_with_a_sleep_per_waiter_on_the_paused_clock() {
     // Unfair: no line timer, so each waiter sleeps on its own (the
     // default timer, on tokio's paused clock): cut at its target.
-    check_standing_line("paused, own sleeps", None, false, 20 * MS, 100 * MS, 2 * MS).await;
+    check_standing_line(
+        "paused, own sleeps",
+        None,
+        (false, false),
+        20 * MS,
+        100 * MS,
+        2 * MS,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_standing_line_is_cut_to_the_target() {
     for (kind, timer) in timers() {
-        check_standing_line(kind, Some(timer), true, 30 * MS, 100 * MS, 25 * MS).await;
+        check_standing_line(kind, Some(timer), (true, false), 30 * MS, 100 * MS, 25 * MS).await;
     }
 }
 

@@ -1153,3 +1153,62 @@ async fn a_standing_class_line_is_cut_at_once_even_if_an_observer_panics() {
     assert_eq!((m.in_flight(), m.queued()), (0, 0));
     assert_eq!(held(&bh), [0, 0]);
 }
+
+/// Adaptive LIFO with classes: while a class's line stands, its seats go
+/// to its newest waiter first; once the line empties, first come first
+/// served again. Under tokio's paused clock.
+#[cfg(feature = "tokio")]
+#[tokio::test(start_paused = true)]
+async fn adaptive_lifo_serves_a_standing_class_newest_first() {
+    use tokio::time::sleep;
+    let ms = Duration::from_millis;
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .priorities(&[1, 1])
+        .queue_delay(ms(10), ms(100))
+        .adaptive_lifo(true)
+        .build()
+        .unwrap();
+    let served: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+    let spawn_waiter = |name: &'static str, at: u64, hold: u64| {
+        let (bh, served) = (bh.clone(), served.clone());
+        tokio::spawn(async move {
+            sleep(ms(at)).await;
+            let permit = bh.acquire_as(1).await.map_err(|r| r.reason())?;
+            served.lock().unwrap().push(name);
+            sleep(ms(hold)).await;
+            drop(permit);
+            Ok::<_, RejectReason>(())
+        })
+    };
+    let seat = bh.try_acquire_as(1).unwrap();
+    // Served at 20 ms after 20: the first long wait.
+    let w1 = spawn_waiter("w1", 0, 105);
+    // Served at 125 ms after 115: the interval is full, the line stands.
+    let w2 = spawn_waiter("w2", 10, 1);
+    // Waiting under the target when it does: not cut, served newest first.
+    let a = spawn_waiter("a", 120, 1);
+    let b = spawn_waiter("b", 122, 1);
+    let c = spawn_waiter("c", 124, 1);
+    sleep(ms(20)).await;
+    drop(seat);
+    for t in [w1, w2, a, b, c] {
+        assert_eq!(t.await.unwrap(), Ok(()));
+    }
+    assert_eq!(*served.lock().unwrap(), ["w1", "w2", "c", "b", "a"]);
+    // The line emptied: first come, first served again.
+    served.lock().unwrap().clear();
+    let seat = bh.try_acquire_as(1).unwrap();
+    let tasks = [
+        spawn_waiter("x", 0, 1),
+        spawn_waiter("y", 1, 1),
+        spawn_waiter("z", 2, 1),
+    ];
+    sleep(ms(5)).await;
+    drop(seat);
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), Ok(()));
+    }
+    assert_eq!(*served.lock().unwrap(), ["x", "y", "z"]);
+    assert_eq!(bh.metrics().rejected_queue_delay(), 0);
+}

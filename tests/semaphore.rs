@@ -227,6 +227,88 @@ fn fair_large_request_at_head_collects_partially_and_holds_back_smaller_ones() {
     assert_state(&sem, 6, 0);
 }
 
+/// Serving the newest first: each release goes to the waiter that joined
+/// last if it covers all that waiter still needs, else to the head, in
+/// part; only the head ever holds permits handed in part, and switching
+/// back serves the oldest first again. Waiters keep their places.
+#[test]
+fn serving_the_newest_first_serves_the_tail_in_full_and_only_the_head_in_part() {
+    let sem = Semaphore::new(0);
+    sem.set_serve_newest(true);
+    assert!(sem.serves_newest());
+    let (wa, wb, wc, wd) = (
+        Counted::new(),
+        Counted::new(),
+        Counted::new(),
+        Counted::new(),
+    );
+    let mut a = pin!(sem.acquire_many(1));
+    let mut b = pin!(sem.acquire_many(1));
+    let mut c = pin!(sem.acquire_many(3));
+    wa.assert_pending(a.as_mut());
+    wb.assert_pending(b.as_mut());
+    wc.assert_pending(c.as_mut());
+    // One permit does not cover the newest (`c`, 3): the head `a` gets it.
+    sem.add_permits(1);
+    assert_eq!((wa.wakes(), wb.wakes(), wc.wakes()), (1, 0, 0));
+    let pa = wa.ready(a.as_mut()).expect("the head is served");
+    // Two do not cover `c` either: the head `b` is served, and the second
+    // goes to `b`'s successor at the head, `c`, in part.
+    sem.add_permits(2);
+    assert_eq!((wb.wakes(), wc.wakes()), (1, 0));
+    let pb = wb.ready(b.as_mut()).expect("the head is served");
+    wc.assert_pending(c.as_mut());
+    assert_state(&sem, 0, 1); // `c` holds 1 of its 3
+    // A newcomer behind `c`, the head holding permits in part: two
+    // permits back serve the newcomer, the newest, in full first.
+    let mut d = pin!(sem.acquire_many(1));
+    wd.assert_pending(d.as_mut());
+    drop(pa);
+    assert_eq!((wc.wakes(), wd.wakes()), (0, 1));
+    let pd = wd.ready(d.as_mut()).expect("the newest is served");
+    wc.assert_pending(c.as_mut());
+    assert_state(&sem, 0, 1);
+    // The only waiter left is both ends: served as it always was.
+    drop(pb);
+    drop(pd);
+    let pc = wc
+        .ready(c.as_mut())
+        .expect("the last waiter collects the rest");
+    assert_eq!(pc.num_permits(), 3);
+    assert_state(&sem, 0, 0);
+    drop(pc);
+
+    // Switched back: the oldest first again.
+    sem.set_serve_newest(false);
+    let mut held = sem.try_acquire_many(3).unwrap();
+    let (we, wf) = (Counted::new(), Counted::new());
+    let mut e = pin!(sem.acquire());
+    let mut f = pin!(sem.acquire());
+    we.assert_pending(e.as_mut());
+    wf.assert_pending(f.as_mut());
+    drop(held.split(1));
+    assert_eq!((we.wakes(), wf.wakes()), (1, 0));
+    drop(held);
+    assert_eq!(wf.wakes(), 1);
+    assert!(we.ready(e.as_mut()).is_ok() && wf.ready(f.as_mut()).is_ok());
+}
+
+/// Newest first changes nothing on an unfair semaphore: a release wakes
+/// the oldest waiter to compete, as before.
+#[test]
+fn serving_the_newest_first_changes_nothing_when_unfair() {
+    let sem = Semaphore::new_unfair(0);
+    sem.set_serve_newest(true);
+    let (wa, wb) = (Counted::new(), Counted::new());
+    let mut a = pin!(sem.acquire());
+    let mut b = pin!(sem.acquire());
+    wa.assert_pending(a.as_mut());
+    wb.assert_pending(b.as_mut());
+    sem.add_permits(1);
+    assert_eq!((wa.wakes(), wb.wakes()), (1, 0));
+    assert!(wa.ready(a.as_mut()).is_ok());
+}
+
 /// A waiter polled again with a different waker is woken through the new
 /// one.
 #[test]

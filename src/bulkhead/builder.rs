@@ -30,6 +30,7 @@ use crate::timer::{Clock, Timer};
 /// | `exporters` | `true` | publish to `metrics` / `tracing` when those features are on |
 /// | `leak_threshold` | none | report permits held longer than this |
 /// | `queue_delay` | off | controlled delay: cut a standing line's waits to a target |
+/// | `adaptive_lifo` | off | with `queue_delay`: serve the newest waiter first while the line stands |
 /// | `priorities` | off | priority classes with reserved, borrowable shares of the limit |
 ///
 /// A call may also carry its own deadline
@@ -60,6 +61,8 @@ pub struct BulkheadBuilder {
     pub(crate) leak_threshold: Option<Duration>,
     /// Controlled delay: the target wait and the interval.
     pub(crate) queue_delay: Option<(Duration, Duration)>,
+    /// Adaptive LIFO on the controlled-delay line.
+    pub(crate) adaptive_lifo: bool,
     /// Priority classes: their shares of the limit, class 0 first.
     pub(crate) priorities: Option<Vec<u32>>,
 }
@@ -94,6 +97,7 @@ impl BulkheadBuilder {
             exporters: true,
             leak_threshold: None,
             queue_delay: None,
+            adaptive_lifo: false,
             priorities: None,
         }
     }
@@ -432,6 +436,51 @@ impl BulkheadBuilder {
         self
     }
 
+    /// Adaptive LIFO (Facebook's "Fail at Scale"), with
+    /// [`queue_delay`](Self::queue_delay), off by default: while controlled
+    /// delay finds the line standing, a permit that frees goes to the
+    /// *newest* waiter, the one whose caller is surely still there, rather
+    /// than the oldest; once the line has emptied, waiters are served in
+    /// arrival order again. Nobody starves: on a standing line every waiter
+    /// is cut once it has waited the target, so the oldest wait at most
+    /// that ([`RejectReason::QueueDelay`](crate::RejectReason::QueueDelay)),
+    /// as without LIFO.
+    ///
+    /// It needs `queue_delay` (without it nothing says when the line
+    /// stands) and a fair bulkhead (an unfair one hands permits to nobody:
+    /// newcomers take them first anyway); otherwise [`build`](Self::build)
+    /// fails with
+    /// [`BuildErrorKind::AdaptiveLifoWithoutQueueDelay`](crate::BuildErrorKind::AdaptiveLifoWithoutQueueDelay)
+    /// or
+    /// [`BuildErrorKind::AdaptiveLifoUnfair`](crate::BuildErrorKind::AdaptiveLifoUnfair).
+    /// It costs nothing while the line does not stand, and a caller
+    /// admitted at once never sees it: the switch is
+    /// [`Semaphore::set_serve_newest`], read only when a permit is handed
+    /// to a waiter.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bulkhead::{Bulkhead, BuildErrorKind};
+    ///
+    /// let bh = Bulkhead::builder()
+    ///     .max_concurrent_calls(20)
+    ///     .max_wait(Duration::from_millis(500))
+    ///     .queue_delay(Duration::from_millis(5), Duration::from_millis(100))
+    ///     .adaptive_lifo(true)
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(bh.try_acquire().is_ok());
+    ///
+    /// let err = Bulkhead::builder().max_concurrent_calls(1).adaptive_lifo(true).build().unwrap_err();
+    /// assert_eq!(err.kind(), BuildErrorKind::AdaptiveLifoWithoutQueueDelay);
+    /// ```
+    pub fn adaptive_lifo(mut self, on: bool) -> Self {
+        self.adaptive_lifo = on;
+        self
+    }
+
     /// Priority classes with reserved, borrowable seats (Kubernetes API
     /// Priority and Fairness), off by default. `shares` are the classes'
     /// shares of `max_concurrent_calls`, class 0 first and most important:
@@ -526,6 +575,7 @@ impl BulkheadBuilder {
                 shares,
                 self.max_queue,
                 self.queue_delay,
+                self.adaptive_lifo,
             ))),
         };
         let mut policy = self.into_policy(None, limit)?;
@@ -587,6 +637,12 @@ impl BulkheadBuilder {
         if self.queue_delay.is_some_and(|(target, _)| target.is_zero()) {
             return fail(BuildErrorKind::ZeroQueueDelayTarget);
         }
+        if self.adaptive_lifo && self.queue_delay.is_none() {
+            return fail(BuildErrorKind::AdaptiveLifoWithoutQueueDelay);
+        }
+        if self.adaptive_lifo && !self.fair {
+            return fail(BuildErrorKind::AdaptiveLifoUnfair);
+        }
         let needs_timer = self.max_wait.is_some_and(|d| !d.is_zero())
             || self.call_timeout.is_some()
             || self.leak_threshold.is_some()
@@ -642,6 +698,7 @@ impl BulkheadBuilder {
             limit,
             leak_threshold: self.leak_threshold,
             queue_delay: self.queue_delay,
+            adaptive_lifo: self.adaptive_lifo,
             #[cfg(feature = "tracing")]
             spans: self.exporters,
         }))
@@ -662,6 +719,7 @@ impl fmt::Debug for BulkheadBuilder {
             .field("exporters", &self.exporters)
             .field("leak_threshold", &self.leak_threshold)
             .field("queue_delay", &self.queue_delay)
+            .field("adaptive_lifo", &self.adaptive_lifo)
             .field("priorities", &self.priorities)
             .finish()
     }

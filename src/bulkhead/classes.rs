@@ -108,15 +108,19 @@ impl Classes {
     /// `limit` seats shared by `shares` (class 0 first), with a line of at
     /// most `max_queue` waiters.
     /// With `delay` (target, interval), each class's line has controlled
-    /// delay of its own.
+    /// delay of its own, and with `lifo` adaptive LIFO too: while a
+    /// class's line stands, its newest waiter is served first.
     pub(crate) fn new(
         limit: usize,
         shares: &[u32],
         max_queue: Option<usize>,
         delay: Option<(Duration, Duration)>,
+        lifo: bool,
     ) -> Self {
         let delays = match delay {
-            Some((target, interval)) => vec![QueueDelay::new(target, interval); shares.len()],
+            Some((target, interval)) => {
+                vec![QueueDelay::new(target, interval).adaptive_lifo(lifo); shares.len()]
+            }
             None => Vec::new(),
         };
         Self {
@@ -526,7 +530,11 @@ impl State {
     /// from "served, with no waker yet" (`Some(None)`).
     fn hand_out_one(&mut self) -> Option<Option<Waker>> {
         let class = self.seats.pick()?;
-        let slot = self.lines[class].0;
+        // The oldest waiter of the class; with adaptive LIFO, while its
+        // line stands, the newest.
+        let (oldest, newest) = self.lines[class];
+        let lifo = self.delays.get(class).is_some_and(QueueDelay::serve_newest);
+        let slot = if lifo { newest } else { oldest };
         debug_assert!(slot != NONE, "Seats picked a class nobody waits in");
         self.unlink(slot);
         let s = &mut self.slots[slot as usize];

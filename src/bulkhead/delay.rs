@@ -22,6 +22,14 @@
 //!   target it is cut if the line is overloaded, else sleeps on for what
 //!   is left of `max_wait`).
 //!
+//! With adaptive LIFO the line also switches the semaphore to serving its
+//! newest waiter first ([`Semaphore::set_serve_newest`]) the moment it
+//! becomes overloaded, and back to arrival order when it empties: both
+//! under the state's lock, so the switch follows the state machine's own
+//! order of events. The semaphore's list keeps arrival order either way,
+//! so the front waiter is still the oldest, whose deadline (with the line
+//! timer) passes first, and the two chains above are unchanged.
+//!
 //! [`RejectReason::QueueDelay`]: crate::RejectReason::QueueDelay
 
 use core::fmt;
@@ -42,18 +50,22 @@ pub(crate) struct LineDelay {
     target: Duration,
     interval: Duration,
     /// The semaphore whose waiters are the line, to wake its front waiter
-    /// (set by `Policy::delay_line`; `None` before).
+    /// and (adaptive LIFO) switch its order (set by `Policy::delay_line`;
+    /// `None` before).
     sem: Option<Arc<Semaphore>>,
+    /// Adaptive LIFO: serve the newest waiter first while overloaded.
+    lifo: bool,
 }
 
 impl LineDelay {
-    pub(crate) fn new(target: Duration, interval: Duration) -> Self {
+    pub(crate) fn new(target: Duration, interval: Duration, lifo: bool) -> Self {
         Self {
-            state: Mutex::new(QueueDelay::new(target, interval)),
+            state: Mutex::new(QueueDelay::new(target, interval).adaptive_lifo(lifo)),
             overloaded: AtomicBool::new(false),
             target,
             interval,
             sem: None,
+            lifo,
         }
     }
 
@@ -85,6 +97,7 @@ impl LineDelay {
         let change = state.sample(now, waited);
         if change == Change::Overloaded {
             self.overloaded.store(true, Ordering::Release);
+            self.serve_newest(&state);
         }
         change == Change::Overloaded
     }
@@ -95,6 +108,17 @@ impl LineDelay {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         state.emptied();
         self.overloaded.store(false, Ordering::Release);
+        self.serve_newest(&state);
+    }
+
+    /// Adaptive LIFO: sets the line's order to what `state` says (the
+    /// newest first while overloaded). With `state`'s lock held: one
+    /// atomic store, no user code.
+    #[inline]
+    fn serve_newest(&self, state: &QueueDelay) {
+        if let Some(sem) = self.sem.as_ref().filter(|_| self.lifo) {
+            sem.set_serve_newest(state.serve_newest());
+        }
     }
 
     /// Wakes the front waiter to look at its wait (see the
@@ -113,6 +137,7 @@ impl fmt::Debug for LineDelay {
             .field("target", &self.target)
             .field("interval", &self.interval)
             .field("overloaded", &self.overloaded.load(Ordering::Relaxed))
+            .field("adaptive_lifo", &self.lifo)
             .finish()
     }
 }

@@ -510,6 +510,12 @@ pub enum BuildErrorKind {
     /// `priorities` was given no class, or only shares of zero: no class
     /// would be guaranteed a seat, and the split is undefined.
     NoPriorityShare,
+    /// `adaptive_lifo` was set without `queue_delay`: nothing would say
+    /// when the line stands, which is when it serves the newest first.
+    AdaptiveLifoWithoutQueueDelay,
+    /// `adaptive_lifo` was set on an unfair bulkhead (`fair(false)`), which
+    /// hands freed permits to no waiter, so has no order to change.
+    AdaptiveLifoUnfair,
     /// A keyed bulkhead's `max_keys` was zero: no key could ever be served.
     ZeroMaxKeys,
     /// A non-zero `max_wait` or a `call_timeout` needs a timer, and none is
@@ -559,6 +565,12 @@ impl fmt::Display for BuildError {
             }
             BuildErrorKind::NoPriorityShare => {
                 "priorities needs at least one class with a share greater than zero"
+            }
+            BuildErrorKind::AdaptiveLifoWithoutQueueDelay => {
+                "adaptive_lifo needs queue_delay, which finds when the line stands"
+            }
+            BuildErrorKind::AdaptiveLifoUnfair => {
+                "adaptive_lifo needs a fair bulkhead: an unfair one hands permits to no waiter"
             }
             BuildErrorKind::ZeroMaxKeys => "max_keys must be at least 1",
             BuildErrorKind::NoTimer => {

@@ -100,6 +100,8 @@ pub(crate) struct Settings {
     pub(crate) leak_threshold: Option<Duration>,
     /// Controlled delay: target and interval.
     pub(crate) queue_delay: Option<(Duration, Duration)>,
+    /// Adaptive LIFO while the controlled-delay line stands.
+    pub(crate) adaptive_lifo: bool,
     /// See `Policy::spans`.
     #[cfg(feature = "tracing")]
     pub(crate) spans: bool,
@@ -152,6 +154,7 @@ impl Policy {
             limit,
             leak_threshold,
             queue_delay,
+            adaptive_lifo,
             #[cfg(feature = "tracing")]
             spans,
         } = settings;
@@ -174,7 +177,9 @@ impl Policy {
             hint_limit: AtomicUsize::new(limit),
             hold_ns: AtomicU64::new(0),
             origin: Instant::now(),
-            delay: queue_delay.map(|(target, interval)| Box::new(LineDelay::new(target, interval))),
+            delay: queue_delay.map(|(target, interval)| {
+                Box::new(LineDelay::new(target, interval, adaptive_lifo))
+            }),
         }
     }
 
@@ -224,7 +229,9 @@ impl Policy {
     }
 
     /// Lets controlled delay wake the front waiter of `sem` (whose waiters
-    /// are exactly this policy's) when the line starts to stand.
+    /// are exactly this policy's) when the line starts to stand, and, with
+    /// adaptive LIFO, switch `sem` to serving its newest waiter first while
+    /// the line stands.
     pub(crate) fn delay_line(&mut self, sem: &Arc<crate::Semaphore>) {
         if let Some(delay) = &mut self.delay {
             delay.set_line(sem);

@@ -33,7 +33,11 @@
 //! that one waker directly, anything more collects them in a batch first.
 //! The head may be served
 //! in parts, so a large request is never starved by smaller ones behind it.
-//! That is fair mode.
+//! That is fair mode. With [`Semaphore::set_serve_newest`] on, the hand-off
+//! serves the *tail* of the line instead whenever the permits at hand
+//! cover its whole request (else the head, as before, in parts if need
+//! be): one flag, read under the lock by the hand-off only, so the list
+//! keeps arrival order and only the head is ever served in part.
 //!
 //! **Unfair mode** hands nothing over. Newcomers take permits from the
 //! balance whenever it covers them, and [`Semaphore::distribute`] *wakes*
@@ -84,7 +88,7 @@ use state::{CLOSED, WAITERS, balance, units};
 
 use crate::error::TryAcquireError;
 use crate::list::List;
-use crate::loom::{AtomicUsize, Mutex, Ordering, lock};
+use crate::loom::{AtomicBool, AtomicUsize, Mutex, Ordering, lock};
 use wake_list::WakeList;
 
 /// An async counting semaphore: fair by default, weighted, safe to cancel,
@@ -165,6 +169,11 @@ pub struct Semaphore {
     notified: AtomicUsize,
     /// Whether newcomers must queue behind waiters.
     fair: bool,
+    /// Fair mode: hand permits to the newest waiter first
+    /// ([`set_serve_newest`](Self::set_serve_newest)). Read only by the
+    /// hand-off, under the lock; written without it (either value keeps
+    /// every invariant, so no order with other events matters).
+    newest: AtomicBool,
 }
 
 impl Semaphore {
@@ -224,6 +233,7 @@ impl Semaphore {
             queued: AtomicUsize::new(0),
             notified: AtomicUsize::new(0),
             fair,
+            newest: AtomicBool::new(false),
         }
     }
 
@@ -251,12 +261,82 @@ impl Semaphore {
             queued: AtomicUsize::new(0),
             notified: AtomicUsize::new(0),
             fair,
+            newest: AtomicBool::new(false),
         }
     }
 
     /// Whether this semaphore is strictly FIFO (made with [`new`](Self::new)).
     pub fn is_fair(&self) -> bool {
         self.fair
+    }
+
+    /// Serves the newest waiter first (`true`) or the oldest (`false`, the
+    /// default): adaptive LIFO, for a line whose oldest callers have likely
+    /// given up. May be switched at any time; it decides only who the next
+    /// hand-off serves, so waiters keep their places and switching back
+    /// serves the oldest first again.
+    ///
+    /// While on, a fair semaphore hands the permits that come back to the
+    /// waiter that joined the line last, if they cover all it still needs;
+    /// if they do not (a weighted request larger than what came back), they
+    /// go to the oldest waiter as in FIFO mode, in parts if need be. So, as
+    /// in FIFO mode, only the oldest waiter ever holds permits handed to it
+    /// in part; but while newer waiters are served, those permits wait with
+    /// it, and it collects the rest only from a release that cannot serve
+    /// the newest waiter in full. Newcomers still queue while anyone waits
+    /// ([`try_acquire`](Self::try_acquire) refuses), and a waiter dropped
+    /// after it was served passes its permits on in the current order.
+    ///
+    /// Serving the newest first can leave the oldest waiting for as long as
+    /// newcomers keep coming: bound the wait (the bulkhead's
+    /// [`adaptive_lifo`](crate::BulkheadBuilder::adaptive_lifo) turns this
+    /// on only while its line stands, where waits are cut to a target).
+    ///
+    /// An unfair semaphore ([`new_unfair`](Self::new_unfair)) hands nothing
+    /// over, so there this changes nothing: a release wakes the oldest
+    /// waiters to compete for the permits, and newcomers may take them
+    /// first anyway.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::pin::pin;
+    /// use std::task::{Context, Waker};
+    /// use bulkhead::Semaphore;
+    ///
+    /// let sem = Semaphore::new(1);
+    /// let held = sem.try_acquire().unwrap();
+    /// let cx = &mut Context::from_waker(Waker::noop());
+    /// let mut oldest = pin!(sem.acquire());
+    /// let mut newest = pin!(sem.acquire());
+    /// assert!(oldest.as_mut().poll(cx).is_pending());
+    /// assert!(newest.as_mut().poll(cx).is_pending());
+    ///
+    /// sem.set_serve_newest(true);
+    /// drop(held);
+    /// let served = newest.as_mut().poll(cx); // holds the permit
+    /// assert!(served.is_ready());
+    /// assert!(oldest.as_mut().poll(cx).is_pending());
+    /// ```
+    pub fn set_serve_newest(&self, on: bool) {
+        self.newest.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the newest waiter is served first
+    /// ([`set_serve_newest`](Self::set_serve_newest)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::Semaphore;
+    ///
+    /// let sem = Semaphore::new(1);
+    /// assert!(!sem.serves_newest());
+    /// sem.set_serve_newest(true);
+    /// assert!(sem.serves_newest());
+    /// ```
+    pub fn serves_newest(&self) -> bool {
+        self.newest.load(Ordering::Relaxed)
     }
 
     /// Waits for one permit.
@@ -863,6 +943,7 @@ impl fmt::Debug for Semaphore {
             .field("available_permits", &self.available_permits())
             .field("queue_len", &self.queue_len())
             .field("fair", &self.fair)
+            .field("serves_newest", &self.serves_newest())
             .field("closed", &self.is_closed())
             .finish()
     }

@@ -139,12 +139,12 @@ impl Semaphore {
         // the deficit, and others still wait behind it. One waker, woken
         // with the lock released, and no batch.
         if left > 0 {
-            if let Some(node) = list.front() {
+            if let Some(node) = self.next_served(&list, left) {
                 // SAFETY: `node` is linked, so it is alive, and we hold the lock.
                 let waiter = unsafe { node.as_ref() };
                 if waiter.remaining() == left && list.len() > 1 {
-                    // SAFETY: our guard's list, and `waiter` its head.
-                    let waker = unsafe { self.grant_head(&mut list, waiter) };
+                    // SAFETY: our guard's list, and `waiter` linked in it.
+                    let waker = unsafe { self.grant_next(&mut list, waiter) };
                     drop(list);
                     if let Some(waker) = waker {
                         wake(waker);
@@ -155,18 +155,21 @@ impl Semaphore {
         }
         let mut wakers = WakeList::new();
         while left > 0 && wakers.can_push() {
-            let Some(node) = list.front() else { break };
+            let Some(node) = self.next_served(&list, left) else {
+                break;
+            };
             // SAFETY: `node` is linked, so it is alive, and we hold the lock.
             let waiter = unsafe { node.as_ref() };
             let need = waiter.remaining();
             if left < need {
+                // Only the head is served in part (`next_served`).
                 waiter.set_remaining(need - left);
                 left = 0;
                 break;
             }
             left -= need;
-            // SAFETY: our guard's list, and `waiter` its head.
-            if let Some(waker) = unsafe { self.grant_head(&mut list, waiter) } {
+            // SAFETY: our guard's list, and `waiter` linked in it.
+            if let Some(waker) = unsafe { self.grant_next(&mut list, waiter) } {
                 wakers.push(waker);
             }
         }
@@ -215,25 +218,44 @@ impl Semaphore {
         panic!("returning {n} permits would take the balance above Semaphore::MAX_PERMITS");
     }
 
-    /// Fair mode: unlinks the head `waiter`, served in full, and marks it
-    /// granted. Returns its waker, to wake once the lock is released.
+    /// Fair mode: the waiter the next hand-off of `available` permits
+    /// serves. The head; or, while [serving the newest
+    /// first](Semaphore::set_serve_newest), the tail if `available` covers
+    /// all it still needs. So only the head is ever served in part, as in
+    /// FIFO order. `None` if nobody waits. Must be called with the lock
+    /// held (`list` is its guard's list).
+    #[inline]
+    fn next_served(&self, list: &List<Waiter>, available: usize) -> Option<NonNull<Waiter>> {
+        let head = list.front()?;
+        if self.newest.load(Ordering::Relaxed) {
+            if let Some(tail) = list.back() {
+                // SAFETY: `tail` is linked, so it is alive, and we hold the
+                // lock.
+                if unsafe { tail.as_ref() }.remaining() <= available {
+                    return Some(tail);
+                }
+            }
+        }
+        Some(head)
+    }
+
+    /// Fair mode: unlinks `waiter` (the one [`next_served`](Self::next_served)
+    /// picked), served in full, and marks it granted. Returns its waker, to
+    /// wake once the lock is released.
     ///
     /// # Safety
     ///
     /// `list` must be this semaphore's list, borrowed from its lock guard,
-    /// and `waiter` its head. (Any other node would be marked granted while
-    /// still linked, and its owner could free it.)
+    /// and `waiter` linked in it. (A node not linked here would be marked
+    /// granted while still linked elsewhere, and its owner could free it.)
     #[inline]
-    pub(super) unsafe fn grant_head(
+    pub(super) unsafe fn grant_next(
         &self,
         list: &mut List<Waiter>,
         waiter: &Waiter,
     ) -> Option<Waker> {
-        let head = list.pop_front();
-        debug_assert!(
-            head == Some(NonNull::from(waiter)),
-            "only the head is granted"
-        );
+        // SAFETY: the caller guarantees `waiter` is linked in `list`.
+        unsafe { list.remove(NonNull::from(waiter)) };
         self.queued.store(list.len(), Ordering::Relaxed);
         // Just unlinked under the lock: `grant` is the last use of the node.
         waiter.grant()
@@ -245,7 +267,7 @@ impl Semaphore {
     ///
     /// # Safety
     ///
-    /// As [`grant_head`](Self::grant_head).
+    /// As [`grant_next`](Self::grant_next), and `waiter` must be the head.
     #[inline]
     pub(super) unsafe fn notify_head(
         &self,
@@ -314,12 +336,14 @@ impl Semaphore {
     }
 
     /// Fair mode: hands permits from the balance to the waiters at the head
-    /// of the line, in parts to the head if need be. A waiter served in full
+    /// of the line (or, while serving the newest first, at its tail; see
+    /// [`next_served`](Self::next_served)), in parts to the head if need
+    /// be. A waiter served in full
     /// is unlinked, marked granted and its waker collected. Contract as
     /// [`distribute`](Self::distribute).
     pub(super) fn hand_off(&self, list: &mut List<Waiter>, wakers: &mut WakeList) -> bool {
-        loop {
-            let Some(node) = list.front() else {
+        'pick: loop {
+            let Some(head) = list.front() else {
                 self.state.fetch_and(!WAITERS, Ordering::Relaxed);
                 return true;
             };
@@ -332,6 +356,10 @@ impl Semaphore {
             if !wakers.can_push() {
                 return false;
             }
+            // The head, or the tail while serving the newest first.
+            let node = self
+                .next_served(list, balance(cur) as usize)
+                .unwrap_or(head);
             // SAFETY: `node` is linked, so it is alive, and we hold the lock.
             let waiter = unsafe { node.as_ref() };
             let need = waiter.remaining();
@@ -346,6 +374,12 @@ impl Semaphore {
                     return true;
                 }
                 let take = (available as usize).min(need);
+                if take < need && node != head {
+                    // The balance fell (`reduce_permits`) since the tail
+                    // was picked for a whole hand-off: only the head is
+                    // served in part, so pick again.
+                    continue 'pick;
+                }
                 match self.state.compare_exchange_weak(
                     cur,
                     cur - units(take),
@@ -361,8 +395,8 @@ impl Semaphore {
                 return true;
             }
             // SAFETY: the caller holds the lock (`list` is its guard's list),
-            // and `waiter` is its head.
-            if let Some(waker) = unsafe { self.grant_head(list, waiter) } {
+            // and `waiter` is linked in it.
+            if let Some(waker) = unsafe { self.grant_next(list, waiter) } {
                 wakers.push(waker);
             }
         }
