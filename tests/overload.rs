@@ -752,3 +752,56 @@ async fn the_waiters_past_the_target_are_cut_as_the_line_is_found_standing() {
         assert_eq!(cut, 2, "fair {fair}");
     }
 }
+
+/// A line is standing only while someone stands in it: when the waiter
+/// whose wait finds it standing was the last one, the line is empty, and
+/// the next caller that waits past the target is served, not cut. The
+/// same through `call` and `acquire` (whose acquire leaves the line
+/// before the sample is taken, where `call`'s leaves after), with the
+/// line timer and with a sleep per waiter.
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_last_waiter_finding_the_line_standing_leaves_it_empty_not_standing() {
+    for (timed, through_call) in [(true, true), (true, false), (false, true), (false, false)] {
+        let mut builder = Bulkhead::builder()
+            .max_concurrent_calls(1)
+            // Standing at the first wait of 20 ms or more.
+            .queue_delay(20 * MS, Duration::ZERO);
+        if timed {
+            builder = builder.max_wait(Duration::from_secs(60));
+        }
+        let bh = builder.build().unwrap();
+        let wait = |bh: &Bulkhead| {
+            let bh = bh.clone();
+            tokio::spawn(async move {
+                let hold = || tokio::time::sleep(50 * MS);
+                if through_call {
+                    let call = async {
+                        hold().await;
+                        Ok::<_, ()>(())
+                    };
+                    bh.call(call)
+                        .await
+                        .map_err(|e| e.rejected().unwrap().reason())
+                } else {
+                    let permit = bh.acquire().await.map_err(|r| r.reason())?;
+                    hold().await;
+                    drop(permit);
+                    Ok(())
+                }
+            })
+        };
+        let held = bh.try_acquire().unwrap();
+        let first = wait(&bh);
+        tokio::time::sleep(50 * MS).await;
+        // Served after 50 ms, with nobody behind it.
+        drop(held);
+        tokio::task::yield_now().await;
+        // Waits 50 ms behind it, past the target: served.
+        let second = wait(&bh);
+        let case = format!("line timer {timed}, call {through_call}");
+        assert_eq!(first.await.unwrap(), Ok(()), "{case}");
+        assert_eq!(second.await.unwrap(), Ok(()), "{case}");
+        assert_eq!(bh.metrics().rejected_queue_delay(), 0, "{case}");
+    }
+}

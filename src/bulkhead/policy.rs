@@ -290,9 +290,16 @@ impl Policy {
         let waited = start.map_or(Duration::ZERO, |start| now.saturating_duration_since(start));
         if let Some(delay) = self.delay.as_ref().filter(|_| sample) {
             if delay.sample(self.since_origin(now), nanos(waited)) {
-                match &self.line_timer {
-                    Some(timer) => timer.restart(),
-                    None => delay.wake_front(),
+                if self.queued() == 0 {
+                    // Nobody is left behind it: the line is empty, which
+                    // ends the overload at once (whether this waiter's
+                    // acquire, gone or not yet, has told `left_line`).
+                    delay.emptied();
+                } else {
+                    match &self.line_timer {
+                        Some(timer) => timer.restart(),
+                        None => delay.wake_front(),
+                    }
                 }
             }
         }
