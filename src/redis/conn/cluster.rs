@@ -24,6 +24,10 @@ pub(in crate::redis) struct Pushes {
     state: Mutex<State>,
     /// Notified for every push.
     event: Event,
+    /// With the quarantine on: set when a connection to a node dropped
+    /// (the node may have died, and a replica be promoted in its place),
+    /// for the next grant to read the server's identity first.
+    suspect: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 #[derive(Default)]
@@ -51,6 +55,9 @@ impl Pushes {
             // A (re)subscription: messages may have been missed.
             PushKind::SSubscribe => Wake::Free(usize::MAX),
             PushKind::SUnsubscribe | PushKind::Disconnection => {
+                if let (PushKind::Disconnection, Some(suspect)) = (&info.kind, &self.suspect) {
+                    suspect.store(true, std::sync::atomic::Ordering::Release);
+                }
                 let mut state = self.lock();
                 state.lost = true;
                 state.wakes.push_back(Wake::Free(usize::MAX));
@@ -105,7 +112,10 @@ pub(super) async fn connect(
     client: ClusterClient,
     settings: &Settings,
 ) -> Result<Connected, ConfigError> {
-    let pushes = Arc::new(Pushes::default());
+    let pushes = Arc::new(Pushes {
+        suspect: settings.suspect.clone(),
+        ..Pushes::default()
+    });
     let config = ClusterConfig::new()
         .set_connection_timeout(settings.response_timeout)
         .set_response_timeout(settings.response_timeout);
@@ -131,11 +141,26 @@ pub(super) async fn connect(
             .await
             .map_err(ConfigError::of)?
     };
+    // With `replicas`: the grants' own connections (one per node, as the
+    // shared ones), whose `WAIT` holds up no renewal; no pushes on them.
+    let grant_conn = match settings.wait {
+        None => None,
+        Some(wait) => {
+            let config = ClusterConfig::new()
+                .set_connection_timeout(settings.response_timeout)
+                .set_response_timeout(settings.response_timeout + wait);
+            let grants = client
+                .get_async_connection_with_config(config)
+                .await
+                .map_err(ConfigError::of)?;
+            Some(Conn::Cluster(grants))
+        }
+    };
     Ok(Connected {
         conn: Conn::Cluster(conn.clone()),
         subscriber: Subscriber::Cluster { conn, pushes },
         publish: "SPUBLISH",
-        grant_conn: None,
+        grant_conn,
     })
 }
 
@@ -151,14 +176,30 @@ pub(super) async fn check_channel(
         .arg("free 0")
         .query_async(&mut conn)
         .await
-        .map_err(on_channel)?;
+        .map_err(on_sharded)?;
     conn.ssubscribe(channel).await.map_err(|e| {
         if e.kind() == ErrorKind::InvalidClientConfig {
             ConfigError::NeedsResp3(e)
         } else {
-            on_channel(e)
+            on_sharded(e)
         }
     })
+}
+
+/// A command the node does not know (Redis 6, or renamed away) is
+/// `NoShardedPubSub`; anything else as [`on_channel`].
+fn on_sharded(e: redis::RedisError) -> ConfigError {
+    if is_unknown_command(&e) {
+        ConfigError::NoShardedPubSub(e)
+    } else {
+        on_channel(e)
+    }
+}
+
+/// Whether Redis answered `ERR unknown command …`.
+fn is_unknown_command(e: &redis::RedisError) -> bool {
+    e.kind() == ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+        && e.detail().is_some_and(|d| d.starts_with("unknown command"))
 }
 
 pub(super) async fn subscribe(
@@ -174,4 +215,17 @@ pub(super) async fn subscribe(
         pushes: pushes.clone(),
         listener: None,
     })
+}
+
+/// Sends `cmd` to the primary that owns `key`'s slot (by the slot map as
+/// the connection knows it).
+pub(super) async fn on_owner(
+    conn: &ClusterConnection,
+    cmd: &redis::Cmd,
+    key: &str,
+) -> redis::RedisResult<Value> {
+    use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+    let route = Route::with_key(key, SlotAddr::Master);
+    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+    conn.clone().route_command(cmd.clone(), routing).await
 }
