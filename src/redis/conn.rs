@@ -187,7 +187,10 @@ pub(super) struct Settings {
     pub(super) response_timeout: Duration,
     #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
     pub(super) pubsub: bool,
-    #[cfg_attr(not(feature = "redis-sentinel"), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "redis-sentinel", feature = "redis-cluster")),
+        allow(dead_code)
+    )]
     pub(super) timer: std::sync::Arc<dyn Timer>,
     #[cfg_attr(not(feature = "redis-sentinel"), allow(dead_code))]
     pub(super) spawner: Spawner,
@@ -264,7 +267,7 @@ impl Backend {
 pub(super) enum Conn {
     Node(ConnectionManager),
     #[cfg(feature = "redis-cluster")]
-    Cluster(redis::cluster_async::ClusterConnection),
+    Cluster(cluster::Bounded),
     #[cfg(feature = "redis-sentinel")]
     Sentinel(std::sync::Arc<Primary>),
     /// With `replicas`: the grants' own connection to the primary Sentinel
@@ -289,10 +292,17 @@ impl Conn {
     pub(super) async fn info_replication(&self, epoch_key: &str) -> redis::RedisResult<String> {
         match self {
             #[cfg(feature = "redis-cluster")]
+            // `EVAL`, not `EVALSHA`: a promoted replica has no scripts
+            // loaded, and the redis crate's `SCRIPT LOAD` after `NOSCRIPT`
+            // goes to every node, which may include the dead primary until
+            // the crate drops it (the call then times out, and so would
+            // every check after a failover, until the crate drops it).
             Self::Cluster(conn) => {
-                redis::Script::new("#!lua\nreturn redis.call('INFO', 'replication')")
-                    .key(epoch_key)
-                    .invoke_async(&mut conn.clone())
+                redis::cmd("EVAL")
+                    .arg("#!lua\nreturn redis.call('INFO', 'replication')")
+                    .arg(1)
+                    .arg(epoch_key)
+                    .query_async(&mut conn.clone())
                     .await
             }
             _ => {
@@ -320,7 +330,7 @@ impl Conn {
         match self {
             #[cfg(feature = "redis-cluster")]
             Self::Cluster(conn) => {
-                let acked = cluster::on_owner(conn, &cmd, key).await?;
+                let acked = conn.on_owner(&cmd, key).await?;
                 Ok(redis::from_redis_value(acked)?)
             }
             _ => {
@@ -369,7 +379,7 @@ impl ConnectionLike for Conn {
         match self {
             Self::Node(conn) => conn.get_db(),
             #[cfg(feature = "redis-cluster")]
-            Self::Cluster(conn) => conn.get_db(),
+            Self::Cluster(conn) => conn.conn.get_db(),
             #[cfg(feature = "redis-sentinel")]
             Self::Sentinel(primary) | Self::SentinelGrants(primary) => primary.get_db(),
         }

@@ -370,6 +370,7 @@ pub(super) enum Failure {
 /// |---|---|
 /// | no answer: I/O errors, dropped connections, timeouts, parse errors | `Transient` |
 /// | `LOADING`, `BUSY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`, `READONLY`, `MOVED`, `ASK`, `OOM`, `MISCONF`, `NOREPLICAS`, `ERR max number of clients reached` | `Transient` |
+/// | `NOSCRIPT` (still, after the redis crate loaded the script: the cache was emptied in between, or on a Cluster the load went to the nodes of a slot map that a failover had just changed) | `Transient` |
 /// | `NOPERM`, `ERR The user executing the script can't …` | `Denied` |
 /// | `WRONGPASS`, `NOAUTH`, a failed `AUTH` | `Auth` |
 /// | anything else (`ERR` from a script, `WRONGTYPE`, an unexpected reply) | `Script` |
@@ -388,7 +389,8 @@ pub(super) fn classify(e: &redis::RedisError) -> Failure {
             | ServerErrorKind::ClusterDown
             | ServerErrorKind::ReadOnly
             | ServerErrorKind::Moved
-            | ServerErrorKind::Ask,
+            | ServerErrorKind::Ask
+            | ServerErrorKind::NoScript,
         )
         | ErrorKind::Io
         | ErrorKind::Parse

@@ -113,18 +113,31 @@ impl RedisServer {
 
     /// A server (or, with `sentinel_conf`, a Sentinel) in `dir`.
     fn start_in(dir: PathBuf, extra_args: &[&str], sentinel_conf: Option<PathBuf>) -> RedisServer {
+        let extra: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
+        RedisServer::start_in_with(dir, || extra.clone(), sentinel_conf)
+    }
+
+    /// [`start_in`](Self::start_in) with the extra arguments made afresh
+    /// at each attempt (a cluster node's bus port is a free port too, and
+    /// may be taken by the time the node starts).
+    fn start_in_with(
+        dir: PathBuf,
+        extra_args: impl Fn() -> Vec<String>,
+        sentinel_conf: Option<PathBuf>,
+    ) -> RedisServer {
         let log = dir.join("redis.log");
         let mut server = RedisServer {
             port: 0,
             dir,
             log,
-            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            extra_args: Vec::new(),
             sentinel_conf,
             child: Mutex::new(None),
         };
         let mut last_error = String::new();
         for _ in 0..10 {
             server.port = free_port();
+            server.extra_args = extra_args();
             match server.launch() {
                 Ok(()) => return server,
                 Err(Launch::PortTaken(e)) => last_error = e,
@@ -537,19 +550,24 @@ impl RedisCluster {
             .map(|_| {
                 let extra = extra.clone();
                 thread::spawn(move || {
-                    let bus = free_port().to_string();
-                    let mut args = vec![
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-port",
-                        &bus,
-                        "--cluster-node-timeout",
-                        "2000",
-                    ];
-                    args.extend(extra.iter().map(String::as_str));
-                    RedisServer::start_with(&args)
+                    let args = || {
+                        let mut args: Vec<String> = [
+                            "--cluster-enabled",
+                            "yes",
+                            "--cluster-config-file",
+                            "nodes.conf",
+                            "--cluster-port",
+                            &free_port().to_string(),
+                            "--cluster-node-timeout",
+                            "2000",
+                        ]
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect();
+                        args.extend(extra.iter().cloned());
+                        args
+                    };
+                    RedisServer::start_in_with(temp_dir("redis"), args, None)
                 })
             })
             .collect();

@@ -9,10 +9,17 @@ use std::sync::{Arc, Mutex, PoisonError};
 use event_listener::{Event, EventListener};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, PushInfo, PushKind, Value};
+use std::time::Duration;
 
-use super::{Conn, Connected, Settings, Subscriber, Subscription, Wake, on_channel, parse_wake};
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, Pipeline, PushInfo, PushKind, RedisFuture, Value};
+
+use super::{
+    Conn, Connected, Settings, Subscriber, Subscription, Wake, no_answer, on_channel, parse_wake,
+};
 use crate::redis::error::ConfigError;
+use crate::timer::Timer;
+use crate::timer::timeout::Timeout;
 
 /// The most wake-ups kept for the subscriber; past it they collapse into
 /// one that wakes every waiter.
@@ -153,11 +160,19 @@ pub(super) async fn connect(
                 .get_async_connection_with_config(config)
                 .await
                 .map_err(ConfigError::of)?;
-            Some(Conn::Cluster(grants))
+            Some(Conn::Cluster(Bounded::new(
+                grants,
+                settings.timer.clone(),
+                settings.response_timeout + wait,
+            )))
         }
     };
     Ok(Connected {
-        conn: Conn::Cluster(conn.clone()),
+        conn: Conn::Cluster(Bounded::new(
+            conn.clone(),
+            settings.timer.clone(),
+            settings.response_timeout,
+        )),
         subscriber: Subscriber::Cluster { conn, pushes },
         publish: "SPUBLISH",
         grant_conn,
@@ -217,15 +232,71 @@ pub(super) async fn subscribe(
     })
 }
 
-/// Sends `cmd` to the primary that owns `key`'s slot (by the slot map as
-/// the connection knows it).
-pub(super) async fn on_owner(
-    conn: &ClusterConnection,
-    cmd: &redis::Cmd,
-    key: &str,
-) -> redis::RedisResult<Value> {
-    use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-    let route = Route::with_key(key, SlotAddr::Master);
-    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-    conn.clone().route_command(cmd.clone(), routing).await
+/// A cluster connection whose every call is bounded by a timeout of its
+/// own: the redis crate retries a call to a node it cannot reach (a dead
+/// primary) until the slot map changes, for longer than its response
+/// timeout (which bounds each try, not their sum, for a client built
+/// without `overall_response_timeout`), and a call held that long would
+/// run on a promoted replica before this client learns of the promotion.
+/// A call cut short is dropped by the crate at its next try.
+#[derive(Clone)]
+pub(in crate::redis) struct Bounded {
+    pub(super) conn: ClusterConnection,
+    timer: Arc<dyn Timer>,
+    within: Duration,
+}
+
+impl Bounded {
+    pub(super) fn new(conn: ClusterConnection, timer: Arc<dyn Timer>, within: Duration) -> Self {
+        Self {
+            conn,
+            timer,
+            within,
+        }
+    }
+
+    /// Sends `cmd` to the primary that owns `key`'s slot (by the slot map
+    /// as the connection knows it).
+    pub(super) async fn on_owner(&self, cmd: &redis::Cmd, key: &str) -> redis::RedisResult<Value> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let route = Route::with_key(key, SlotAddr::Master);
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+        let mut conn = self.conn.clone();
+        self.bounded(conn.route_command(cmd.clone(), routing)).await
+    }
+
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> redis::RedisResult<T> {
+        Timeout::new(call, self.timer.sleep(self.within))
+            .await
+            .unwrap_or_else(|_elapsed| Err(no_answer()))
+    }
+}
+
+impl ConnectionLike for Bounded {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            self.bounded(conn.req_packed_command(cmd)).await
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            self.bounded(conn.req_packed_commands(cmd, offset, count))
+                .await
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
+    }
 }
