@@ -16,7 +16,9 @@
 //!   semaphore's, to the node that owns it; the redis crate re-sends it after
 //!   a reconnection or a slot-map refresh, and the subscriber sends it again
 //!   whenever the node drops it (`sunsubscribe` after a slot moved) or the
-//!   connection to it is lost.
+//!   connection to it is lost. Every call is cut at the response timeout
+//!   (`cluster::Bounded`), since the crate retries a call to a dead node
+//!   until the slot map changes.
 //! * **Sentinel**: a `ConnectionManager` to the primary Sentinel names.
 //!   A call that fails for a transient reason (no answer, `READONLY` from a
 //!   demoted primary) asks Sentinel again in the background, at most every

@@ -16,7 +16,12 @@
 //!   `master_replid` and keeps its old primary's as `master_replid2`.
 //!   Every `renew_every`, a task of its own reads `INFO
 //!   replication` from the node that runs the semaphore's scripts (on a
-//!   Cluster, the owner of the semaphore's slot); when the id changed and
+//!   Cluster, the owner of the semaphore's slot, through a script: see
+//!   `Conn::info_replication`); so does the first grant after a call
+//!   failed for a transient reason or a cluster node's connection dropped
+//!   (`Failover::suspect`), before it builds its arguments, so that a
+//!   replica promoted during an outage is known before it grants
+//!   anything; when the id changed and
 //!   the new server's `master_replid2` is the id seen before, this is a
 //!   promotion. Replication is asynchronous, so nothing proves the promoted
 //!   replica had the last grants: the quarantine starts. A restart (with or
@@ -30,7 +35,9 @@
 //!   one multiplexed connection, on which a `WAIT` would hold up every
 //!   renewal and release behind it. With [`replicas`], grants get a
 //!   connection of their own; `WAIT` follows the acquire script on it
-//!   (anything sent in between only makes `WAIT` wait for more).
+//!   (anything sent in between only makes `WAIT` wait for more): with
+//!   Sentinel a second connection to the primary, on a Cluster a second
+//!   cluster connection, whose `WAIT` is routed to the slot's primary.
 //!
 //! [`replicas`]: super::RedisSemaphoreBuilder::replicas
 
