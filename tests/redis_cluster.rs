@@ -456,3 +456,383 @@ async fn the_fair_line_grants_in_arrival_order_at_two_script_calls_each() {
     // waiters' releases (the last one granted nobody).
     assert_eq!(owner.script_calls() - before, 7);
 }
+
+// ---------------------------------------------------------------------------
+// A cluster with replicas: promotions, WAIT
+// ---------------------------------------------------------------------------
+
+/// A cluster of three primaries with one replica each, whose nodes declare
+/// a silent peer failed after 1 s (a forced failover then takes 1.5-3 s).
+fn replicated_cluster() -> Option<RedisCluster> {
+    RedisCluster::start_with_or_skip(
+        3,
+        1,
+        &[
+            "--cluster-node-timeout",
+            "1000",
+            // A replica whose primary was just killed may always stand.
+            "--cluster-replica-validity-factor",
+            "0",
+        ],
+    )
+}
+
+/// The primary that owns `name`'s slot, and its replica.
+fn owner_and_replica<'a>(
+    cluster: &'a RedisCluster,
+    name: &str,
+) -> (u16, &'a redis_server::RedisServer) {
+    let owner = cluster.owner(&leases_key(name)).port();
+    let replicas = cluster.replicas_of(owner);
+    assert_eq!(replicas.len(), 1, "one replica per primary");
+    (owner, replicas[0])
+}
+
+/// Polls `check` every 5 ms (off the runtime's threads) until it holds or
+/// `within` passes; the time it took, or `None`.
+async fn time_until(within: Duration, mut check: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    loop {
+        if tokio::task::block_in_place(&mut check) {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > within {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `CLUSTER FAILOVER` on the replica of a name's primary, with a client
+/// that holds nothing and calls nothing meanwhile: its watch of the
+/// replication id reads the old primary, now a replica, finds it demoted,
+/// has the redis crate read the slot map again, and reads the new
+/// primary's `master_replid2` (the old primary's id): the quarantine starts
+/// within one `renew_every` of the switch, before the client's next
+/// acquire, which is refused. (Before the fix, the watch kept asking the
+/// demoted node, whose answer names no primary, and the first acquire
+/// after the switch was granted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_failover_quarantines_an_idle_client_within_one_renewal() {
+    const TTL: Duration = Duration::from_millis(1_500);
+    const RENEW: Duration = Duration::from_millis(400);
+    let Some(cluster) = replicated_cluster() else {
+        return;
+    };
+    let name = NAMES[0];
+    let (old, replica) = owner_and_replica(&cluster, name);
+    let sem = RedisSemaphore::builder(client(&cluster), name)
+        .limit(2)
+        .lease_ttl(TTL)
+        .renew_every(RENEW)
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    sem.try_acquire().await.unwrap().release().await.unwrap();
+    // The marker and the fence are on the replica before the switch (a
+    // manual failover waits for it to catch up anyway).
+    let _acked: i64 = cluster.node(old).cmd(&["WAIT", "1", "2000"]);
+    let ok: String = replica.cmd(&["CLUSTER", "FAILOVER"]);
+    assert_eq!(ok, "OK");
+    let new = replica.port();
+    let promoted = tokio::task::block_in_place(|| {
+        cluster.wait_owner(&leases_key(name), new, Duration::from_secs(10))
+    });
+    assert!(promoted, "the replica took over the slot");
+    let quarantine = format!("bulkhead:{{{name}}}:quarantine");
+    let seen = time_until(Duration::from_secs(5), || {
+        replica
+            .try_cmd::<bool>(&["EXISTS", &quarantine])
+            .unwrap_or(false)
+    })
+    .await;
+    let seen = seen.expect("the idle client saw the promotion and started the quarantine");
+    eprintln!(
+        "CLUSTER FAILOVER: quarantine started {seen:?} after the switch (renew_every {RENEW:?})"
+    );
+    let got = sem.try_acquire().await;
+    assert!(
+        matches!(got, Err(LeaseError::Quarantined { .. })),
+        "the first acquire after the switch is refused: {got:?}"
+    );
+    let role: redis::Value = cluster.node(old).cmd(&["ROLE"]);
+    assert!(format!("{role:?}").contains("slave"), "{role:?}");
+}
+
+/// A name's primary is killed outright (`SIGKILL`) while two clients' tasks
+/// take and give back its two permits in a loop: its replica is elected
+/// once the other primaries agree it failed, the clients follow the slot
+/// there (`MOVED`, the slot map read again), see the promotion and
+/// quarantine; never more than two holders at once (counted apart from
+/// Redis), before, during and after the switch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_limit_holds_across_a_forced_cluster_failover() {
+    const LIMIT: usize = 2;
+    const TTL: Duration = Duration::from_millis(1_500);
+    let Some(cluster) = replicated_cluster() else {
+        return;
+    };
+    let name = NAMES[1];
+    let (old, replica) = owner_and_replica(&cluster, name);
+    let now = Arc::new(AtomicUsize::new(0));
+    let max = Arc::new(AtomicUsize::new(0));
+    let grants = Arc::new(AtomicUsize::new(0));
+    let granted_at = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+    let quarantined = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _client in 0..2 {
+        let sem = RedisSemaphore::builder(client(&cluster), name)
+            .limit(LIMIT)
+            .lease_ttl(TTL)
+            .response_timeout(Duration::from_millis(300))
+            .build()
+            .await
+            .unwrap();
+        for _task in 0..2 {
+            let (sem, now, max, grants, quarantined, stop, granted_at) = (
+                sem.clone(),
+                now.clone(),
+                max.clone(),
+                grants.clone(),
+                quarantined.clone(),
+                stop.clone(),
+                granted_at.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    match sem.try_acquire().await {
+                        Ok(permit) => {
+                            let here = now.fetch_add(1, Ordering::SeqCst) + 1;
+                            max.fetch_max(here, Ordering::SeqCst);
+                            grants.fetch_add(1, Ordering::SeqCst);
+                            granted_at.lock().unwrap().push(Instant::now());
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            now.fetch_sub(1, Ordering::SeqCst);
+                            // Lost in the switch (`Overrun`) or unanswered:
+                            // either way this task no longer counts it.
+                            let _ = permit.release().await;
+                        }
+                        Err(LeaseError::Quarantined { .. }) => {
+                            quarantined.lock().unwrap().get_or_insert_with(Instant::now);
+                        }
+                        Err(LeaseError::NoPermits { .. } | LeaseError::Unavailable(_)) => {}
+                        Err(e) => panic!("{e:?}"),
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = grants.load(Ordering::SeqCst);
+    assert!(before > 0, "granting before the kill");
+    let killed = Instant::now();
+    cluster.node(old).stop();
+    let new = replica.port();
+    let promoted = tokio::task::block_in_place(|| {
+        cluster.wait_owner(&leases_key(name), new, Duration::from_secs(15))
+    });
+    assert!(
+        promoted,
+        "the replica was elected in the killed primary's place"
+    );
+    let elected = killed.elapsed();
+    let seen = time_until(Duration::from_secs(10), || {
+        quarantined.lock().unwrap().is_some()
+    })
+    .await
+    .map(|_| quarantined.lock().unwrap().unwrap() - killed);
+    // The quarantine ends one time to live later, and grants resume on the
+    // new primary.
+    let after = grants.load(Ordering::SeqCst);
+    let resumed = time_until(Duration::from_secs(10), || {
+        grants.load(Ordering::SeqCst) > after + 3
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    // The old primary is dead: every grant after the kill is the new
+    // one's. Those before the first refusal were made before the client
+    // knew of the promotion.
+    let first_refusal = quarantined
+        .lock()
+        .unwrap()
+        .expect("the promotion quarantined");
+    let after_kill: Vec<Duration> = granted_at
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|&&t| t > killed && t < first_refusal)
+        .map(|&t| t - killed)
+        .collect();
+    eprintln!("grants after the kill, before the first refusal: {after_kill:?}");
+    let early = granted_at
+        .lock()
+        .unwrap()
+        .iter()
+        // No replica is elected before the node timeout (1 s) has passed: a
+        // grant returned in the first 500 ms may be the old primary's last,
+        // its answer read late.
+        .filter(|&&t| t > killed + Duration::from_millis(500) && t < first_refusal)
+        .count();
+    eprintln!(
+        "primary killed: replica elected after {elected:?}, quarantine seen after {seen:?}, \
+         grants again {resumed:?} later; {early} grants on the new primary before it"
+    );
+    assert_eq!(
+        early, 0,
+        "clients that saw the outage check the new primary first"
+    );
+    assert!(resumed.is_some(), "grants resumed on the new primary");
+    assert!(
+        max.load(Ordering::SeqCst) <= LIMIT,
+        "max {}",
+        max.load(Ordering::SeqCst)
+    );
+    let on_new: i64 = replica.cmd(&["EXISTS", &format!("bulkhead:{{{name}}}:epoch")]);
+    assert_eq!(on_new, 1, "the new primary has the marker");
+}
+
+/// `replicas(n, …)` on a Cluster: the `WAIT` goes to the primary that owns
+/// the name's slot, on the connection the acquire script ran on. With its
+/// one replica, `n = 1` grants (and the replica has the lease when the
+/// grant is returned), on names of every primary; `n = 2` is more than any
+/// primary has: `NotReplicated { acked: 1, wanted: 2 }`, and the grant is
+/// released. With the replica frozen, `n = 1` fails with `acked: 0`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_wait_for_the_slot_primarys_replicas() {
+    // Long enough for a replica of a loaded machine to ack (`WAIT` returns
+    // as soon as it does); short where the test waits for it to run out.
+    const WAIT: Duration = Duration::from_secs(2);
+    const SHORT: Duration = Duration::from_millis(200);
+    let Some(cluster) = replicated_cluster() else {
+        return;
+    };
+    let names = &NAMES[..3];
+    let owners: BTreeSet<u16> = names
+        .iter()
+        .map(|n| cluster.owner(&leases_key(n)).port())
+        .collect();
+    for name in names {
+        let (owner, replica) = owner_and_replica(&cluster, name);
+        let one = RedisSemaphore::builder(client(&cluster), *name)
+            .limit(2)
+            .replicas(1, WAIT)
+            .build()
+            .await
+            .unwrap();
+        for _ in 0..5 {
+            let permit = one.try_acquire().await.unwrap();
+            let on_replica: i64 = replica.replica_cmd(&["ZCARD", &leases_key(name)]);
+            assert_eq!(on_replica, 1, "{name}: the replica has the grant");
+            permit.release().await.unwrap();
+        }
+        let two = RedisSemaphore::builder(client(&cluster), *name)
+            .limit(2)
+            .replicas(2, SHORT)
+            .build()
+            .await
+            .unwrap();
+        let got = two.try_acquire().await;
+        assert!(
+            matches!(
+                got,
+                Err(LeaseError::NotReplicated {
+                    acked: 1,
+                    wanted: 2
+                })
+            ),
+            "{name}: {got:?}"
+        );
+        let released = time_until(Duration::from_secs(5), || {
+            cluster
+                .node(owner)
+                .cmd::<i64>(&["ZCARD", &leases_key(name)])
+                == 0
+        })
+        .await;
+        assert!(released.is_some(), "{name}: the refused grant is released");
+    }
+    assert!(owners.len() > 1, "the names cover several primaries");
+    let name = names[0];
+    let (owner, replica) = owner_and_replica(&cluster, name);
+    let one = RedisSemaphore::builder(client(&cluster), name)
+        .limit(2)
+        .replicas(1, SHORT)
+        .build()
+        .await
+        .unwrap();
+    replica.freeze();
+    let start = Instant::now();
+    let got = one.try_acquire().await;
+    let took = start.elapsed();
+    replica.thaw();
+    assert!(
+        matches!(
+            got,
+            Err(LeaseError::NotReplicated {
+                acked: 0,
+                wanted: 1
+            })
+        ),
+        "{got:?}"
+    );
+    assert!(took >= SHORT, "WAIT waited its timeout: {took:?}");
+    let released = time_until(Duration::from_secs(5), || {
+        cluster
+            .node(owner)
+            .cmd::<i64>(&["ZCARD", &leases_key(name)])
+            == 0
+    })
+    .await;
+    assert!(released.is_some(), "the refused grant is released");
+}
+
+/// A cluster whose nodes have no `SSUBSCRIBE` (as Redis 6, which has no
+/// sharded pub/sub; here renamed away): `build` says so with
+/// `NoShardedPubSub`, and with `pubsub(false)` the semaphore works,
+/// polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_sharded_pubsub_is_refused_with_a_clear_error() {
+    let Some(cluster) =
+        RedisCluster::start_with_or_skip(3, 0, &["--rename-command", "SSUBSCRIBE", ""])
+    else {
+        return;
+    };
+    let got = RedisSemaphore::builder(client(&cluster), "nightly")
+        .build()
+        .await;
+    match got {
+        Err(ConfigError::NoShardedPubSub(e)) => {
+            let text = ConfigError::NoShardedPubSub(e).to_string();
+            assert!(text.contains("pubsub(false)"), "{text}");
+        }
+        other => panic!("expected NoShardedPubSub, got {other:?}"),
+    }
+    let sem = RedisSemaphore::builder(client(&cluster), "nightly")
+        .pubsub(false)
+        .max_poll(Duration::from_millis(50))
+        .build()
+        .await
+        .unwrap();
+    let held = sem.acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await.map(|p| p.fence()) }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.release().await.unwrap();
+    let fence = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(fence >= 2);
+}

@@ -270,3 +270,198 @@ fn released(result: Result<(), ReleaseError>, on_new: bool) {
         Err(e) => panic!("release failed (lease on the new primary: {on_new}): {e:?}"),
     }
 }
+
+/// `replicas(n, …)` with Sentinel: the `WAIT` runs on the primary, on the
+/// grants' own connection. With the set's one replica, `n = 1` grants and
+/// the replica has the lease when the grant is returned; `n = 2` gets
+/// `NotReplicated { acked: 1, wanted: 2 }` and the grant is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_wait_for_the_primarys_replicas() {
+    // Long enough for a replica of a loaded machine to ack (`WAIT` returns
+    // as soon as it does); short where the test waits for it to run out.
+    const WAIT: Duration = Duration::from_secs(2);
+    const SHORT: Duration = Duration::from_millis(200);
+    let Some(set) = SentinelSet::start_or_skip() else {
+        return;
+    };
+    let build = |n: usize, wait: Duration| {
+        RedisSemaphore::builder(backend(&set), "replicated")
+            .limit(2)
+            .replicas(n, wait)
+            .build()
+    };
+    let one = build(1, WAIT).await.unwrap();
+    let primary = set.primary_port();
+    let replica = set.servers().iter().find(|s| s.port() != primary).unwrap();
+    for _ in 0..5 {
+        let permit = one.try_acquire().await.unwrap();
+        let on_replica: i64 = replica.cmd(&["ZCARD", "bulkhead:{replicated}:leases"]);
+        assert_eq!(on_replica, 1, "the replica has the grant");
+        permit.release().await.unwrap();
+    }
+    let two = build(2, SHORT).await.unwrap();
+    let start = Instant::now();
+    let got = two.try_acquire().await;
+    assert!(
+        matches!(
+            got,
+            Err(LeaseError::NotReplicated {
+                acked: 1,
+                wanted: 2
+            })
+        ),
+        "{got:?}"
+    );
+    assert!(start.elapsed() >= SHORT, "WAIT waited its timeout");
+    let released = tokio::task::block_in_place(|| {
+        redis_server::eventually(Duration::from_secs(5), || {
+            leases_on(&set, primary, "replicated") == 0
+        })
+    });
+    assert!(released, "the refused grant is released");
+    // The shared connection was never held up: a grant without `WAIT`
+    // meanwhile is at once.
+    one.try_acquire().await.unwrap().release().await.unwrap();
+}
+
+/// Three Sentinels with a quorum of 2 watch a primary and its replica; the
+/// primary is killed while two clients' tasks take and give back its two
+/// permits in a loop. The Sentinels agree it is down, elect a leader, which
+/// promotes the replica; the clients follow it, see the promotion (the new
+/// primary's `master_replid2` is the old one's id) and quarantine, and
+/// grants resume once the quarantine ends. Never more than two holders at
+/// once (counted apart from Redis).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sentinels_elect_a_new_primary_and_the_limit_holds() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    const LIMIT: usize = 2;
+    const TTL: Duration = Duration::from_millis(1_500);
+    let Some(set) = SentinelSet::start_with_or_skip(3, 2, 300) else {
+        return;
+    };
+    let urls: Vec<String> = set.sentinels().iter().map(|s| s.url()).collect();
+    let now = Arc::new(AtomicUsize::new(0));
+    let max = Arc::new(AtomicUsize::new(0));
+    let grants = Arc::new(AtomicUsize::new(0));
+    let granted_at = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+    let quarantined = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _client in 0..2 {
+        let sem = RedisSemaphore::builder(
+            Backend::sentinel(urls.clone(), SERVICE, None).unwrap(),
+            "quorum",
+        )
+        .limit(LIMIT)
+        .lease_ttl(TTL)
+        .response_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+        for _task in 0..2 {
+            let (sem, now, max, grants, quarantined, stop, granted_at) = (
+                sem.clone(),
+                now.clone(),
+                max.clone(),
+                grants.clone(),
+                quarantined.clone(),
+                stop.clone(),
+                granted_at.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    match sem.try_acquire().await {
+                        Ok(permit) => {
+                            let here = now.fetch_add(1, Ordering::SeqCst) + 1;
+                            max.fetch_max(here, Ordering::SeqCst);
+                            grants.fetch_add(1, Ordering::SeqCst);
+                            granted_at.lock().unwrap().push(Instant::now());
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            now.fetch_sub(1, Ordering::SeqCst);
+                            let _ = permit.release().await;
+                        }
+                        Err(LeaseError::Quarantined { .. }) => {
+                            quarantined.lock().unwrap().get_or_insert_with(Instant::now);
+                        }
+                        Err(LeaseError::NoPermits { .. } | LeaseError::Unavailable(_)) => {}
+                        Err(e) => panic!("{e:?}"),
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        grants.load(Ordering::SeqCst) > 0,
+        "granting before the kill"
+    );
+    let old = set.primary_port();
+    let killed = Instant::now();
+    set.server(old).stop();
+    let new = tokio::task::block_in_place(|| set.wait_new_primary(old, Duration::from_secs(15)))
+        .expect("the sentinels elect and promote the replica");
+    let elected = killed.elapsed();
+    let seen = tokio::task::block_in_place(|| {
+        redis_server::eventually(Duration::from_secs(10), || {
+            quarantined.lock().unwrap().is_some()
+        })
+    });
+    let seen = seen.then(|| quarantined.lock().unwrap().unwrap() - killed);
+    let after = grants.load(Ordering::SeqCst);
+    let resumed = tokio::task::block_in_place(|| {
+        redis_server::eventually(Duration::from_secs(10), || {
+            grants.load(Ordering::SeqCst) > after + 3
+        })
+    });
+    let resumed_at = killed.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let first_refusal = quarantined
+        .lock()
+        .unwrap()
+        .expect("the promotion quarantined");
+    let after_kill: Vec<Duration> = granted_at
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|&&t| t > killed && t < first_refusal)
+        .map(|&t| t - killed)
+        .collect();
+    eprintln!("grants after the kill, before the first refusal: {after_kill:?}");
+    let early = granted_at
+        .lock()
+        .unwrap()
+        .iter()
+        // No new primary before `down-after-milliseconds` (300 ms): a
+        // grant returned in the first 200 ms may be the old one's last.
+        .filter(|&&t| t > killed + Duration::from_millis(200) && t < first_refusal)
+        .count();
+    eprintln!(
+        "3 sentinels, primary killed: new primary named after {elected:?}, quarantine seen \
+         after {seen:?}, granting again by {resumed_at:?}; {early} grants on the new primary \
+         before it"
+    );
+    assert!(seen.is_some());
+    assert_eq!(
+        early, 0,
+        "the client checks the new primary before its first call"
+    );
+    assert!(resumed, "grants resumed on the new primary");
+    assert!(
+        max.load(Ordering::SeqCst) <= LIMIT,
+        "max {}",
+        max.load(Ordering::SeqCst)
+    );
+    assert!(
+        set.server(new)
+            .cmd::<bool>(&["EXISTS", "bulkhead:{quorum}:epoch"]),
+        "the new primary has the marker"
+    );
+}

@@ -323,21 +323,29 @@ impl Inner {
         loop {
             pending.maybe_granted = true;
             let sent = Instant::now();
-            let mut call = Call::new(&self.scripts.acquire, &self.keys.all(), 10);
-            call.arg(&pending.id)
-                .arg(self.ttl.as_millis() as u64)
-                .arg(self.default_limit)
-                .arg(&self.label)
-                .arg(self.fence_seen.load(Ordering::Relaxed))
-                .arg(self.quarantine_ms)
-                .arg(u8::from(pending.slot.is_some()))
-                .arg(&self.token)
-                .arg(&*self.failover.epoch())
-                .arg(self.failover.loss_flag())
-                .arg(u8::from(!pending.sent));
+            let first = !pending.sent;
             pending.sent = true;
             let mut conn = self.grant_conn();
-            let script = call.invoke(&mut conn);
+            let script = async {
+                // After a transient failure, the server's identity first
+                // (a promotion sets the loss flag sent below).
+                if self.failover.is_suspect() {
+                    self.check_identity().await?;
+                }
+                let mut call = Call::new(&self.scripts.acquire, &self.keys.all(), 10);
+                call.arg(&pending.id)
+                    .arg(self.ttl.as_millis() as u64)
+                    .arg(self.default_limit)
+                    .arg(&self.label)
+                    .arg(self.fence_seen.load(Ordering::Relaxed))
+                    .arg(self.quarantine_ms)
+                    .arg(u8::from(pending.slot.is_some()))
+                    .arg(&self.token)
+                    .arg(&*self.failover.epoch())
+                    .arg(self.failover.loss_flag())
+                    .arg(u8::from(first));
+                call.invoke(&mut conn).await
+            };
             let cut = bound.and_then(|b| (attempt > 0 || b.cut_first).then_some(b.end));
             let answer: redis::RedisResult<AcquireReply> = match cut {
                 None => script.await,
@@ -379,7 +387,7 @@ impl Inner {
                     self.fence_seen.fetch_max(fence, Ordering::Relaxed);
                     // Too few replicas: `pending` is still marked, and its
                     // drop releases the grant.
-                    self.replicated(&mut conn).await?;
+                    self.replicated(&conn).await?;
                     pending.settle();
                     let lease = Arc::new(Lease::new(
                         core::mem::take(&mut pending.id),
@@ -396,6 +404,7 @@ impl Inner {
                     }));
                 }
                 Err(e) if attempt < self.retries && classify(&e) == Failure::Transient => {
+                    self.failover.suspect();
                     attempt += 1;
                     let mut backoff = Duration::from_millis(20 << attempt.min(6));
                     if let Some(b) = bound {
@@ -409,7 +418,12 @@ impl Inner {
                 }
                 // `pending` is still marked: its drop releases the id (a
                 // script that failed half-way may have granted it).
-                Err(e) => return Err(LeaseError::of(e)),
+                Err(e) => {
+                    if classify(&e) == Failure::Transient {
+                        self.failover.suspect();
+                    }
+                    return Err(LeaseError::of(e));
+                }
             }
         }
     }

@@ -227,8 +227,11 @@ impl RedisSemaphoreBuilder {
     /// [`response_timeout`](Self::response_timeout) covers the script call
     /// only). Renewals and releases do not wait. `count` 0 turns it off.
     ///
-    /// One server only for now: with a Cluster or Sentinel backend, and
-    /// with a zero `timeout`, `build` fails with
+    /// Every backend: on one server and with Sentinel the `WAIT` runs on
+    /// the primary, on a Redis Cluster on the primary that owns the
+    /// semaphore's slot (the grants' own cluster connection routes it
+    /// there by the slot, as the acquire script before it), and counts
+    /// that primary's replicas. With a zero `timeout`, `build` fails with
     /// [`ConfigError::BadReplicas`].
     pub fn replicas(mut self, count: usize, timeout: Duration) -> Self {
         self.replicas = (count > 0).then_some((count, timeout));
@@ -314,7 +317,9 @@ impl RedisSemaphoreBuilder {
     /// scripts on the keys ([`Denied`](ConfigError::Denied)) or use the
     /// channel ([`ChannelDenied`](ConfigError::ChannelDenied)), a cluster
     /// client without RESP3 while pub/sub is on
-    /// ([`NeedsResp3`](ConfigError::NeedsResp3)), a Sentinel client for
+    /// ([`NeedsResp3`](ConfigError::NeedsResp3)), a Cluster node without
+    /// sharded pub/sub (Redis 6) while pub/sub is on
+    /// ([`NoShardedPubSub`](ConfigError::NoShardedPubSub)), a Sentinel client for
     /// replicas ([`NotPrimary`](ConfigError::NotPrimary)), a
     /// [`replicas`](Self::replicas) setting that cannot work
     /// ([`BadReplicas`](ConfigError::BadReplicas)). None of them is
@@ -362,6 +367,7 @@ impl RedisSemaphoreBuilder {
         }
         let spawner = Spawner::current().ok_or(ConfigError::NoRuntime)?;
         let loss_known = Arc::new(AtomicBool::new(false));
+        let suspect = Arc::new(AtomicBool::new(false));
         let settings = Settings {
             response_timeout: self.response_timeout,
             pubsub: self.pubsub,
@@ -369,6 +375,7 @@ impl RedisSemaphoreBuilder {
             spawner: spawner.clone(),
             wait: self.replicas.map(|(_, timeout)| timeout),
             loss_known: self.quarantine.then(|| loss_known.clone()),
+            suspect: self.quarantine.then(|| suspect.clone()),
         };
         let connected = self.backend.connect(&settings).await?;
         let conn = connected.conn;
@@ -396,7 +403,8 @@ impl RedisSemaphoreBuilder {
             timeout,
             conn,
         });
-        let failover = Failover::start(&conn, &keys, self.quarantine, loss_known, replicas)
+        let flags = (loss_known, suspect);
+        let failover = Failover::start(&conn, &keys, self.quarantine, flags, replicas)
             .await
             .map_err(ConfigError::of)?;
         if self.pubsub {

@@ -16,7 +16,9 @@
 //!   semaphore's, to the node that owns it; the redis crate re-sends it after
 //!   a reconnection or a slot-map refresh, and the subscriber sends it again
 //!   whenever the node drops it (`sunsubscribe` after a slot moved) or the
-//!   connection to it is lost.
+//!   connection to it is lost. Every call is cut at the response timeout
+//!   (`cluster::Bounded`), since the crate retries a call to a dead node
+//!   until the slot map changes.
 //! * **Sentinel**: a `ConnectionManager` to the primary Sentinel names.
 //!   A call that fails for a transient reason (no answer, `READONLY` from a
 //!   demoted primary) asks Sentinel again in the background, at most every
@@ -187,7 +189,10 @@ pub(super) struct Settings {
     pub(super) response_timeout: Duration,
     #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
     pub(super) pubsub: bool,
-    #[cfg_attr(not(feature = "redis-sentinel"), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "redis-sentinel", feature = "redis-cluster")),
+        allow(dead_code)
+    )]
     pub(super) timer: std::sync::Arc<dyn Timer>,
     #[cfg_attr(not(feature = "redis-sentinel"), allow(dead_code))]
     pub(super) spawner: Spawner,
@@ -198,6 +203,12 @@ pub(super) struct Settings {
     /// itself (Sentinel) sets when the new one is a promoted replica.
     #[cfg_attr(not(feature = "redis-sentinel"), allow(dead_code))]
     pub(super) loss_known: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// With the quarantine on, the flag a backend sets when it saw a
+    /// connection to a node drop (a Cluster: its pushes say so), which
+    /// makes the next grant read the server's identity first (see
+    /// `failover.rs`).
+    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
+    pub(super) suspect: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// A backend, connected.
@@ -245,11 +256,7 @@ impl Backend {
                 })
             }
             #[cfg(feature = "redis-cluster")]
-            Kind::Cluster(_) if settings.wait.is_some() => Err(ConfigError::BadReplicas),
-            #[cfg(feature = "redis-cluster")]
             Kind::Cluster(client) => cluster::connect(client, settings).await,
-            #[cfg(feature = "redis-sentinel")]
-            Kind::Sentinel(_) if settings.wait.is_some() => Err(ConfigError::BadReplicas),
             #[cfg(feature = "redis-sentinel")]
             Kind::Sentinel(client) => sentinel::connect(client, config, settings).await,
         }
@@ -262,25 +269,71 @@ impl Backend {
 pub(super) enum Conn {
     Node(ConnectionManager),
     #[cfg(feature = "redis-cluster")]
-    Cluster(redis::cluster_async::ClusterConnection),
+    Cluster(cluster::Bounded),
     #[cfg(feature = "redis-sentinel")]
     Sentinel(std::sync::Arc<Primary>),
+    /// With `replicas`: the grants' own connection to the primary Sentinel
+    /// names (replaced with the shared one at a switch).
+    #[cfg(feature = "redis-sentinel")]
+    SentinelGrants(std::sync::Arc<Primary>),
 }
 
 impl Conn {
-    /// `INFO replication` from the node that runs the scripts whose first
-    /// key is `key` (on a Cluster, the primary that owns its slot).
-    pub(super) async fn info_replication(&self, key: &str) -> redis::RedisResult<String> {
-        let mut cmd = redis::cmd("INFO");
-        cmd.arg("replication");
+    /// `INFO replication` from the node that runs the scripts for the
+    /// semaphore whose epoch marker is `epoch_key` (on a Cluster, the
+    /// primary that owns its slot).
+    ///
+    /// On a Cluster, `INFO` itself cannot be sent there for sure: routed by
+    /// the slot, the redis crate sends it to whichever node its slot map
+    /// names, which may have been demoted since (and, since the crate sends
+    /// `READONLY` on every connection, answers reads itself), or to a
+    /// random node when it cannot connect to that one (a primary that
+    /// died). It runs inside a script instead, keyed by the marker and
+    /// declared as a writing one (`#!lua` without `no-writes`): any node
+    /// but the slot's primary answers `MOVED`, which the crate follows.
+    pub(super) async fn info_replication(&self, epoch_key: &str) -> redis::RedisResult<String> {
+        match self {
+            #[cfg(feature = "redis-cluster")]
+            // `EVAL`, not `EVALSHA`: a promoted replica has no scripts
+            // loaded, and the redis crate's `SCRIPT LOAD` after `NOSCRIPT`
+            // goes to every node, which may include the dead primary until
+            // the crate drops it (the call then times out, and so would
+            // every check after a failover, until the crate drops it).
+            Self::Cluster(conn) => {
+                redis::cmd("EVAL")
+                    .arg("#!lua\nreturn redis.call('INFO', 'replication')")
+                    .arg(1)
+                    .arg(epoch_key)
+                    .query_async(&mut conn.clone())
+                    .await
+            }
+            _ => {
+                let _ = epoch_key;
+                redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut self.clone())
+                    .await
+            }
+        }
+    }
+
+    /// `WAIT count timeout` for the writes made on this connection (on a
+    /// Cluster, on its connection to the primary that owns `key`'s slot,
+    /// where the script with that first key ran).
+    pub(super) async fn wait_replicas(
+        &self,
+        key: &str,
+        count: usize,
+        timeout: Duration,
+    ) -> redis::RedisResult<i64> {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(count)
+            .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
         match self {
             #[cfg(feature = "redis-cluster")]
             Self::Cluster(conn) => {
-                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-                let route = Route::with_key(key, SlotAddr::Master);
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                let info = conn.clone().route_command(cmd, routing).await?;
-                Ok(redis::from_redis_value(info)?)
+                let acked = conn.on_owner(&cmd, key).await?;
+                Ok(redis::from_redis_value(acked)?)
             }
             _ => {
                 let _ = key;
@@ -297,7 +350,9 @@ impl ConnectionLike for Conn {
             #[cfg(feature = "redis-cluster")]
             Self::Cluster(conn) => conn.req_packed_command(cmd),
             #[cfg(feature = "redis-sentinel")]
-            Self::Sentinel(primary) => Box::pin(primary.clone().request(cmd)),
+            Self::Sentinel(primary) => Box::pin(primary.clone().request(cmd, false)),
+            #[cfg(feature = "redis-sentinel")]
+            Self::SentinelGrants(primary) => Box::pin(primary.clone().request(cmd, true)),
         }
     }
 
@@ -313,7 +368,11 @@ impl ConnectionLike for Conn {
             Self::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
             #[cfg(feature = "redis-sentinel")]
             Self::Sentinel(primary) => {
-                Box::pin(primary.clone().request_pipeline(cmd, offset, count))
+                Box::pin(primary.clone().request_pipeline(cmd, offset, count, false))
+            }
+            #[cfg(feature = "redis-sentinel")]
+            Self::SentinelGrants(primary) => {
+                Box::pin(primary.clone().request_pipeline(cmd, offset, count, true))
             }
         }
     }
@@ -322,9 +381,9 @@ impl ConnectionLike for Conn {
         match self {
             Self::Node(conn) => conn.get_db(),
             #[cfg(feature = "redis-cluster")]
-            Self::Cluster(conn) => conn.get_db(),
+            Self::Cluster(conn) => conn.conn.get_db(),
             #[cfg(feature = "redis-sentinel")]
-            Self::Sentinel(primary) => primary.get_db(),
+            Self::Sentinel(primary) | Self::SentinelGrants(primary) => primary.get_db(),
         }
     }
 }

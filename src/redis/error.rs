@@ -264,9 +264,15 @@ pub enum ConfigError {
     /// built for replicas (`SentinelServerType::Replica`).
     NotPrimary,
     /// [`replicas`](super::RedisSemaphoreBuilder::replicas) was given a
-    /// zero timeout (`WAIT` would block for ever), or a backend other than
-    /// one server (this version waits for replicas on one server only).
+    /// zero timeout (`WAIT` would block for ever).
     BadReplicas,
+    /// The Redis Cluster node that owns the semaphore's slot does not know
+    /// `SPUBLISH` or `SSUBSCRIBE` (sharded pub/sub came with Redis 7.0, and
+    /// an operator may have renamed or disabled the commands): wake-ups on
+    /// a Cluster need them. Upgrade the nodes, or build with
+    /// [`pubsub(false)`](super::RedisSemaphoreBuilder::pubsub) to have
+    /// waiters poll instead.
+    NoShardedPubSub(redis::RedisError),
 }
 
 impl fmt::Display for ConfigError {
@@ -306,8 +312,11 @@ impl fmt::Display for ConfigError {
                  or build with pubsub(false) to poll",
             ),
             Self::NotPrimary => f.write_str("the server sentinel named is not a primary"),
-            Self::BadReplicas => f.write_str(
-                "waiting for replicas needs a non-zero timeout and a single-server backend",
+            Self::BadReplicas => f.write_str("waiting for replicas needs a non-zero timeout"),
+            Self::NoShardedPubSub(_) => f.write_str(
+                "wake-ups on a redis cluster need sharded pub/sub (SPUBLISH and SSUBSCRIBE, \
+                 redis 7.0 or later), which the slot's node does not have: upgrade it, \
+                 or build with pubsub(false) to poll",
             ),
         }
     }
@@ -321,7 +330,8 @@ impl std::error::Error for ConfigError {
             | Self::Denied(e)
             | Self::ChannelDenied(e)
             | Self::Script(e)
-            | Self::NeedsResp3(e) => Some(e),
+            | Self::NeedsResp3(e)
+            | Self::NoShardedPubSub(e) => Some(e),
             _ => None,
         }
     }
@@ -360,6 +370,7 @@ pub(super) enum Failure {
 /// |---|---|
 /// | no answer: I/O errors, dropped connections, timeouts, parse errors | `Transient` |
 /// | `LOADING`, `BUSY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`, `READONLY`, `MOVED`, `ASK`, `OOM`, `MISCONF`, `NOREPLICAS`, `ERR max number of clients reached` | `Transient` |
+/// | `NOSCRIPT` (still, after the redis crate loaded the script: the cache was emptied in between, or on a Cluster the load went to the nodes of a slot map that a failover had just changed) | `Transient` |
 /// | `NOPERM`, `ERR The user executing the script can't …` | `Denied` |
 /// | `WRONGPASS`, `NOAUTH`, a failed `AUTH` | `Auth` |
 /// | anything else (`ERR` from a script, `WRONGTYPE`, an unexpected reply) | `Script` |
@@ -378,7 +389,8 @@ pub(super) fn classify(e: &redis::RedisError) -> Failure {
             | ServerErrorKind::ClusterDown
             | ServerErrorKind::ReadOnly
             | ServerErrorKind::Moved
-            | ServerErrorKind::Ask,
+            | ServerErrorKind::Ask
+            | ServerErrorKind::NoScript,
         )
         | ErrorKind::Io
         | ErrorKind::Parse

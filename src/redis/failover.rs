@@ -16,7 +16,12 @@
 //!   `master_replid` and keeps its old primary's as `master_replid2`.
 //!   Every `renew_every`, a task of its own reads `INFO
 //!   replication` from the node that runs the semaphore's scripts (on a
-//!   Cluster, the owner of the semaphore's slot); when the id changed and
+//!   Cluster, the owner of the semaphore's slot, through a script: see
+//!   `Conn::info_replication`); so does the first grant after a call
+//!   failed for a transient reason or a cluster node's connection dropped
+//!   (`Failover::suspect`), before it builds its arguments, so that a
+//!   replica promoted during an outage is known before it grants
+//!   anything; when the id changed and
 //!   the new server's `master_replid2` is the id seen before, this is a
 //!   promotion. Replication is asynchronous, so nothing proves the promoted
 //!   replica had the last grants: the quarantine starts. A restart (with or
@@ -30,7 +35,9 @@
 //!   one multiplexed connection, on which a `WAIT` would hold up every
 //!   renewal and release behind it. With [`replicas`], grants get a
 //!   connection of their own; `WAIT` follows the acquire script on it
-//!   (anything sent in between only makes `WAIT` wait for more).
+//!   (anything sent in between only makes `WAIT` wait for more): with
+//!   Sentinel a second connection to the primary, on a Cluster a second
+//!   cluster connection, whose `WAIT` is routed to the slot's primary.
 //!
 //! [`replicas`]: super::RedisSemaphoreBuilder::replicas
 
@@ -41,7 +48,7 @@ use std::time::Duration;
 use redis::{FromRedisValue, ParsingError, Value};
 
 use super::conn::Conn;
-use super::error::LeaseError;
+use super::error::{Failure, LeaseError, classify};
 use super::semaphore::{Inner, Keys};
 use crate::timer::timeout::Timeout;
 
@@ -68,6 +75,11 @@ pub(super) struct Failover {
     /// it switches to the new primary), until a script confirms that the
     /// quarantine started.
     loss_known: Arc<AtomicBool>,
+    /// Set when a call failed for a transient reason, or (on a Cluster) a
+    /// connection to a node dropped: the server may come back as another,
+    /// a replica promoted in its place. Until the replication id is read
+    /// again, each grant reads it first (see [`Inner::check_identity`]).
+    suspect: Arc<AtomicBool>,
     /// `WAIT` on grants, if asked for.
     pub(super) replicas: Option<Replicas>,
 }
@@ -87,7 +99,7 @@ impl Failover {
         conn: &Conn,
         keys: &Keys,
         quarantine: bool,
-        loss_known: Arc<AtomicBool>,
+        (loss_known, suspect): (Arc<AtomicBool>, Arc<AtomicBool>),
         replicas: Option<Replicas>,
     ) -> redis::RedisResult<Self> {
         let mut epoch = String::new();
@@ -99,12 +111,13 @@ impl Failover {
                 .await?;
             // `INFO` needs `@dangerous`: a user without it only has the
             // epoch marker and the fence check.
-            replid = replication_id(conn, &keys.leases).await.ok().flatten();
+            replid = replication_id(conn, &keys.epoch).await.ok().flatten();
         }
         Ok(Self {
             epoch: Mutex::new(epoch.into()),
             replid: Mutex::new(replid.map(|(id, _)| id)),
             loss_known,
+            suspect,
             replicas,
         })
     }
@@ -123,6 +136,35 @@ impl Failover {
             true => "1",
             false => "0",
         }
+    }
+
+    /// A call failed for a transient reason: the next grant first reads
+    /// the server's identity (if there is one to compare with).
+    pub(super) fn suspect(&self) {
+        if !self.epoch().is_empty() {
+            self.suspect.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether the next grant reads the server's identity first.
+    pub(super) fn is_suspect(&self) -> bool {
+        self.suspect.load(Ordering::Acquire)
+    }
+
+    /// Records the ids the server has now; `true` if they show a replica
+    /// promoted in place of the server read before (the loss is then
+    /// known, for the next acquire script).
+    fn saw(&self, now: (String, String)) -> bool {
+        let promoted = {
+            let mut seen = self.replid.lock().unwrap_or_else(PoisonError::into_inner);
+            let promoted = seen.as_deref().is_some_and(|old| is_promotion(old, &now));
+            *seen = Some(now.0);
+            promoted
+        };
+        if promoted {
+            self.loss_known.store(true, Ordering::Release);
+        }
+        promoted
     }
 
     /// An acquire answered that grants are quarantined, with the marker
@@ -167,13 +209,11 @@ impl Inner {
     /// After a grant made on `conn`: with `replicas`, waits for that many
     /// replicas to acknowledge it. On too few, the grant is not counted
     /// (the caller's pending id releases it).
-    pub(super) async fn replicated(&self, conn: &mut Conn) -> Result<(), LeaseError> {
+    pub(super) async fn replicated(&self, conn: &Conn) -> Result<(), LeaseError> {
         let Some(r) = &self.failover.replicas else {
             return Ok(());
         };
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(r.count).arg(r.timeout.as_millis() as u64);
-        let wait = cmd.query_async::<i64>(conn);
+        let wait = conn.wait_replicas(&self.keys.leases, r.count, r.timeout);
         // The connection's own response timeout covers `r.timeout` too
         // (see `build`); this bounds a server that stops answering.
         let within = self.timer.sleep(r.timeout + self.response_timeout);
@@ -195,23 +235,41 @@ impl Inner {
     /// id, and starts the quarantine if the server is a promoted replica.
     async fn watch_identity(&self) {
         let f = &self.failover;
-        let read = replication_id(&self.conn, &self.keys.leases);
-        let Ok(Ok(Some((now, before)))) =
-            Timeout::new(read, self.timer.sleep(self.renew_every)).await
-        else {
+        let read = replication_id(&self.conn, &self.keys.epoch);
+        let Ok(Ok(Some(now))) = Timeout::new(read, self.timer.sleep(self.renew_every)).await else {
             return;
         };
-        let promoted = {
-            let mut seen = f.replid.lock().unwrap_or_else(PoisonError::into_inner);
-            let now = (now, before);
-            let promoted = seen.as_deref().is_some_and(|old| is_promotion(old, &now));
-            *seen = Some(now.0);
-            promoted
-        };
-        if promoted {
-            f.loss_known.store(true, Ordering::Release);
-            if self.quarantine_now().await {
-                f.loss_known.store(false, Ordering::Release);
+        f.suspect.store(false, Ordering::Release);
+        if f.saw(now) && self.quarantine_now().await {
+            f.loss_known.store(false, Ordering::Release);
+        }
+    }
+
+    /// Before a grant after a transient failure (see `Failover::suspect`):
+    /// reads the server's identity, so that a replica promoted while this
+    /// client could not reach the old primary is known before it grants
+    /// anything (the acquire script then starts the quarantine). A
+    /// transient failure is returned (the grant is retried as if its own
+    /// call had failed); `INFO` refused ends the check (there is nothing
+    /// to read); a replica's answer (the slot map of a Cluster client not
+    /// yet read again) leaves it for the next grant.
+    pub(super) async fn check_identity(&self) -> redis::RedisResult<()> {
+        let f = &self.failover;
+        let read = replication_id(&self.conn, &self.keys.epoch);
+        let r = Timeout::new(read, self.timer.sleep(self.response_timeout))
+            .await
+            .unwrap_or_else(|_elapsed| Err(super::conn::no_answer()));
+        match r {
+            Ok(Some(now)) => {
+                f.suspect.store(false, Ordering::Release);
+                f.saw(now);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) if classify(&e) == Failure::Transient => Err(e),
+            Err(_) => {
+                f.suspect.store(false, Ordering::Release);
+                Ok(())
             }
         }
     }
@@ -233,10 +291,13 @@ impl Inner {
 }
 
 /// The `master_replid` and `master_replid2` of the node that runs the
-/// scripts for `key`, if it is a primary (`None` for a replica: its ids
-/// are its primary's).
-async fn replication_id(conn: &Conn, key: &str) -> redis::RedisResult<Option<(String, String)>> {
-    Ok(parse_replication(&conn.info_replication(key).await?))
+/// scripts for the semaphore whose epoch marker is `epoch_key`, if it is a
+/// primary (`None` for a replica: its ids are its primary's).
+async fn replication_id(
+    conn: &Conn,
+    epoch_key: &str,
+) -> redis::RedisResult<Option<(String, String)>> {
+    Ok(parse_replication(&conn.info_replication(epoch_key).await?))
 }
 
 /// `master_replid` and `master_replid2` from an `INFO replication` answer,

@@ -169,7 +169,10 @@ impl Inner {
                 Some(Err(_)) | None => {
                     // Out of reach: each lease stays unanswered, and is
                     // lost (`Unreachable`) when its deadline passes, unless
-                    // a later round gets through first.
+                    // a later round gets through first. The server may
+                    // come back as another (a promoted replica): the next
+                    // grant reads its identity first.
+                    self.failover.suspect();
                     for lease in &chunk {
                         if lease.lost_reason().is_some() {
                             self.forget_lease(&lease.id);

@@ -8,8 +8,9 @@
 //!   stderr, unless [`REQUIRE_REDIS_ENV`] is set (CI sets it);
 //! - process helpers for multi-process tests: [`signal`], [`spawn_child`],
 //!   [`ChildTest`], [`ChildLines`] and [`read_line_timeout`];
-//! - [`RedisCluster`]: a Redis Cluster of primaries made of such servers,
-//!   and [`SentinelSet`]: a primary, a replica and a Sentinel watching them;
+//! - [`RedisCluster`]: a Redis Cluster made of such servers (primaries
+//!   only, or with replicas), and [`SentinelSet`]: a primary, a replica
+//!   and one Sentinel (or several, with a quorum) watching them;
 //! - [`ConcurrencyProbe`] and [`ProbeClient`]: an independent count of
 //!   concurrent holders (threads or processes) that uses neither the library
 //!   nor Redis.
@@ -112,18 +113,31 @@ impl RedisServer {
 
     /// A server (or, with `sentinel_conf`, a Sentinel) in `dir`.
     fn start_in(dir: PathBuf, extra_args: &[&str], sentinel_conf: Option<PathBuf>) -> RedisServer {
+        let extra: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
+        RedisServer::start_in_with(dir, || extra.clone(), sentinel_conf)
+    }
+
+    /// [`start_in`](Self::start_in) with the extra arguments made afresh
+    /// at each attempt (a cluster node's bus port is a free port too, and
+    /// may be taken by the time the node starts).
+    fn start_in_with(
+        dir: PathBuf,
+        extra_args: impl Fn() -> Vec<String>,
+        sentinel_conf: Option<PathBuf>,
+    ) -> RedisServer {
         let log = dir.join("redis.log");
         let mut server = RedisServer {
             port: 0,
             dir,
             log,
-            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            extra_args: Vec::new(),
             sentinel_conf,
             child: Mutex::new(None),
         };
         let mut last_error = String::new();
         for _ in 0..10 {
             server.port = free_port();
+            server.extra_args = extra_args();
             match server.launch() {
                 Ok(()) => return server,
                 Err(Launch::PortTaken(e)) => last_error = e,
@@ -287,6 +301,22 @@ impl RedisServer {
     /// does not convert to `T`; see [`try_cmd`](Self::try_cmd).
     pub fn cmd<T: FromRedisValue>(&self, args: &[&str]) -> T {
         self.cmd_timeout(args, CMD_TIMEOUT)
+    }
+
+    /// [`cmd`](Self::cmd) on a Cluster replica: `READONLY` first, so that
+    /// it answers a read of its primary's slots instead of `MOVED`.
+    pub fn replica_cmd<T: FromRedisValue>(&self, args: &[&str]) -> T {
+        let read = || -> RedisResult<T> {
+            let mut conn = self.connection(CMD_TIMEOUT)?;
+            redis::cmd("READONLY").exec(&mut conn)?;
+            let (name, rest) = args.split_first().expect("a command needs a name");
+            let mut command = redis::cmd(name);
+            for arg in rest {
+                command.arg(*arg);
+            }
+            command.query(&mut conn)
+        };
+        read().unwrap_or_else(|e| panic!("{args:?} on replica {}: {e}", self.port))
     }
 
     /// [`cmd`](Self::cmd) with a read/write timeout of `timeout` (e.g. for
@@ -478,9 +508,12 @@ pub const REDIS_CLI_ENV: &str = "BULKHEAD_REDIS_CLI";
 /// Sentinel to see the primary and its replica.
 pub const FORM_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A Redis Cluster of primaries only, each a [`RedisServer`] on a free
-/// loopback port (its cluster bus on another free port), the slots spread
-/// evenly by `redis-cli --cluster create`. Dropping it kills every node.
+/// A Redis Cluster, each node a [`RedisServer`] on a free loopback port
+/// (its cluster bus on another free port), the slots spread evenly over the
+/// primaries by `redis-cli --cluster create`: primaries only
+/// ([`start_or_skip`](Self::start_or_skip)), or with replicas
+/// ([`start_with_or_skip`](Self::start_with_or_skip)). Dropping it kills
+/// every node.
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
@@ -494,30 +527,60 @@ impl RedisCluster {
     /// Panics if `redis-cli` cannot be run or the cluster does not form
     /// within [`FORM_TIMEOUT`].
     pub fn start_or_skip(primaries: usize) -> Option<RedisCluster> {
+        RedisCluster::start_with_or_skip(primaries, 0, &[])
+    }
+
+    /// A cluster of `primaries` primaries with `replicas` replicas each
+    /// (`redis-cli --cluster create --cluster-replicas`), every node
+    /// started with `extra_args` as well (such as
+    /// `&["--cluster-node-timeout", "1000"]`, which overrides the default
+    /// 2000 ms); waits until the cluster is `ok` on every node and every
+    /// replica's link to its primary is up. All nodes are started in
+    /// parallel. `None` where no `redis-server` can be run.
+    pub fn start_with_or_skip(
+        primaries: usize,
+        replicas: usize,
+        extra_args: &[&str],
+    ) -> Option<RedisCluster> {
         if !server_available() {
             return None;
         }
-        let nodes: Vec<RedisServer> = (0..primaries)
+        let extra: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
+        let starts: Vec<_> = (0..primaries * (1 + replicas))
             .map(|_| {
-                let bus = free_port().to_string();
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-port",
-                    &bus,
-                    "--cluster-node-timeout",
-                    "2000",
-                ])
+                let extra = extra.clone();
+                thread::spawn(move || {
+                    let args = || {
+                        let mut args: Vec<String> = [
+                            "--cluster-enabled",
+                            "yes",
+                            "--cluster-config-file",
+                            "nodes.conf",
+                            "--cluster-port",
+                            &free_port().to_string(),
+                            "--cluster-node-timeout",
+                            "2000",
+                        ]
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect();
+                        args.extend(extra.iter().cloned());
+                        args
+                    };
+                    RedisServer::start_in_with(temp_dir("redis"), args, None)
+                })
             })
+            .collect();
+        let nodes: Vec<RedisServer> = starts
+            .into_iter()
+            .map(|t| t.join().expect("a cluster node failed to start"))
             .collect();
         let cli = std::env::var_os(REDIS_CLI_ENV).unwrap_or_else(|| OsString::from("redis-cli"));
         let output = Command::new(&cli)
             .arg("--cluster")
             .arg("create")
             .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())))
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| {
@@ -539,6 +602,12 @@ impl RedisCluster {
                 .nodes
                 .iter()
                 .all(|n| cluster.shards_seen_by(n) == primaries)
+                && cluster.nodes.iter().all(|n| {
+                    n.try_cmd::<String>(&["INFO", "replication"])
+                        .is_ok_and(|i| {
+                            i.contains("role:master") || i.contains("master_link_status:up")
+                        })
+                })
         });
         assert!(formed, "the cluster did not form within {FORM_TIMEOUT:?}");
         Some(cluster)
@@ -571,14 +640,15 @@ impl RedisCluster {
 
     /// The hash slot of `key`, as the cluster computes it.
     pub fn slot(&self, key: &str) -> u16 {
-        let slot: i64 = self.nodes[0].cmd(&["CLUSTER", "KEYSLOT", key]);
+        let slot: i64 = self.live()[0].cmd(&["CLUSTER", "KEYSLOT", key]);
         u16::try_from(slot).expect("a slot fits u16")
     }
 
-    /// The node that owns `key`'s slot, by the first node's `CLUSTER NODES`.
+    /// The node that owns `key`'s slot, by the first live node's `CLUSTER
+    /// NODES`.
     pub fn owner(&self, key: &str) -> &RedisServer {
         let slot = self.slot(key);
-        let table: String = self.nodes[0].cmd(&["CLUSTER", "NODES"]);
+        let table: String = self.live()[0].cmd(&["CLUSTER", "NODES"]);
         for line in table.lines() {
             let fields: Vec<&str> = line.split(' ').collect();
             let port = fields
@@ -600,6 +670,74 @@ impl RedisCluster {
         }
         panic!("no node owns slot {slot} of {key:?}:\n{table}");
     }
+
+    /// The nodes that run (not stopped by a test).
+    pub fn live(&self) -> Vec<&RedisServer> {
+        self.nodes.iter().filter(|n| n.is_running()).collect()
+    }
+
+    /// The node on `port`.
+    pub fn node(&self, port: u16) -> &RedisServer {
+        self.nodes
+            .iter()
+            .find(|n| n.port() == port)
+            .unwrap_or_else(|| panic!("no node of the cluster is on port {port}"))
+    }
+
+    /// The replicas of the primary on `port`, by that primary's
+    /// `INFO replication` (`slaveN:ip=…,port=…`).
+    pub fn replicas_of(&self, port: u16) -> Vec<&RedisServer> {
+        let info: String = self.node(port).cmd(&["INFO", "replication"]);
+        info.lines()
+            .filter(|l| l.starts_with("slave") && l.contains("port="))
+            .filter_map(|l| {
+                l.split(',')
+                    .find_map(|f| f.strip_prefix("port="))
+                    .and_then(|p| p.trim().parse::<u16>().ok())
+            })
+            .map(|p| self.node(p))
+            .collect()
+    }
+
+    /// Waits until every live node names the node on `port` as the owner
+    /// of `key`'s slot (after a failover); returns whether they did within
+    /// `timeout`.
+    pub fn wait_owner(&self, key: &str, port: u16, timeout: Duration) -> bool {
+        let slot = self.slot(key);
+        eventually(timeout, || {
+            self.nodes
+                .iter()
+                .filter(|n| n.is_running())
+                .all(|n| slot_owner_port(n, slot) == Some(port))
+        })
+    }
+}
+
+/// The port of the primary that `node`'s `CLUSTER NODES` says owns `slot`
+/// (a node marked `fail` owns nothing).
+fn slot_owner_port(node: &RedisServer, slot: u16) -> Option<u16> {
+    let table: String = node.try_cmd(&["CLUSTER", "NODES"]).ok()?;
+    table.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let flags = fields.get(2)?;
+        if !flags.contains("master") || flags.contains("fail") {
+            return None;
+        }
+        let owns = fields.iter().skip(8).any(|range| {
+            let mut ends = range.splitn(2, '-');
+            let lo = ends.next().and_then(|n| n.parse::<u16>().ok());
+            let hi = ends.next().and_then(|n| n.parse::<u16>().ok()).or(lo);
+            matches!((lo, hi), (Some(lo), Some(hi)) if (lo..=hi).contains(&slot))
+        });
+        if !owns {
+            return None;
+        }
+        fields
+            .get(1)
+            .and_then(|addr| addr.split('@').next())
+            .and_then(|addr| addr.rsplit(':').next())
+            .and_then(|p| p.parse::<u16>().ok())
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -610,12 +748,14 @@ impl RedisCluster {
 pub const SERVICE: &str = "mymaster";
 
 /// A primary, one replica of it and one Sentinel (quorum 1) on loopback,
-/// the Sentinel declaring the primary down after 500 ms without an answer.
-/// Dropping it kills all three.
+/// the Sentinel declaring the primary down after 500 ms without an answer
+/// ([`start_or_skip`](Self::start_or_skip)); or several Sentinels with a
+/// quorum ([`start_with_or_skip`](Self::start_with_or_skip)). Dropping it
+/// kills them all.
 #[derive(Debug)]
 pub struct SentinelSet {
     servers: Vec<RedisServer>,
-    sentinel: RedisServer,
+    sentinels: Vec<RedisServer>,
 }
 
 impl SentinelSet {
@@ -623,14 +763,28 @@ impl SentinelSet {
     /// sees its replica connected; `None` where no `redis-server` can be
     /// run. Panics if they do not come together within [`FORM_TIMEOUT`].
     pub fn start_or_skip() -> Option<SentinelSet> {
+        SentinelSet::start_with_or_skip(1, 1, 500)
+    }
+
+    /// A primary, a replica and `sentinels` Sentinels (started in
+    /// parallel) with `quorum`, each declaring the primary down after
+    /// `down_after_ms`; waits until every Sentinel sees the replica
+    /// connected and knows every other Sentinel (they find each other
+    /// through the primary's `__sentinel__:hello` channel, every 2 s), so
+    /// that a failover can be agreed on at once.
+    pub fn start_with_or_skip(
+        sentinels: usize,
+        quorum: usize,
+        down_after_ms: u64,
+    ) -> Option<SentinelSet> {
         if !server_available() {
             return None;
         }
         let primary = RedisServer::start_with(&[]);
         let port = primary.port().to_string();
         let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-        // Linked before the Sentinel starts, so that its first look at the
-        // primary (`INFO`, then every 10 s) finds the replica.
+        // Linked before the Sentinels start, so that their first look at
+        // the primary (`INFO`, then every 10 s) finds the replica.
         let linked = eventually(FORM_TIMEOUT, || {
             replica
                 .try_cmd::<String>(&["INFO", "replication"])
@@ -640,63 +794,87 @@ impl SentinelSet {
             linked,
             "the replica did not link to its primary within {FORM_TIMEOUT:?}"
         );
-        let dir = temp_dir("sentinel");
-        let conf = dir.join("sentinel.conf");
-        fs::write(
-            &conf,
-            format!(
-                "sentinel monitor {SERVICE} 127.0.0.1 {port} 1\n\
-                 sentinel down-after-milliseconds {SERVICE} 500\n\
-                 sentinel failover-timeout {SERVICE} 5000\n\
-                 sentinel parallel-syncs {SERVICE} 1\n"
-            ),
-        )
-        .unwrap_or_else(|e| panic!("could not write {}: {e}", conf.display()));
-        let sentinel = RedisServer::start_in(dir, &[], Some(conf));
+        // With several Sentinels a split vote makes them try again after
+        // twice this: 4 s, not 10 s.
+        let failover_timeout = if sentinels > 1 { 2000 } else { 5000 };
+        let starts: Vec<_> = (0..sentinels)
+            .map(|_| {
+                let port = port.clone();
+                thread::spawn(move || {
+                    let dir = temp_dir("sentinel");
+                    let conf = dir.join("sentinel.conf");
+                    fs::write(
+                        &conf,
+                        format!(
+                            "sentinel monitor {SERVICE} 127.0.0.1 {port} {quorum}\n\
+                             sentinel down-after-milliseconds {SERVICE} {down_after_ms}\n\
+                             sentinel failover-timeout {SERVICE} {failover_timeout}\n\
+                             sentinel parallel-syncs {SERVICE} 1\n"
+                        ),
+                    )
+                    .unwrap_or_else(|e| panic!("could not write {}: {e}", conf.display()));
+                    RedisServer::start_in(dir, &[], Some(conf))
+                })
+            })
+            .collect();
+        let sentinels: Vec<RedisServer> = starts
+            .into_iter()
+            .map(|t| t.join().expect("a sentinel failed to start"))
+            .collect();
         let set = SentinelSet {
             servers: vec![primary, replica],
-            sentinel,
+            sentinels,
         };
+        let others = set.sentinels.len() - 1;
         let ready = eventually(FORM_TIMEOUT, || {
             let linked = set.servers[1]
                 .try_cmd::<String>(&["INFO", "replication"])
                 .is_ok_and(|i| i.contains("master_link_status:up"));
-            let seen = set
-                .sentinel
-                .try_cmd::<Vec<std::collections::HashMap<String, String>>>(&[
-                    "SENTINEL", "REPLICAS", SERVICE,
-                ])
-                .is_ok_and(|replicas| {
-                    replicas.iter().any(|r| {
-                        r.get("flags").is_some_and(|f| f == "slave")
-                            && r.get("master-link-status").is_some_and(|s| s == "ok")
-                    })
-                });
-            linked && seen
+            linked
+                && set.sentinels.iter().all(|sentinel| {
+                    let seen = sentinel
+                        .try_cmd::<Vec<std::collections::HashMap<String, String>>>(&[
+                            "SENTINEL", "REPLICAS", SERVICE,
+                        ])
+                        .is_ok_and(|replicas| {
+                            replicas.iter().any(|r| {
+                                r.get("flags").is_some_and(|f| f == "slave")
+                                    && r.get("master-link-status").is_some_and(|s| s == "ok")
+                            })
+                        });
+                    let peers = sentinel
+                        .try_cmd::<Vec<redis::Value>>(&["SENTINEL", "SENTINELS", SERVICE])
+                        .is_ok_and(|peers| peers.len() == others);
+                    seen && peers
+                })
         });
         assert!(
             ready,
-            "the sentinel did not see the primary and its replica within {FORM_TIMEOUT:?}\n--- sentinel log ---\n{}",
-            set.sentinel.log_tail(20)
+            "the sentinels did not see the primary, its replica and each other within {FORM_TIMEOUT:?}\n--- sentinel log ---\n{}",
+            set.sentinels[0].log_tail(20)
         );
         Some(set)
     }
 
-    /// The Sentinel's URL.
-    pub fn sentinel_url(&self) -> String {
-        self.sentinel.url()
+    /// Every Sentinel.
+    pub fn sentinels(&self) -> &[RedisServer] {
+        &self.sentinels
     }
 
-    /// The Sentinel itself.
+    /// The (first) Sentinel's URL.
+    pub fn sentinel_url(&self) -> String {
+        self.sentinels[0].url()
+    }
+
+    /// The (first) Sentinel itself.
     pub fn sentinel(&self) -> &RedisServer {
-        &self.sentinel
+        &self.sentinels[0]
     }
 
     /// The port of the primary the Sentinel names now.
     pub fn primary_port(&self) -> u16 {
         let addr: Vec<String> =
-            self.sentinel
-                .cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE]);
+            self.sentinels[0].cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE]);
         addr.get(1)
             .and_then(|p| p.parse().ok())
             .expect("the sentinel names a primary")
@@ -728,8 +906,7 @@ impl SentinelSet {
         let mut found = None;
         eventually(timeout, || {
             let addr: RedisResult<Vec<String>> =
-                self.sentinel
-                    .try_cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE]);
+                self.sentinels[0].try_cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE]);
             let Some(port) = addr
                 .ok()
                 .and_then(|a| a.get(1).and_then(|p| p.parse::<u16>().ok()))

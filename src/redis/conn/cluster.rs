@@ -9,10 +9,17 @@ use std::sync::{Arc, Mutex, PoisonError};
 use event_listener::{Event, EventListener};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, PushInfo, PushKind, Value};
+use std::time::Duration;
 
-use super::{Conn, Connected, Settings, Subscriber, Subscription, Wake, on_channel, parse_wake};
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, Pipeline, PushInfo, PushKind, RedisFuture, Value};
+
+use super::{
+    Conn, Connected, Settings, Subscriber, Subscription, Wake, no_answer, on_channel, parse_wake,
+};
 use crate::redis::error::ConfigError;
+use crate::timer::Timer;
+use crate::timer::timeout::Timeout;
 
 /// The most wake-ups kept for the subscriber; past it they collapse into
 /// one that wakes every waiter.
@@ -24,6 +31,10 @@ pub(in crate::redis) struct Pushes {
     state: Mutex<State>,
     /// Notified for every push.
     event: Event,
+    /// With the quarantine on: set when a connection to a node dropped
+    /// (the node may have died, and a replica be promoted in its place),
+    /// for the next grant to read the server's identity first.
+    suspect: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 #[derive(Default)]
@@ -51,6 +62,9 @@ impl Pushes {
             // A (re)subscription: messages may have been missed.
             PushKind::SSubscribe => Wake::Free(usize::MAX),
             PushKind::SUnsubscribe | PushKind::Disconnection => {
+                if let (PushKind::Disconnection, Some(suspect)) = (&info.kind, &self.suspect) {
+                    suspect.store(true, std::sync::atomic::Ordering::Release);
+                }
                 let mut state = self.lock();
                 state.lost = true;
                 state.wakes.push_back(Wake::Free(usize::MAX));
@@ -105,7 +119,10 @@ pub(super) async fn connect(
     client: ClusterClient,
     settings: &Settings,
 ) -> Result<Connected, ConfigError> {
-    let pushes = Arc::new(Pushes::default());
+    let pushes = Arc::new(Pushes {
+        suspect: settings.suspect.clone(),
+        ..Pushes::default()
+    });
     let config = ClusterConfig::new()
         .set_connection_timeout(settings.response_timeout)
         .set_response_timeout(settings.response_timeout);
@@ -131,11 +148,34 @@ pub(super) async fn connect(
             .await
             .map_err(ConfigError::of)?
     };
+    // With `replicas`: the grants' own connections (one per node, as the
+    // shared ones), whose `WAIT` holds up no renewal; no pushes on them.
+    let grant_conn = match settings.wait {
+        None => None,
+        Some(wait) => {
+            let config = ClusterConfig::new()
+                .set_connection_timeout(settings.response_timeout)
+                .set_response_timeout(settings.response_timeout + wait);
+            let grants = client
+                .get_async_connection_with_config(config)
+                .await
+                .map_err(ConfigError::of)?;
+            Some(Conn::Cluster(Bounded::new(
+                grants,
+                settings.timer.clone(),
+                settings.response_timeout + wait,
+            )))
+        }
+    };
     Ok(Connected {
-        conn: Conn::Cluster(conn.clone()),
+        conn: Conn::Cluster(Bounded::new(
+            conn.clone(),
+            settings.timer.clone(),
+            settings.response_timeout,
+        )),
         subscriber: Subscriber::Cluster { conn, pushes },
         publish: "SPUBLISH",
-        grant_conn: None,
+        grant_conn,
     })
 }
 
@@ -151,14 +191,30 @@ pub(super) async fn check_channel(
         .arg("free 0")
         .query_async(&mut conn)
         .await
-        .map_err(on_channel)?;
+        .map_err(on_sharded)?;
     conn.ssubscribe(channel).await.map_err(|e| {
         if e.kind() == ErrorKind::InvalidClientConfig {
             ConfigError::NeedsResp3(e)
         } else {
-            on_channel(e)
+            on_sharded(e)
         }
     })
+}
+
+/// A command the node does not know (Redis 6, or renamed away) is
+/// `NoShardedPubSub`; anything else as [`on_channel`].
+fn on_sharded(e: redis::RedisError) -> ConfigError {
+    if is_unknown_command(&e) {
+        ConfigError::NoShardedPubSub(e)
+    } else {
+        on_channel(e)
+    }
+}
+
+/// Whether Redis answered `ERR unknown command …`.
+fn is_unknown_command(e: &redis::RedisError) -> bool {
+    e.kind() == ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+        && e.detail().is_some_and(|d| d.starts_with("unknown command"))
 }
 
 pub(super) async fn subscribe(
@@ -174,4 +230,73 @@ pub(super) async fn subscribe(
         pushes: pushes.clone(),
         listener: None,
     })
+}
+
+/// A cluster connection whose every call is bounded by a timeout of its
+/// own: the redis crate retries a call to a node it cannot reach (a dead
+/// primary) until the slot map changes, for longer than its response
+/// timeout (which bounds each try, not their sum, for a client built
+/// without `overall_response_timeout`), and a call held that long would
+/// run on a promoted replica before this client learns of the promotion.
+/// A call cut short is dropped by the crate at its next try.
+#[derive(Clone)]
+pub(in crate::redis) struct Bounded {
+    pub(super) conn: ClusterConnection,
+    timer: Arc<dyn Timer>,
+    within: Duration,
+}
+
+impl Bounded {
+    pub(super) fn new(conn: ClusterConnection, timer: Arc<dyn Timer>, within: Duration) -> Self {
+        Self {
+            conn,
+            timer,
+            within,
+        }
+    }
+
+    /// Sends `cmd` to the primary that owns `key`'s slot (by the slot map
+    /// as the connection knows it).
+    pub(super) async fn on_owner(&self, cmd: &redis::Cmd, key: &str) -> redis::RedisResult<Value> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let route = Route::with_key(key, SlotAddr::Master);
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+        let mut conn = self.conn.clone();
+        self.bounded(conn.route_command(cmd.clone(), routing)).await
+    }
+
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> redis::RedisResult<T> {
+        Timeout::new(call, self.timer.sleep(self.within))
+            .await
+            .unwrap_or_else(|_elapsed| Err(no_answer()))
+    }
+}
+
+impl ConnectionLike for Bounded {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            self.bounded(conn.req_packed_command(cmd)).await
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            self.bounded(conn.req_packed_commands(cmd, offset, count))
+                .await
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
+    }
 }

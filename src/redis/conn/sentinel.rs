@@ -38,6 +38,9 @@ pub(in crate::redis) struct Primary {
     /// Notified when the primary changed.
     moved: Event,
     config: ConnectionManagerConfig,
+    /// With `replicas`: the config of the grants' own connection (its
+    /// response timeout covers the `WAIT`).
+    grant_config: Option<ConnectionManagerConfig>,
     timeout: Duration,
     timer: Arc<dyn Timer>,
     spawner: Spawner,
@@ -52,6 +55,8 @@ struct Current {
     generation: u64,
     client: redis::Client,
     conn: ConnectionManager,
+    /// With `replicas`: the grants' own connection to the same primary.
+    grants: Option<ConnectionManager>,
     /// When Sentinel was last asked.
     asked: Instant,
     /// The primary's `master_replid` (with the quarantine on, if `INFO`
@@ -83,18 +88,34 @@ pub(super) async fn connect(
         Some(_) => replication_id(&conn).await.map(|ids| ids.0),
         None => None,
     };
+    let grant_config = settings.wait.map(|wait| {
+        config
+            .clone()
+            .set_response_timeout(Some(settings.response_timeout + wait))
+    });
+    let grants = match &grant_config {
+        None => None,
+        Some(grant_config) => Some(
+            client
+                .get_connection_manager_with_config(grant_config.clone())
+                .await
+                .map_err(ConfigError::of)?,
+        ),
+    };
     let primary = Arc::new(Primary {
         sentinel: Mutex::new(Some(sentinel)),
         current: Mutex::new(Current {
             generation: 0,
             client,
             conn,
+            grants,
             asked: Instant::now(),
             replid,
         }),
         finding: AtomicBool::new(false),
         moved: Event::new(),
         config,
+        grant_config,
         timeout: settings.response_timeout,
         timer: settings.timer.clone(),
         spawner: settings.spawner.clone(),
@@ -103,9 +124,9 @@ pub(super) async fn connect(
     settings.spawner.spawn(watch(Arc::downgrade(&primary)));
     Ok(Connected {
         conn: Conn::Sentinel(primary.clone()),
+        grant_conn: settings.wait.map(|_| Conn::SentinelGrants(primary.clone())),
         subscriber: Subscriber::Sentinel(primary),
         publish: "PUBLISH",
-        grant_conn: None,
     })
 }
 
@@ -198,9 +219,15 @@ fn may_have_moved(result: &RedisResult<Value>) -> bool {
 }
 
 impl Primary {
-    fn current(&self) -> (u64, ConnectionManager) {
+    /// The current primary's generation and connection: the grants' own
+    /// with `grants` (if there is one).
+    fn current(&self, grants: bool) -> (u64, ConnectionManager) {
         let current = lock(&self.current);
-        (current.generation, current.conn.clone())
+        let conn = match (&current.grants, grants) {
+            (Some(conn), true) => conn,
+            _ => &current.conn,
+        };
+        (current.generation, conn.clone())
     }
 
     pub(super) fn client(&self) -> redis::Client {
@@ -211,8 +238,10 @@ impl Primary {
         lock(&self.current).conn.get_db()
     }
 
-    pub(super) async fn request(self: Arc<Self>, cmd: &Cmd) -> RedisResult<Value> {
-        let (generation, mut conn) = self.current();
+    /// Sends `cmd` to the current primary, on the grants' own connection
+    /// with `grants`.
+    pub(super) async fn request(self: Arc<Self>, cmd: &Cmd, grants: bool) -> RedisResult<Value> {
+        let (generation, mut conn) = self.current(grants);
         let result = conn.req_packed_command(cmd).await;
         if may_have_moved(&result) {
             self.find(generation);
@@ -225,8 +254,9 @@ impl Primary {
         cmd: &Pipeline,
         offset: usize,
         count: usize,
+        grants: bool,
     ) -> RedisResult<Vec<Value>> {
-        let (generation, mut conn) = self.current();
+        let (generation, mut conn) = self.current(grants);
         let result = conn.req_packed_commands(cmd, offset, count).await;
         if let Err(e) = &result {
             if classify(e) == Failure::Transient {
@@ -322,6 +352,18 @@ impl Primary {
         else {
             return;
         };
+        let grants = match &self.grant_config {
+            None => None,
+            Some(config) => {
+                let Ok(grants) = client
+                    .get_connection_manager_with_config(config.clone())
+                    .await
+                else {
+                    return;
+                };
+                Some(grants)
+            }
+        };
         // Before any call goes to it: a promoted replica may lack the last
         // grants (the acquire script then starts the quarantine).
         let ids = match &self.loss_known {
@@ -337,6 +379,7 @@ impl Primary {
         current.generation += 1;
         current.client = client;
         current.conn = conn;
+        current.grants = grants;
         current.replid = ids.map(|ids| ids.0);
         drop(current);
         self.moved.notify(usize::MAX);
@@ -347,7 +390,7 @@ impl Primary {
     /// (the primary may have gone with it).
     pub(super) async fn subscribe(self: &Arc<Self>, channel: &str) -> Option<Subscription> {
         let listener = self.moved.listen();
-        let (generation, _) = self.current();
+        let (generation, _) = self.current(false);
         let client = self.client();
         let subscribed = async {
             let mut pubsub = client.get_async_pubsub().await.ok()?;
