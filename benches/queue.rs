@@ -105,11 +105,24 @@ impl<F: Future> Queue<F> {
 
     /// The timed part of a cancel sample (a function of its own, for a
     /// profiler to pick out).
+    ///
+    /// With `QUEUE_FENCE` set, a full fence follows each cancel, so that
+    /// no crate's cancel overlaps the next one's loads with its own pending
+    /// stores (the experiment in docs/benchmarks.md, "Cancelling in a long
+    /// line").
     #[inline(never)]
     fn cancel_batch(&mut self, picks: &[usize]) -> Duration {
+        let fenced = std::env::var_os("QUEUE_FENCE").is_some();
         let start = Instant::now();
-        for &i in picks {
-            self.slots[i].set(None);
+        if fenced {
+            for &i in picks {
+                self.slots[i].set(None);
+                std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            }
+        } else {
+            for &i in picks {
+                self.slots[i].set(None);
+            }
         }
         start.elapsed()
     }

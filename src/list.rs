@@ -182,7 +182,9 @@ impl<T: Linked> List<T> {
         Some(head)
     }
 
-    /// Unlinks `node`.
+    /// Unlinks `node`. Its links are left as they were, stale: nothing
+    /// reads an unlinked node's links, and linking it again overwrites
+    /// both (two stores fewer on a cancellation's path).
     ///
     /// # Safety
     ///
@@ -192,11 +194,7 @@ impl<T: Linked> List<T> {
         // `&mut self` gives exclusive access to the links of linked nodes.
         let (prev, next) = unsafe {
             let links = T::links(node).as_ref();
-            let prev = links.prev.with(|p| *p);
-            let next = links.next.with(|p| *p);
-            links.prev.with_mut(|p| *p = None);
-            links.next.with_mut(|p| *p = None);
-            (prev, next)
+            (links.prev.with(|p| *p), links.next.with(|p| *p))
         };
         debug_assert!(prev != Some(node), "node must not be linked to itself");
         match prev {

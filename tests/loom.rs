@@ -89,6 +89,35 @@ fn drop_queued_acquire() {
     });
 }
 
+/// A queued acquire behind the head, dropped while a release serves the
+/// head: it leaves by the short path (not the head, handed nothing: no
+/// distribution pass), or, if the head was served first, as the new head
+/// of a line it empties. Either way the head gets the permit, and the line
+/// and the balance are whole.
+#[test]
+fn drop_queued_acquire_behind_the_head() {
+    loom::model(|| {
+        let sem = Arc::new(Semaphore::new(0));
+        let mut head = Box::pin(sem.acquire());
+        assert!(poll_once(head.as_mut()).is_pending(), "no permit is free");
+        let s = sem.clone();
+        let behind = thread::spawn(move || {
+            let mut fut = pin!(s.acquire());
+            // The one permit is the head's, whenever it comes.
+            assert!(poll_once(fut.as_mut()).is_pending());
+            // `fut` is dropped here, queued.
+        });
+        sem.add_permits(1);
+        behind.join().unwrap();
+        let Poll::Ready(permit) = poll_once(head.as_mut()) else {
+            panic!("the head was not served");
+        };
+        drop(permit.unwrap());
+        assert_eq!(sem.available_permits(), 1);
+        assert_eq!(sem.queue_len(), 0);
+    });
+}
+
 /// A half-served acquire (fair mode: the head collects permits in parts)
 /// dropped while another waiter queues behind it: its permits go on to the
 /// next waiter.

@@ -12,8 +12,9 @@ use pin_project_lite::pin_project;
 use super::wake_list::WakeList;
 use super::{OwnedPermit, Permit, Semaphore};
 use crate::error::{AcquireError, TryAcquireError};
+use crate::list::List;
 use crate::list::{Linked, Links};
-use crate::loom::{AtomicUsize, Ordering, UnsafeCell, lock};
+use crate::loom::{AtomicUsize, MutexGuard, Ordering, UnsafeCell, lock};
 
 /// Set in [`Waiter::remaining`] when `close` unlinked the node.
 const NODE_CLOSED: usize = 1 << (usize::BITS - 1);
@@ -145,6 +146,17 @@ impl Waiter {
             r if r & NODE_CLOSED != 0 => Status::Closed(r & !NODE_CLOSED),
             r => Status::Waiting(r),
         }
+    }
+
+    /// Whether the node is linked and still owed all of `n` (the request
+    /// of a queued acquire, non-zero): one load and compare. Call with the
+    /// lock held.
+    #[inline]
+    fn owes_all(&self, n: usize) -> bool {
+        // `n` is at most `MAX_PERMITS`, so it never equals a value with
+        // `NODE_CLOSED` or `NODE_NOTIFIED` set, and it is not zero.
+        debug_assert!(n != 0 && n & (NODE_CLOSED | NODE_NOTIFIED) == 0);
+        self.remaining.load(Ordering::Relaxed) == n
     }
 
     /// Whether the stored waker wakes the same task as `waker`. Runs no user
@@ -485,6 +497,10 @@ impl Semaphore {
         }
     }
 
+    /// The drop of a queued future. Out of line, and small: the common
+    /// cancellation (in a long line, a waiter that is not the head and was
+    /// handed nothing) is decided and done here, with few registers to save,
+    /// and everything else is in [`cancel_rest`](Self::cancel_rest).
     #[inline(never)]
     fn cancel_queued(&self, waiter: Pin<&Waiter>, n: usize, phase: &mut Phase) {
         *phase = Phase::Done;
@@ -494,27 +510,42 @@ impl Semaphore {
         // a load of it before the lock's atomic would have to complete
         // before the lock is taken, in series with the loads of the links.
         let mut list = lock(&self.waiters);
+        let node = NonNull::from(waiter);
+        // Still owed all `n` (handed nothing), and not the head.
+        if waiter.owes_all(n) && list.front() != Some(node) {
+            // SAFETY: the status is read under the lock, and a waiting node
+            // is linked in this semaphore's list.
+            unsafe { list.remove(node) };
+            self.queued.store(list.len(), Ordering::Relaxed);
+            // Nothing came back and the head is the same, so nobody can be
+            // served who could not be before (and the line is not empty:
+            // the head is in it): no distribution pass. The waker stays in
+            // the node, which is now ours alone, and is dropped with the
+            // future after we unlock (one write and one read fewer under
+            // the lock: measured, see docs/benchmarks.md).
+            return;
+        }
+        self.cancel_rest(list, waiter, n);
+    }
+
+    /// The rest of [`cancel_queued`](Self::cancel_queued), with the lock
+    /// held (`list` is its guard): a node that was the head, was handed
+    /// some permits, was served, closed or notified.
+    #[cold]
+    #[inline(never)]
+    fn cancel_rest<'a>(
+        &'a self,
+        mut list: MutexGuard<'a, List<Waiter>>,
+        waiter: &Waiter,
+        n: usize,
+    ) {
         let give_back = match waiter.status() {
             Status::Waiting(owed) => {
-                let node = NonNull::from(waiter);
-                let was_head = list.front() == Some(node);
                 // SAFETY: the status is read under the lock, and a
                 // `Waiting` node is linked in this semaphore's list.
-                unsafe { list.remove(node) };
+                unsafe { list.remove(NonNull::from(waiter)) };
                 self.queued.store(list.len(), Ordering::Relaxed);
                 let handed = n - owed;
-                if handed == 0 && !was_head {
-                    // Nothing came back and the head is the same, so
-                    // nobody can be served who could not be before (and
-                    // the line is not empty: the head is in it). The
-                    // common cancellation, in a long line: no distribution
-                    // pass. The waker stays in the node, which is now ours
-                    // alone, and is dropped with the future after we
-                    // unlock (one write and one read fewer under the lock:
-                    // measured, see docs/benchmarks.md).
-                    drop(list);
-                    return;
-                }
                 // SAFETY: we hold the lock.
                 let waker = unsafe { waiter.take_waker() };
                 let overflow = handed != 0 && self.add_balance(handed).is_err();
