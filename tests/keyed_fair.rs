@@ -84,6 +84,23 @@ fn serve(mut waiting: Vec<(&'static str, Acquiring<'_>)>) -> Vec<&'static str> {
     order
 }
 
+/// [`serve`] for `n` grants only; returns them and the callers left.
+fn serve_n<'a>(
+    mut waiting: Vec<(&'static str, Acquiring<'a>)>,
+    n: usize,
+) -> (Vec<&'static str>, Vec<(&'static str, Acquiring<'a>)>) {
+    let mut order = Vec::new();
+    while order.len() < n {
+        let i = waiting
+            .iter_mut()
+            .position(|(_, fut)| poll_noop(fut.as_mut()).is_ready())
+            .expect("someone is granted");
+        // Polled to completion above: the permit was dropped with it.
+        order.push(waiting.remove(i).0);
+    }
+    (order, waiting)
+}
+
 fn repeat(round: &[&'static str], times: usize) -> Vec<&'static str> {
     round
         .iter()
@@ -213,35 +230,46 @@ fn the_global_gauge_and_the_keys_count_every_waiter() {
 
 #[test]
 fn the_global_line_bound_counts_the_callers_in_every_keys_line() {
-    let kb = builder().fair_shares().global_max_queue(2).build().unwrap();
+    let kb = builder().fair_shares().global_max_queue(4).build().unwrap();
     let hold = kb.try_acquire("holder").unwrap();
-    let waiting = waiters(&kb, &["a", "b"]);
-    let mut third = Box::pin(kb.acquire("c"));
-    match poll_noop(third.as_mut()) {
+    let waiting = waiters(&kb, &["first", "a", "a", "b"]);
+    let mut fifth = Box::pin(kb.acquire("c"));
+    match poll_noop(fifth.as_mut()) {
         Poll::Ready(Err(r)) => assert_eq!(r.reason(), KeyedRejectReason::GlobalFull),
         other => panic!("{other:?}"),
     }
     assert_eq!(kb.metrics_for("c").unwrap().rejected_by_global(), 1);
     drop(hold);
-    assert_eq!(serve(waiting), ["a", "b"]);
+    assert_eq!(serve(waiting), ["first", "a", "b", "a"]);
 }
 
 #[test]
 fn newcomers_do_not_take_a_seat_from_the_callers_waiting() {
     let kb = builder().fair_shares().build().unwrap();
     let hold = kb.try_acquire("holder").unwrap();
-    let mut waiting = waiters(&kb, &["a"]);
+    let mut waiting = waiters(&kb, &["first", "a", "a", "c"]);
     drop(hold);
-    // The seat is free, but it is `a`'s: `try_acquire` is turned away,
-    // and a call that may wait queues behind `a`.
+    // The first caller is admitted, and its turn passes to a, which has
+    // not queued for the seat yet when the first caller's permit is
+    // dropped: the seat is free, but it is a's. `try_acquire` is turned
+    // away, and a call that may wait joins its key's line, behind the
+    // keys ahead of it in the rotation.
+    let (_, mut first) = waiting.remove(0);
+    match poll_noop(first.as_mut()) {
+        Poll::Ready(Ok(permit)) => drop(permit),
+        other => panic!("{other:?}"),
+    }
     let r = kb.try_acquire("b").unwrap_err();
     assert_eq!(r.reason(), KeyedRejectReason::GlobalFull);
-    let mut late = Box::pin(kb.acquire("c"));
-    assert!(poll_noop(late.as_mut()).is_pending());
-    waiting.push(("c", late));
-    assert_eq!(serve(waiting), ["a", "c"]);
-    // Nobody waits: a free seat is taken at once again.
+    waiting.extend(waiters(&kb, &["b"]));
+    // b joined the rotation before a's turn came round again.
+    assert_eq!(serve(waiting), ["a", "c", "b", "a"]);
+    // Nobody waits: a free seat is taken at once again, and a call that
+    // finds one runs on its first poll.
     drop(kb.try_acquire("b").unwrap());
+    let mut call = Box::pin(kb.call("c", async { Ok::<_, ()>(1) }));
+    assert_eq!(poll_noop(call.as_mut()), Poll::Ready(Ok(1)));
+    assert_at_rest(&kb);
 }
 
 // Cancellation at every point of the wait.
@@ -250,16 +278,16 @@ fn newcomers_do_not_take_a_seat_from_the_callers_waiting() {
 fn a_caller_that_leaves_its_keys_line_is_skipped() {
     let kb = builder().fair_shares().build().unwrap();
     let hold = kb.try_acquire("holder").unwrap();
-    let mut waiting = waiters(&kb, &["first", "a", "a", "b", "b", "c"]);
+    let mut waiting = waiters(&kb, &["first", "a", "a", "a", "b", "b", "c"]);
     // The second of a's (waiting in its line) and c's only caller leave.
-    drop(waiting.remove(5));
+    drop(waiting.remove(6));
     drop(waiting.remove(2));
-    assert_eq!(kb.global_metrics().unwrap().queued(), 4);
+    assert_eq!(kb.global_metrics().unwrap().queued(), 5);
     assert_eq!(kb.metrics_for("c").unwrap().waiting_for_global(), 0);
-    assert_eq!(kb.metrics_for("a").unwrap().waiting_for_global(), 1);
-    assert_eq!(kb.metrics_for("a").unwrap().bulkhead().in_flight(), 1);
+    assert_eq!(kb.metrics_for("a").unwrap().waiting_for_global(), 2);
+    assert_eq!(kb.metrics_for("a").unwrap().bulkhead().in_flight(), 2);
     drop(hold);
-    assert_eq!(serve(waiting), ["first", "a", "b", "b"]);
+    assert_eq!(serve(waiting), ["first", "a", "b", "a", "b"]);
     assert_at_rest(&kb);
 }
 
@@ -283,7 +311,7 @@ fn a_seat_handed_to_a_caller_that_is_gone_goes_to_the_next_turn() {
 fn a_caller_given_its_turn_and_dropped_before_it_queued_passes_it_on() {
     let kb = builder().fair_shares().build().unwrap();
     let hold = kb.try_acquire("holder").unwrap();
-    let mut waiting = waiters(&kb, &["first", "a", "b"]);
+    let mut waiting = waiters(&kb, &["first", "a", "a", "b"]);
     drop(hold);
     // The first caller takes the seat; its turn passes to a (given, but a
     // has not been polled since, so it has not queued for the seat).
@@ -294,26 +322,29 @@ fn a_caller_given_its_turn_and_dropped_before_it_queued_passes_it_on() {
     };
     drop(waiting.remove(0));
     drop(permit);
-    assert_eq!(serve(waiting), ["b"]);
+    // a's turn is spent: b's comes, then a's again.
+    assert_eq!(serve(waiting), ["b", "a"]);
     assert_at_rest(&kb);
 }
 
 #[test]
 fn a_caller_dropped_while_it_waits_for_its_key_is_not_in_the_rotation() {
     let kb = KeyedBulkhead::<String>::builder()
-        .max_concurrent_calls(1)
+        .name("fair")
+        .max_concurrent_calls(2)
         .global_limit(1)
         .fair_shares()
         .build()
         .unwrap();
     let hold = kb.try_acquire("holder").unwrap();
-    let waiting = waiters(&kb, &["a", "b"]);
-    // a's second caller waits for a's own permit, then leaves.
-    let mut second = Box::pin(kb.acquire("a"));
-    assert!(poll_noop(second.as_mut()).is_pending());
-    drop(second);
+    let waiting = waiters(&kb, &["first", "a", "a", "b"]);
+    // a's third caller waits for one of a's own permits, then leaves.
+    let mut third = Box::pin(kb.acquire("a"));
+    assert!(poll_noop(third.as_mut()).is_pending());
+    drop(third);
+    assert_eq!(kb.metrics_for("a").unwrap().queued(), 2);
     drop(hold);
-    assert_eq!(serve(waiting), ["a", "b"]);
+    assert_eq!(serve(waiting), ["first", "a", "b", "a"]);
     assert_at_rest(&kb);
 }
 
@@ -323,13 +354,13 @@ fn a_call_dropped_while_it_runs_gives_its_seat_to_the_next_turn() {
     let hold = kb.try_acquire("holder").unwrap();
     let mut running = Box::pin(kb.call("a", std::future::pending::<Result<(), ()>>()));
     assert!(poll_noop(running.as_mut()).is_pending());
-    let waiting = waiters(&kb, &["b", "c"]);
+    let waiting = waiters(&kb, &["b", "b", "c"]);
     drop(hold);
     // a's turn came first: it has the seat and runs.
     assert!(poll_noop(running.as_mut()).is_pending());
     assert_eq!(kb.metrics_for("a").unwrap().admitted(), 1);
     drop(running);
-    assert_eq!(serve(waiting), ["b", "c"]);
+    assert_eq!(serve(waiting), ["b", "c", "b"]);
     assert_at_rest(&kb);
 }
 
@@ -345,7 +376,7 @@ async fn the_budget_covers_the_wait_in_the_keys_line() {
     // a is on its turn, b waits in its line; both from t = 0.
     let mut waiting = waiters(&kb, &["a", "b"]);
     tokio::time::advance(Duration::from_millis(60)).await;
-    let mut late = waiters(&kb, &["c"]);
+    let mut late = waiters(&kb, &["c", "c", "d"]);
     tokio::time::advance(Duration::from_millis(50)).await;
     // a (on its turn) and b (in its line) ran out of the budget.
     for (key, fut) in &mut waiting {
@@ -364,9 +395,9 @@ async fn the_budget_covers_the_wait_in_the_keys_line() {
         );
     }
     drop(waiting);
-    // c has its turn and the seat.
+    // c has its turn and the seat, then d (its turn), then c.
     drop(hold);
-    assert_eq!(serve(late.drain(..).collect()), ["c"]);
+    assert_eq!(serve(late.drain(..).collect()), ["c", "d", "c"]);
     assert_at_rest(&kb);
 }
 
@@ -374,7 +405,11 @@ async fn the_budget_covers_the_wait_in_the_keys_line() {
 fn closing_rejects_every_caller_waiting_for_its_turn() {
     let kb = builder().fair_shares().build().unwrap();
     let hold = kb.try_acquire("holder").unwrap();
-    let mut waiting = waiters(&kb, &["a", "a", "b"]);
+    let waiting = waiters(&kb, &["first", "a", "a", "b", "b"]);
+    drop(hold);
+    let (served, mut waiting) = serve_n(waiting, 3);
+    assert_eq!(served, ["first", "a", "b"]);
+    // One caller of a and one of b are left, one of them on its turn.
     kb.close();
     for (key, fut) in &mut waiting {
         match poll_noop(fut.as_mut()) {
@@ -383,7 +418,6 @@ fn closing_rejects_every_caller_waiting_for_its_turn() {
         }
     }
     drop(waiting);
-    drop(hold);
     assert_at_rest(&kb);
 }
 
@@ -391,25 +425,26 @@ fn closing_rejects_every_caller_waiting_for_its_turn() {
 fn a_raised_global_limit_serves_several_turns_at_once() {
     let kb = builder().fair_shares().build().unwrap();
     let hold = kb.try_acquire("holder").unwrap();
-    let mut waiting = waiters(&kb, &["a", "a", "b", "c"]);
+    let mut waiting = waiters(&kb, &["first", "a", "a", "b", "c"]);
     kb.global().unwrap().set_max_concurrent_calls(4);
     // The caller on its turn takes a new seat; as its turn passes, the
-    // seats free then give as many turns.
+    // two seats still free give turns to three callers (one to wait for
+    // the next seat), by the rotation: a, b, then c.
+    let mut served = Vec::new();
     let mut permits = Vec::new();
-    for _ in 0..3 {
-        waiting.retain_mut(|(_, fut)| match poll_noop(fut.as_mut()) {
-            Poll::Ready(out) => {
-                permits.push(out.unwrap());
-                false
-            }
-            Poll::Pending => true,
-        });
-    }
-    assert_eq!(permits.len(), 3, "three new seats, three callers served");
+    waiting.retain_mut(|(key, fut)| match poll_noop(fut.as_mut()) {
+        Poll::Ready(out) => {
+            served.push(*key);
+            permits.push(out.unwrap());
+            false
+        }
+        Poll::Pending => true,
+    });
+    assert_eq!(served, ["first", "a", "b"]);
     assert_eq!(kb.global_metrics().unwrap().in_flight(), 4);
-    drop(permits);
     drop(hold);
-    drop(waiting);
+    assert_eq!(serve(waiting), ["c", "a"]);
+    drop(permits);
     assert_at_rest(&kb);
 }
 
@@ -484,12 +519,12 @@ fn an_observer_that_panics_on_a_rejection_in_the_line_strands_nobody() {
     let observer = Arc::new(PanicsOnce::default());
     let kb = builder()
         .fair_shares()
-        .global_max_queue(2)
+        .global_max_queue(4)
         .observer(observer.clone())
         .build()
         .unwrap();
     let hold = kb.try_acquire("holder").unwrap();
-    let waiting = waiters(&kb, &["a", "b"]);
+    let waiting = waiters(&kb, &["first", "a", "a", "b"]);
     observer.rejected.store(true, Ordering::SeqCst);
     let mut c = Box::pin(kb.acquire("c"));
     let polled = catch_unwind(AssertUnwindSafe(|| poll_noop(c.as_mut())));
@@ -504,9 +539,9 @@ fn an_observer_that_panics_on_a_rejection_in_the_line_strands_nobody() {
         ),
         (1, 0, 0)
     );
-    assert_eq!(kb.global_metrics().unwrap().queued(), 2);
+    assert_eq!(kb.global_metrics().unwrap().queued(), 4);
     drop(hold);
-    assert_eq!(serve(waiting), ["a", "b"]);
+    assert_eq!(serve(waiting), ["first", "a", "b", "a"]);
     assert_at_rest(&kb);
 }
 
@@ -578,21 +613,6 @@ fn fair_shares_need_a_global_limit_of_their_own() {
         err.to_string(),
         "fair_shares needs a global_limit (not a shared global bulkhead)"
     );
-}
-
-#[test]
-fn calls_admitted_at_once_do_not_wait_for_a_turn() {
-    let kb = KeyedBulkhead::<String>::builder()
-        .max_concurrent_calls(2)
-        .global_limit(4)
-        .fair_shares()
-        .build()
-        .unwrap();
-    let mut call = Box::pin(kb.call("a", async { Ok::<_, ()>(1) }));
-    assert_eq!(poll_noop(call.as_mut()), Poll::Ready(Ok(1)));
-    let mut acquire: Acquiring<'_> = Box::pin(kb.acquire("a"));
-    assert!(matches!(poll_noop(acquire.as_mut()), Poll::Ready(Ok(_))));
-    assert_at_rest(&kb);
 }
 
 /// Nothing held, nobody waiting, anywhere.
