@@ -403,6 +403,35 @@ async fn the_budget_covers_the_wait_in_the_keys_line() {
     assert_at_rest(&kb);
 }
 
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_deadline_ends_the_wait_in_the_keys_line() {
+    let kb = builder().fair_shares().build().unwrap();
+    let hold = kb.try_acquire("holder").unwrap();
+    let mut waiting = waiters(&kb, &["first", "a", "a"]);
+    // b must be done in 50 ms; no hold time is known yet, so it may wait
+    // until then, in its key's line.
+    let by = (tokio::time::Instant::now() + Duration::from_millis(50)).into_std();
+    let mut b: Acquiring<'_> = Box::pin(kb.acquire_by("b", by));
+    assert!(poll_noop(b.as_mut()).is_pending());
+    waiting.extend(waiters(&kb, &["c"]));
+    tokio::time::advance(Duration::from_millis(60)).await;
+    match poll_noop(b.as_mut()) {
+        Poll::Ready(Err(r)) => assert_eq!(r.reason(), KeyedRejectReason::GlobalWontMakeDeadline),
+        other => panic!("{other:?}"),
+    }
+    drop(b);
+    let m = kb.metrics_for("b").unwrap();
+    assert_eq!(
+        (m.rejected_deadline(), m.waiting_for_global(), m.in_flight()),
+        (1, 0, 0)
+    );
+    assert_eq!(kb.global_metrics().unwrap().rejected_deadline(), 1);
+    drop(hold);
+    assert_eq!(serve(waiting), ["first", "a", "c", "a"]);
+    assert_at_rest(&kb);
+}
+
 #[test]
 fn closing_rejects_every_caller_waiting_for_its_turn() {
     let kb = builder().fair_shares().build().unwrap();

@@ -27,11 +27,12 @@
 //!
 //! The bulkhead's policy runs [`HoldEstimate`] (deadline-aware admission,
 //! on the hold-time average it keeps for retry hints) and [`QueueDelay`]
-//! (controlled delay, through `bulkhead/delay.rs`), and the bulkhead runs
-//! [`Seats`] (priority classes, through `bulkhead/classes.rs`); adaptive
-//! LIFO and [`Drr`] are not wired yet, hence the `dead_code` (and, for the
-//! re-exports below, `unused_imports`) allowance outside test builds.
-//! Each counts and
+//! (controlled delay, through `bulkhead/delay.rs`), the bulkhead runs
+//! [`Seats`] (priority classes, through `bulkhead/classes.rs`), and the
+//! keyed bulkhead runs [`Drr`] (fair shares of its global limit, through
+//! `keyed/fair.rs`); adaptive LIFO is not wired yet, hence the
+//! `dead_code` (and, for the re-exports below, `unused_imports`)
+//! allowance outside test builds. Each counts and
 //! decides; none owns the waiters. The line itself (who waits,
 //! in what order inside a class or key, whose deadline is when) stays with
 //! its owner, so that a cancelled waiter costs one call (`leave`) and no
