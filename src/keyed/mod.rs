@@ -1095,7 +1095,11 @@ where
         // one of theirs.
         let queue = self.fair_busy();
         let Some(spent) = spent else {
-            let decided = now(if queue { Now::Queue } else { Now::Wait });
+            // Two calls, each with a constant: `now` inlines with it folded.
+            let decided = match queue {
+                true => now(Now::Queue),
+                false => now(Now::Wait),
+            };
             unwinding.passed();
             return Some(match decided? {
                 Ok(permit) => Ok(permit),
