@@ -62,6 +62,10 @@
 //! two cannot deadlock, and a noisy key's excess callers wait in their own
 //! key's line holding nothing that others need: at most its limit of them
 //! can be in the global line, which is FIFO, so every key gets its turn.
+//! With [`fair_shares`](KeyedBulkheadBuilder::fair_shares), the global
+//! line is served by key instead: the keys with callers waiting take turns
+//! by weight ([`key_weight`](KeyedBulkheadBuilder::key_weight)), so a key
+//! with a high limit cannot fill it either.
 //!
 //! # Overload options
 //!
@@ -1482,6 +1486,7 @@ impl<K, S> fmt::Debug for KeyedBulkhead<K, S> {
             .field("keys_tracked", &inner.registry.len())
             .field("max_keys", &inner.registry.max_keys())
             .field("global", &inner.global)
+            .field("fair_shares", &inner.fair.is_some())
             .field("timer", &inner.clock)
             .field("closed", &inner.closed.load(Ordering::SeqCst))
             .finish_non_exhaustive()
