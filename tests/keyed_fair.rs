@@ -432,6 +432,93 @@ async fn a_deadline_ends_the_wait_in_the_keys_line() {
     assert_at_rest(&kb);
 }
 
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_standing_line_is_cut_as_the_turns_pass_down_it() {
+    let kb = builder()
+        .fair_shares()
+        .max_wait(Duration::from_secs(10))
+        .queue_delay(Duration::from_millis(10), Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let mut held = Some(kb.try_acquire("holder").unwrap());
+    let mut keys = vec!["first"];
+    keys.extend(["a"; 10]);
+    keys.extend(["b"; 10]);
+    // Each caller polled only when its waker was woken, as an executor
+    // does.
+    let mut waiting: Vec<_> = keys
+        .iter()
+        .map(|&key| {
+            let waker = common::Counted::new();
+            let mut fut: Acquiring<'_> = Box::pin(kb.acquire(key));
+            waker.assert_pending(fut.as_mut());
+            (key, fut, waker, 0)
+        })
+        .collect();
+    let (mut admitted, mut cut) = (Vec::new(), Vec::new());
+    for _ in 0..200 {
+        if waiting.is_empty() {
+            break;
+        }
+        // A seat held 20 ms: every wait stands past the 10 ms target.
+        tokio::time::advance(Duration::from_millis(20)).await;
+        drop(held.take());
+        loop {
+            let mut polled = false;
+            waiting.retain_mut(|(key, fut, waker, seen)| {
+                if waker.wakes() == *seen {
+                    return true;
+                }
+                *seen = waker.wakes();
+                polled = true;
+                match waker.poll(fut.as_mut()) {
+                    Poll::Pending => true,
+                    Poll::Ready(Ok(permit)) => {
+                        admitted.push(*key);
+                        assert!(held.replace(permit).is_none(), "two seats at once");
+                        false
+                    }
+                    Poll::Ready(Err(r)) => {
+                        assert_eq!(r.reason(), KeyedRejectReason::GlobalQueueDelay);
+                        cut.push(*key);
+                        false
+                    }
+                }
+            });
+            if !polled {
+                break;
+            }
+        }
+    }
+    assert!(
+        waiting.is_empty(),
+        "callers left waiting: {}",
+        waiting.len()
+    );
+    drop(held);
+    // Served by turns before the line was found standing, then cut.
+    assert!(admitted.len() >= 3, "{admitted:?}");
+    assert_eq!(admitted[..3], ["first", "a", "b"]);
+    assert!(!cut.is_empty(), "nobody was cut: {admitted:?}");
+    // Cut as their turns came: key by key, in the rotation's order.
+    assert!(cut.windows(2).all(|w| w[0] != w[1]), "{cut:?}");
+    let cut_of = |k: &str| cut.iter().filter(|c| **c == k).count() as u64;
+    assert_eq!(
+        kb.metrics_for("a").unwrap().rejected_queue_delay(),
+        cut_of("a")
+    );
+    assert_eq!(
+        kb.metrics_for("b").unwrap().rejected_queue_delay(),
+        cut_of("b")
+    );
+    assert_eq!(
+        kb.global_metrics().unwrap().rejected_queue_delay(),
+        cut.len() as u64
+    );
+    assert_at_rest(&kb);
+}
+
 #[test]
 fn closing_rejects_every_caller_waiting_for_its_turn() {
     let kb = builder().fair_shares().build().unwrap();
