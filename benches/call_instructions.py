@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 PATHS = ["call", "call_by", "call_queue_delay", "reject_full", "try_acquire", "keyed_call",
-         "keyed_call_timed", "keyed_call_queue_delay", "keyed_call_by", "contended",
+         "keyed_call_timed", "keyed_call_queue_delay", "keyed_call_fair", "keyed_call_by", "contended",
          "contended_max_wait"]
 RUNS = (6_400, 70_400)
 

@@ -21,6 +21,8 @@
 //! - `keyed_call_timed`: the same with a global limit, `max_wait` and
 //!   `call_timeout` of 10 s;
 //! - `keyed_call_queue_delay`: `keyed_call_timed` with controlled delay on;
+//! - `keyed_call_fair`: `keyed_call_timed` with fair shares on (nobody
+//!   waiting, so every call is admitted at once);
 //! - `keyed_call_by`: `KeyedBulkhead::call_by` on `keyed_call`'s bulkhead
 //!   with a deadline a minute away;
 //! - `contended`, `contended_max_wait`: 64 tasks on a current-thread tokio
@@ -74,6 +76,7 @@ fn main() {
         "keyed_call" => keyed_call(calls, false),
         "keyed_call_timed" => keyed_call(calls, true),
         "keyed_call_queue_delay" => keyed_call_queue_delay(calls),
+        "keyed_call_fair" => keyed_call_fair(calls),
         "keyed_call_by" => keyed_call_by(calls),
         "contended" => contended(calls, None),
         "contended_max_wait" => contended(calls, Some(Duration::from_secs(10))),
@@ -149,6 +152,16 @@ fn keyed_call_queue_delay(calls: u64) {
         .queue_delay(Duration::from_millis(5), Duration::from_millis(100))
         .build()
         .unwrap();
+    track(&kb);
+    for _ in 0..calls {
+        let out = poll(kb.call(black_box(&417u64), async { Ok::<_, ()>(black_box(1u32)) }));
+        assert!(matches!(black_box(out), Poll::Ready(Ok(1))));
+    }
+}
+
+#[inline(never)]
+fn keyed_call_fair(calls: u64) {
+    let kb = keyed(true).fair_shares().build().unwrap();
     track(&kb);
     for _ in 0..calls {
         let out = poll(kb.call(black_box(&417u64), async { Ok::<_, ()>(black_box(1u32)) }));

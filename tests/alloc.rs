@@ -782,6 +782,31 @@ fn keyed_every_path(
         );
     }
 
+    // Fair shares: callers wait for their key's turn (slots reused, the
+    // rotation's tables keep their storage), one leaves on its turn, one
+    // in its key's line, and the rest are served.
+    let fair = make(limits().fair_shares().max_wait(Duration::from_secs(10)));
+    assert_no_allocation(
+        &format!("{timer}: keyed fair shares, waiting for a turn"),
+        || {
+            let held = fair.try_acquire(&OTHER).unwrap();
+            let mut gone = pin!(Some(fair.call(&10, async { Ok::<_, ()>(0) })));
+            let mut first = pin!(fair.call(&KEY, async { Ok::<_, ()>(15) }));
+            let mut second = pin!(fair.call_by(&THIRD, by, async { Ok::<_, ()>(16) }));
+            let mut left = pin!(Some(fair.call(&11, async { Ok::<_, ()>(0) })));
+            assert!(poll_once(gone.as_mut().as_pin_mut().unwrap()).is_pending());
+            assert!(poll_once(first.as_mut()).is_pending());
+            assert!(poll_once(second.as_mut()).is_pending());
+            assert!(poll_once(left.as_mut().as_pin_mut().unwrap()).is_pending());
+            drop(held);
+            // On its turn, handed the seat: gone.
+            gone.set(None);
+            assert_eq!(poll_once(first), Poll::Ready(Ok(15)));
+            left.set(None);
+            assert_eq!(poll_once(second), Poll::Ready(Ok(16)));
+        },
+    );
+
     let fail_fast = make(limits().max_wait(Duration::ZERO));
     assert_no_allocation(&format!("{timer}: keyed, failing fast"), || {
         let held = fail_fast.try_acquire(&KEY).unwrap();

@@ -718,3 +718,72 @@ fn a_panicking_observer_leaves_no_permit_or_gauge_wrong() {
     drop(waiter);
     assert_at_rest(&kb, "after a waiting admission that panicked");
 }
+
+/// Adaptive LIFO on the keyed bulkhead: while one key's line stands, that
+/// key's permits go to its newest waiter; another key's line, which does
+/// not stand, stays first come, first served; and `adaptive_lifo` needs
+/// `queue_delay`. On tokio's paused clock.
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn adaptive_lifo_serves_only_a_standing_keys_line_newest_first() {
+    use tokio::time::sleep;
+    let err = KeyedBulkhead::<String>::builder()
+        .max_concurrent_calls(1)
+        .adaptive_lifo(true)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.kind(), BuildErrorKind::AdaptiveLifoWithoutQueueDelay);
+
+    let tenants = KeyedBulkhead::<String>::builder()
+        .max_concurrent_calls(1)
+        .queue_delay(10 * MS, 100 * MS)
+        .adaptive_lifo(true)
+        .build()
+        .unwrap();
+    let served: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+    let spawn_waiter = |key: &'static str, name: &'static str, at: u32, hold: u32| {
+        let (tenants, served) = (tenants.clone(), served.clone());
+        tokio::spawn(async move {
+            sleep(at * MS).await;
+            let permit = tenants.acquire(key).await.map_err(|r| r.reason())?;
+            served.lock().unwrap().push(name);
+            sleep(hold * MS).await;
+            drop(permit);
+            Ok::<_, KeyedRejectReason>(())
+        })
+    };
+    let a_seat = tenants.try_acquire("a").unwrap();
+    let b_seat = tenants.try_acquire("b").unwrap();
+    let tasks = [
+        // Key a: served at 20 ms after 20, the first long wait.
+        spawn_waiter("a", "a1", 0, 105),
+        // Served at 125 ms after 115: a's line has stood an interval.
+        spawn_waiter("a", "a2", 10, 1),
+        // Under the target then: not cut, and served newest first.
+        spawn_waiter("a", "a-old", 120, 1),
+        spawn_waiter("a", "a-mid", 122, 1),
+        spawn_waiter("a", "a-new", 124, 1),
+        // Key b: short waits, its line never stands: oldest first.
+        spawn_waiter("b", "b-old", 121, 1),
+        spawn_waiter("b", "b-mid", 122, 1),
+        spawn_waiter("b", "b-new", 123, 1),
+    ];
+    sleep(20 * MS).await;
+    drop(a_seat);
+    sleep(105 * MS).await;
+    drop(b_seat);
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), Ok(()));
+    }
+    let served = served.lock().unwrap().clone();
+    let of = |key: char| -> Vec<_> {
+        served
+            .iter()
+            .copied()
+            .filter(|n| n.starts_with(key))
+            .collect()
+    };
+    assert_eq!(of('a'), ["a1", "a2", "a-new", "a-mid", "a-old"]);
+    assert_eq!(of('b'), ["b-old", "b-mid", "b-new"]);
+    assert_eq!(tenants.metrics_for("a").unwrap().rejected_queue_delay(), 0);
+}

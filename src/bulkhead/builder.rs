@@ -65,6 +65,11 @@ pub struct BulkheadBuilder {
     pub(crate) adaptive_lifo: bool,
     /// Priority classes: their shares of the limit, class 0 first.
     pub(crate) priorities: Option<Vec<u32>>,
+    /// Some of the line waits before the semaphore's queue (the keyed
+    /// bulkhead's fair shares: callers wait for their key's turn, then for
+    /// a permit), so the queue's length is not the line's: the policy
+    /// counts the line itself.
+    pub(crate) line_apart: bool,
 }
 
 /// What [`BulkheadBuilder::check`] resolved: the name and the timer.
@@ -99,6 +104,7 @@ impl BulkheadBuilder {
             queue_delay: None,
             adaptive_lifo: false,
             priorities: None,
+            line_apart: false,
         }
     }
 
@@ -564,6 +570,7 @@ impl BulkheadBuilder {
             Some(n) => check_limit(n)?,
         };
         let fair = self.fair;
+        let line_apart = self.line_apart;
         let classes = match self.priorities.as_deref() {
             None => None,
             Some(shares) if !shares.iter().any(|&s| s > 0) => {
@@ -593,8 +600,13 @@ impl BulkheadBuilder {
             // The classes' lines are the only ones, and have the delay.
             policy.no_line_delay();
         } else {
-            policy.line_of(&sem);
-            policy.time_line(&sem);
+            // A line that waits partly apart is counted by the policy, and
+            // its waiters' deadlines are not in the queue's order: no line
+            // timer either (each wait keeps its own sleep).
+            if !line_apart {
+                policy.line_of(&sem);
+                policy.time_line(&sem);
+            }
             policy.delay_line(&sem);
         }
         Ok(Bulkhead {

@@ -518,6 +518,11 @@ pub enum BuildErrorKind {
     AdaptiveLifoUnfair,
     /// A keyed bulkhead's `max_keys` was zero: no key could ever be served.
     ZeroMaxKeys,
+    /// A keyed bulkhead's `fair_shares` (or `key_weight`) was set without
+    /// `global_limit`: fair shares divide the global limit the keyed
+    /// bulkhead makes (not one shared with `global`, whose other callers
+    /// the rotation cannot see).
+    FairSharesWithoutGlobalLimit,
     /// A non-zero `max_wait` or a `call_timeout` needs a timer, and none is
     /// available: no timer was given, and no runtime feature (`tokio`,
     /// `async-io`) or the default `thread-timer` feature is enabled.
@@ -573,6 +578,9 @@ impl fmt::Display for BuildError {
                 "adaptive_lifo needs a fair bulkhead: an unfair one hands permits to no waiter"
             }
             BuildErrorKind::ZeroMaxKeys => "max_keys must be at least 1",
+            BuildErrorKind::FairSharesWithoutGlobalLimit => {
+                "fair_shares needs a global_limit (not a shared global bulkhead)"
+            }
             BuildErrorKind::NoTimer => {
                 "max_wait or call_timeout needs a timer: pass one with .timer(..) or enable the \
                  `tokio`, `async-io` or `thread-timer` feature"

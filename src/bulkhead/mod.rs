@@ -975,6 +975,26 @@ impl Shared {
         Ok(Admitted::Waited(waited))
     }
 
+    /// [`admit_waiting`](Self::admit_waiting) (from `line`, if given) for
+    /// a caller that waits for `gate` before it queues (see [`After`]).
+    async fn admit_waiting_after<G: Future<Output = ()>>(
+        &self,
+        line: Option<Line>,
+        gate: G,
+    ) -> Result<Admitted, Rejected> {
+        let after = After {
+            queued: Queued {
+                shared: self,
+                acquire: Some(self.sem.acquire()),
+            },
+            gate,
+            through: false,
+        };
+        let line = line.unwrap_or_default();
+        let ((), waited) = self.policy.wait_in(after, line).await?;
+        Ok(Admitted::Waited(waited))
+    }
+
     /// [`admit_now`](Self::admit_now) for a call that carries a deadline
     /// (in `line`): deadline-aware admission first
     /// ([`Policy::admit_by`]), which leaves in `line` how long the call may
@@ -1047,6 +1067,36 @@ impl Future for Queued<'_> {
         this.acquire.set(None);
         this.shared.policy.left_line();
         Poll::Ready(out)
+    }
+}
+
+pin_project! {
+    /// A wait for a permit that first waits for its turn: `gate` resolves
+    /// when the caller may queue for the semaphore (the keyed bulkhead's
+    /// fair shares), then `queued` is polled. The policy's line (its
+    /// count, `max_queue`, the wait's limits and controlled delay) covers
+    /// both. Dropped, `queued` goes first (a permit it was handed goes
+    /// back through the semaphore), then `gate` (which passes the turn
+    /// on).
+    struct After<'a, G> {
+        #[pin]
+        queued: Queued<'a>,
+        #[pin]
+        gate: G,
+        through: bool,
+    }
+}
+
+impl<G: Future<Output = ()>> Future for After<'_, G> {
+    type Output = Result<(), RejectReason>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if !*this.through {
+            ready!(this.gate.poll(cx));
+            *this.through = true;
+        }
+        this.queued.poll(cx)
     }
 }
 
@@ -1259,6 +1309,59 @@ impl Bulkhead {
         let held = permit::held(shared, admitted, CallOutcome::Cancelled);
         shared.policy.permitted(admitted.waited());
         Ok(held)
+    }
+
+    /// [`hold_waiting`](Self::hold_waiting) for a caller that waits for
+    /// `gate` (its turn) before it queues for a permit, within the same
+    /// wait in line (see [`After`]); with `line`, a wait that
+    /// [`hold_now_by`](Self::hold_now_by) or [`judge_by`](Self::judge_by)
+    /// looked at. The gate is dropped when the wait ends.
+    pub(crate) async fn hold_waiting_after<G: Future<Output = ()>>(
+        &self,
+        line: Option<Line>,
+        gate: G,
+    ) -> Result<permit::Held<&Shared>, Rejected> {
+        let shared = &*self.shared;
+        let admitted = shared.admit_waiting_after(line, gate).await?;
+        let held = permit::held(shared, admitted, CallOutcome::Cancelled);
+        shared.policy.permitted(admitted.waited());
+        Ok(held)
+    }
+
+    /// [`acquire`](Self::acquire) (with `line`, the wait of
+    /// [`acquire_by`](Self::acquire_by), which [`judge_by`](Self::judge_by)
+    /// looked at) for a caller that waits for `gate` first, as
+    /// [`hold_waiting_after`](Self::hold_waiting_after).
+    pub(crate) async fn acquire_after<G: Future<Output = ()>>(
+        &self,
+        line: Option<Line>,
+        gate: G,
+    ) -> Result<BulkheadPermit, Rejected> {
+        let admitted = self.shared.admit_waiting_after(line, gate).await?;
+        let permit = BulkheadPermit::new(self.shared.clone(), admitted);
+        self.shared.policy.permitted(admitted.waited());
+        Ok(permit)
+    }
+
+    /// Deadline-aware admission alone (no permit taken), for a caller
+    /// that is to wait anyway: `Err` if it is rejected at once, else
+    /// `line` holds how long it may wait.
+    #[cold]
+    pub(crate) fn judge_by(&self, line: &mut Line) -> Result<(), Rejected> {
+        let shared = &*self.shared;
+        shared.policy.admit_by(line, shared.sem.available_permits())
+    }
+
+    /// Seats free now.
+    pub(crate) fn seats_left(&self) -> usize {
+        self.shared.seats_left()
+    }
+
+    /// Rejects a caller at once for `reason` (counted and reported as the
+    /// bulkhead's own rejections are), without looking for a permit.
+    #[cold]
+    pub(crate) fn reject_now(&self, reason: RejectReason) -> Rejected {
+        self.shared.policy.reject_now(reason)
     }
 
     /// While unwinding from one of this bulkhead's admissions: the reason

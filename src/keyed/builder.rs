@@ -6,7 +6,7 @@ use std::hash::RandomState;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Inner, KeyedBulkhead, LabelFn, LimitFn};
+use super::{Inner, KeyedBulkhead, LabelFn, LimitFn, WeightFn};
 use crate::bulkhead::builder::{Checked, check_limit};
 use crate::bulkhead::{BuildError, BuildErrorKind, Bulkhead, BulkheadBuilder, Observer};
 #[cfg(doc)]
@@ -30,6 +30,7 @@ const DEFAULT_MAX_LABELS: usize = 100;
 /// | `fair` | `true` | strict FIFO within a key (and in the global line) |
 /// | `leak_threshold` | none | report a key's permit held longer than this |
 /// | `queue_delay` | off | controlled delay on each key's line (and on the global line) |
+/// | `adaptive_lifo` | off | with `queue_delay`: serve a standing line's newest waiter first |
 ///
 /// For every call:
 ///
@@ -45,6 +46,7 @@ const DEFAULT_MAX_LABELS: usize = 100;
 /// | `name` | `"keyed"` | shown in errors, metrics and events |
 /// | `global_limit` / `global` | none | a limit on all keys' calls together |
 /// | `global_max_queue` | unbounded | how many callers may wait for a global permit (with `global_limit`) |
+/// | `fair_shares` / `key_weight` | off | a contended global limit is served to the keys in turns, by weight (with `global_limit`) |
 /// | `max_keys` | 10,000 | the most keys tracked at once |
 /// | `idle_timeout` | none | keys idle this long are evicted as new keys arrive |
 /// | `key_label` | none | a metric label per key, for the keys' bulkhead names |
@@ -82,6 +84,8 @@ pub struct KeyedBulkheadBuilder<K, S = RandomState> {
     limit_for: Option<LimitFn<K>>,
     global: Global,
     global_max_queue: Option<usize>,
+    fair_shares: bool,
+    key_weight: Option<WeightFn<K>>,
     max_keys: usize,
     idle_timeout: Option<Duration>,
     key_label: Option<LabelFn<K>>,
@@ -104,6 +108,8 @@ impl<K, S: Clone> Clone for KeyedBulkheadBuilder<K, S> {
             limit_for: self.limit_for.clone(),
             global: self.global.clone(),
             global_max_queue: self.global_max_queue,
+            fair_shares: self.fair_shares,
+            key_weight: self.key_weight.clone(),
             max_keys: self.max_keys,
             idle_timeout: self.idle_timeout,
             key_label: self.key_label.clone(),
@@ -123,6 +129,8 @@ where
             limit_for: None,
             global: Global::None,
             global_max_queue: None,
+            fair_shares: false,
+            key_weight: None,
             max_keys: DEFAULT_MAX_KEYS,
             idle_timeout: None,
             key_label: None,
@@ -259,6 +267,38 @@ where
         self
     }
 
+    /// Adaptive LIFO (as [`BulkheadBuilder::adaptive_lifo`]) on every line
+    /// that has [`queue_delay`](Self::queue_delay): while a key's line
+    /// stands, that key's permits go to its newest waiter first, and once
+    /// its line empties to its oldest again; other keys' lines are not
+    /// touched. The global line made by [`global_limit`](Self::global_limit)
+    /// does the same with its own standing (with
+    /// [`fair_shares`](Self::fair_shares), among the callers whose key's
+    /// turn has come). Off by default; without `queue_delay`,
+    /// [`build`](Self::build) fails with
+    /// [`BuildErrorKind::AdaptiveLifoWithoutQueueDelay`](crate::BuildErrorKind::AdaptiveLifoWithoutQueueDelay),
+    /// and on an unfair keyed bulkhead with
+    /// [`BuildErrorKind::AdaptiveLifoUnfair`](crate::BuildErrorKind::AdaptiveLifoUnfair).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// let tenants = KeyedBulkhead::<String>::builder()
+    ///     .max_concurrent_calls(4)
+    ///     .queue_delay(Duration::from_millis(5), Duration::from_millis(100))
+    ///     .adaptive_lifo(true)
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(tenants.try_acquire("acme").is_ok());
+    /// ```
+    pub fn adaptive_lifo(mut self, on: bool) -> Self {
+        self.base.adaptive_lifo = on;
+        self
+    }
+
     /// Reports every key's permit held longer than `threshold` (see
     /// [`BulkheadBuilder::leak_threshold`]). Must be greater than zero.
     pub fn leak_threshold(mut self, threshold: Duration) -> Self {
@@ -359,6 +399,75 @@ where
     /// ```
     pub fn global(mut self, global: Bulkhead) -> Self {
         self.global = Global::Shared(global);
+        self
+    }
+
+    /// Fair shares of the global limit: while callers wait for a global
+    /// seat, the keys are served in turns (deficit round robin), each key
+    /// [`key_weight`](Self::key_weight) seats per turn (1 unless that is
+    /// set), its own callers first come, first served. So a noisy key's
+    /// waiters cannot fill the global line: a quiet key's caller is served
+    /// within one round of the keys' turns, however many the noisy key
+    /// has waiting. Needs [`global_limit`](Self::global_limit)
+    /// ([`BuildErrorKind::FairSharesWithoutGlobalLimit`] otherwise). Off
+    /// by default.
+    ///
+    /// While anyone waits for a global seat, a newcomer does not take a
+    /// free one at once (nor does [`KeyedBulkhead::try_acquire`]): it
+    /// joins its key's line, or is rejected with
+    /// [`GlobalFull`](super::KeyedRejectReason::GlobalFull) if it may not
+    /// wait. The global line's settings cover the whole wait, the time in
+    /// its key's line included: `max_wait`'s budget,
+    /// [`global_max_queue`](Self::global_max_queue) (the callers waiting
+    /// in every key's line), a call's deadline
+    /// ([`KeyedBulkhead::call_by`]), and
+    /// [`queue_delay`](Self::queue_delay) (each waiter's own check at the
+    /// target; see `docs/keyed.md` for how a cut reaches the waiters). The
+    /// global bulkhead's `queued` counts them all, and each key's
+    /// [`waiting_for_global`](super::KeyMetrics::waiting_for_global) its own.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// let tenants = KeyedBulkhead::<String>::builder()
+    ///     .max_concurrent_calls(8)
+    ///     .global_limit(16)
+    ///     .fair_shares()
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(tenants.try_acquire("acme").is_ok());
+    /// ```
+    pub fn fair_shares(mut self) -> Self {
+        self.fair_shares = true;
+        self
+    }
+
+    /// Each key's weight in [`fair_shares`](Self::fair_shares) (and turns
+    /// them on): the seats a key is served per turn while the global limit
+    /// is contended, so that backlogged keys of weights 1 and 3 get one
+    /// seat and three in every round. Called once when a key starts being
+    /// tracked (again after an eviction), with no lock held; a weight of 0
+    /// counts as 1. If it panics, the panic reaches the caller whose call
+    /// would have tracked the key, and the key is not tracked.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bulkhead::keyed::KeyedBulkhead;
+    ///
+    /// let tenants = KeyedBulkhead::<String>::builder()
+    ///     .max_concurrent_calls(8)
+    ///     .global_limit(16)
+    ///     .key_weight(|tenant: &String| if tenant.starts_with("paid-") { 3 } else { 1 })
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(tenants.try_acquire("paid-acme").is_ok());
+    /// ```
+    pub fn key_weight(mut self, weight: impl Fn(&K) -> u32 + Send + Sync + 'static) -> Self {
+        self.fair_shares = true;
+        self.key_weight = Some(Arc::new(weight));
         self
     }
 
@@ -466,6 +575,8 @@ where
             limit_for: self.limit_for,
             global: self.global,
             global_max_queue: self.global_max_queue,
+            fair_shares: self.fair_shares,
+            key_weight: self.key_weight,
             max_keys: self.max_keys,
             idle_timeout: self.idle_timeout,
             key_label: self.key_label,
@@ -481,7 +592,8 @@ where
     ///
     /// A [`BuildError`] whose [`kind`](BuildError::kind) says what is wrong:
     /// neither `max_concurrent_calls` nor `limit_for`, a zero
-    /// `max_concurrent_calls` or `global_limit`, one above
+    /// `max_concurrent_calls` or `global_limit`, `fair_shares` without
+    /// `global_limit`, one above
     /// [`Semaphore::MAX_PERMITS`], an empty name, a zero `call_timeout` or
     /// `leak_threshold`, or a timed setting with no timer available.
     ///
@@ -503,6 +615,11 @@ where
         };
         if self.max_keys == 0 {
             return Err(BuildError::new(BuildErrorKind::ZeroMaxKeys));
+        }
+        if self.fair_shares && !matches!(self.global, Global::Limit(_)) {
+            return Err(BuildError::new(
+                BuildErrorKind::FairSharesWithoutGlobalLimit,
+            ));
         }
         let Checked { name, clock } = base.check(None, "keyed")?;
 
@@ -533,10 +650,15 @@ where
                 if let Some(max_queue) = self.global_max_queue {
                     builder = builder.max_queue(max_queue);
                 }
+                // With fair shares, callers wait in their keys' lines
+                // before they queue for its semaphore.
+                builder.line_apart = self.fair_shares;
                 if let Some((target, interval)) = base.queue_delay {
                     // Its waiters' checkpoints at the target need a timer:
                     // the keyed bulkhead's.
-                    builder = builder.queue_delay(target, interval);
+                    builder = builder
+                        .queue_delay(target, interval)
+                        .adaptive_lifo(base.adaptive_lifo);
                     if let Some(timer) = &base.timer {
                         builder = builder.timer(timer.clone());
                     }
@@ -561,6 +683,8 @@ where
                 clock,
                 global,
                 global_owned,
+                fair_shares: self.fair_shares,
+                key_weight: self.key_weight,
                 max_keys: self.max_keys,
                 idle_timeout: self.idle_timeout,
                 hasher: self.hasher,
@@ -586,11 +710,14 @@ impl<K, S> fmt::Debug for KeyedBulkheadBuilder<K, S> {
             .field("call_timeout", &b.call_timeout)
             .field("fair", &b.fair)
             .field("queue_delay", &b.queue_delay)
+            .field("adaptive_lifo", &b.adaptive_lifo)
             .field("timer", &b.timer)
             .field("observers", &b.observers.len())
             .field("exporters", &b.exporters)
             .field("global", &global)
             .field("global_max_queue", &self.global_max_queue)
+            .field("fair_shares", &self.fair_shares)
+            .field("key_weight", &self.key_weight.is_some())
             .field("max_keys", &self.max_keys)
             .field("idle_timeout", &self.idle_timeout)
             .field("key_label", &self.key_label.is_some())

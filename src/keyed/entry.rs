@@ -16,6 +16,8 @@ const UNLINKED: u64 = u64::MAX;
 pub(super) struct Entry {
     pub(super) bulkhead: Bulkhead,
     pub(super) label: Option<Arc<str>>,
+    /// The key's weight in the rotation of fair shares (1 without them).
+    pub(super) weight: u32,
     /// Callers holding a permit of this key, or waiting for one: they hold
     /// a [`User`](super::permit::User). Only grows with the shard's map
     /// lock held (read or write); eviction, with it held for writing, takes
@@ -58,6 +60,7 @@ impl Entry {
     pub(super) fn new(
         bulkhead: Bulkhead,
         label: Option<Arc<str>>,
+        weight: u32,
         hash: u64,
         slot: u32,
         idle: Arc<IdleOrder>,
@@ -65,6 +68,7 @@ impl Entry {
         Self {
             bulkhead,
             label,
+            weight,
             hash,
             users: AtomicUsize::new(1),
             link: AtomicU64::new(UNLINKED),

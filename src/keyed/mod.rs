@@ -62,6 +62,10 @@
 //! two cannot deadlock, and a noisy key's excess callers wait in their own
 //! key's line holding nothing that others need: at most its limit of them
 //! can be in the global line, which is FIFO, so every key gets its turn.
+//! With [`fair_shares`](KeyedBulkheadBuilder::fair_shares), the global
+//! line is served by key instead: the keys with callers waiting take turns
+//! by weight ([`key_weight`](KeyedBulkheadBuilder::key_weight)), so a key
+//! with a high limit cannot fill it either.
 //!
 //! # Overload options
 //!
@@ -97,6 +101,7 @@
 mod builder;
 mod entry;
 mod error;
+mod fair;
 mod idle;
 mod labels;
 mod metrics;
@@ -125,6 +130,7 @@ use crate::bulkhead::{Bulkhead, BulkheadBuilder, CallOutcome, RejectReason, Reje
 use crate::semaphore::Semaphore;
 use crate::timer::{Clock, Deadline};
 use entry::Entry;
+use fair::{FairLine, Turn};
 use labels::Labels;
 use permit::User;
 use registry::{Refused, Registry};
@@ -133,6 +139,8 @@ use registry::{Refused, Registry};
 type LimitFn<K> = Arc<dyn Fn(&K) -> usize + Send + Sync>;
 /// [`KeyedBulkheadBuilder::key_label`].
 type LabelFn<K> = Arc<dyn Fn(&K) -> String + Send + Sync>;
+/// [`KeyedBulkheadBuilder::key_weight`].
+type WeightFn<K> = Arc<dyn Fn(&K) -> u32 + Send + Sync>;
 
 /// A bulkhead per key, optionally under a global limit, tracking a bounded
 /// number of keys. See the [module documentation](self).
@@ -192,6 +200,8 @@ struct Config<K, S> {
     clock: Option<Clock>,
     global: Option<Bulkhead>,
     global_owned: bool,
+    fair_shares: bool,
+    key_weight: Option<WeightFn<K>>,
     max_keys: usize,
     idle_timeout: Option<Duration>,
     hasher: S,
@@ -219,6 +229,10 @@ struct Inner<K, S> {
     global: Option<Bulkhead>,
     /// Whether `global` was made by the builder (and is closed with us).
     global_owned: bool,
+    /// Fair shares of `global` among keys, if on (`fair.rs`): callers that
+    /// are to wait for a global seat wait here for their key's turn first.
+    fair: Option<Box<FairLine>>,
+    key_weight: Option<WeightFn<K>>,
     /// The tracked keys, in shards, with their eviction order. No lock of
     /// it is held across an await, nor while user code runs (`limit_for`,
     /// `key_label`, observers and metrics recorders, all called by a key's
@@ -351,11 +365,19 @@ where
         let mut global_held = match &inner.global {
             None => None,
             Some(global) => {
-                let now = |may_wait| global.hold_now(may_wait);
+                let now = |now| match now {
+                    Now::Queue => None,
+                    now => global.hold_now(now == Now::Wait),
+                };
                 let held = if let Some(held) = inner.global_now(entry, start, now) {
                     held?
                 } else {
-                    let wait = || global.hold_waiting();
+                    let wait = |turn| async move {
+                        match turn {
+                            None => global.hold_waiting().await,
+                            Some(turn) => global.hold_waiting_after(None, turn).await,
+                        }
+                    };
                     inner.wait_global(entry, start, wait).await?
                 };
                 bump(&entry.admitted);
@@ -454,11 +476,19 @@ where
             None => None,
             Some(global) => {
                 let mut line = global.line_by(by);
-                let now = |may_wait| global.hold_now_by(&mut line, may_wait);
+                let now = |now| match now {
+                    Now::Queue => global.judge_by(&mut line).err().map(Err),
+                    now => global.hold_now_by(&mut line, now == Now::Wait),
+                };
                 let held = if let Some(held) = inner.global_now(entry, start, now) {
                     held?
                 } else {
-                    let wait = move || global.hold_waiting_in(line);
+                    let wait = move |turn| async move {
+                        match turn {
+                            None => global.hold_waiting_in(line).await,
+                            Some(turn) => global.hold_waiting_after(Some(line), turn).await,
+                        }
+                    };
                     inner.wait_global(entry, start, wait).await?
                 };
                 bump(&entry.admitted);
@@ -587,7 +617,11 @@ where
             None => None,
             Some(global) => {
                 let unwinding = GlobalStage::new(Some(global), &user.entry, &inner.counters);
-                let acquired = global.try_acquire();
+                let acquired = match inner.fair_busy() {
+                    // Fair shares: a free seat is for the callers waiting.
+                    true => Err(global.reject_now(RejectReason::Full)),
+                    false => global.try_acquire(),
+                };
                 unwinding.passed();
                 match acquired {
                     Ok(permit) => {
@@ -879,6 +913,8 @@ where
             clock,
             global,
             global_owned,
+            fair_shares,
+            key_weight,
             max_keys,
             idle_timeout,
             hasher,
@@ -896,6 +932,8 @@ where
             clock,
             global,
             global_owned,
+            fair: fair_shares.then(|| Box::new(FairLine::new())),
+            key_weight,
             registry: Registry::new(max_keys, idle_timeout.map(nanos), hasher),
             limits: Mutex::new(()),
             closed: AtomicBool::new(false),
@@ -911,6 +949,21 @@ where
             Some(limit_for) => limit_for(key).min(Semaphore::MAX_PERMITS),
             None => self.default_limit,
         }
+    }
+
+    /// A key's weight in the rotation of fair shares, when it starts being
+    /// tracked (at least 1). Runs user code: call it with no lock held.
+    fn weight_of(&self, key: &K) -> u32 {
+        match &self.key_weight {
+            Some(key_weight) => key_weight(key).max(1),
+            None => 1,
+        }
+    }
+
+    /// Whether fair shares are on and callers wait for their turn.
+    #[inline]
+    fn fair_busy(&self) -> bool {
+        self.fair.as_deref().is_some_and(FairLine::busy)
     }
 
     /// When a call's `max_wait` budget starts, read only by a caller that
@@ -930,7 +983,10 @@ where
             key,
             async |bulkhead: &Bulkhead| bulkhead.acquire().await,
             |global: &Bulkhead| global.try_acquire(),
-            async |global: &Bulkhead| global.acquire().await,
+            async |global: &Bulkhead, turn: Option<Turn<'_>>| match turn {
+                None => global.acquire().await,
+                Some(turn) => global.acquire_after(None, turn).await,
+            },
         )
         .await
     }
@@ -946,7 +1002,14 @@ where
             key,
             async |bulkhead: &Bulkhead| bulkhead.acquire_by(by).await,
             |global: &Bulkhead| global.try_acquire_by(by),
-            async |global: &Bulkhead| global.acquire_by(by).await,
+            async |global: &Bulkhead, turn: Option<Turn<'_>>| match turn {
+                None => global.acquire_by(by).await,
+                Some(turn) => {
+                    let mut line = global.line_by(by);
+                    global.judge_by(&mut line)?;
+                    global.acquire_after(Some(line), turn).await
+                }
+            },
         )
         .await
     }
@@ -959,8 +1022,8 @@ where
         &self,
         key: &Q,
         key_stage: impl AsyncFnOnce(&Bulkhead) -> Result<BulkheadPermit, Rejected>,
-        now: impl FnOnce(&Bulkhead) -> Result<BulkheadPermit, Rejected>,
-        wait: impl AsyncFnOnce(&Bulkhead) -> Result<BulkheadPermit, Rejected>,
+        now_global: impl FnOnce(&Bulkhead) -> Result<BulkheadPermit, Rejected>,
+        wait: impl AsyncFnOnce(&Bulkhead, Option<Turn<'_>>) -> Result<BulkheadPermit, Rejected>,
     ) -> Result<KeyedPermit, KeyedRejected>
     where
         K: Borrow<Q>,
@@ -983,11 +1046,12 @@ where
         let global = match &self.global {
             None => None,
             Some(global) => {
-                let now = |may_wait: bool| (!may_wait).then(|| now(global));
+                let now = |now| (now == Now::Take).then(|| now_global(global));
                 let admitted = if let Some(admitted) = self.global_now(&user.entry, start, now) {
                     admitted
                 } else {
-                    self.wait_global(&user.entry, start, || wait(global)).await
+                    let wait = |turn| wait(global, turn);
+                    self.wait_global(&user.entry, start, wait).await
                 };
                 match admitted {
                     Ok(permit) => {
@@ -1014,15 +1078,15 @@ where
     /// global permit, or a rejection), `None` if the caller is to wait
     /// ([`wait_global`](Self::wait_global)). The budget started at `start`
     /// if the caller waited for its key (else it is whole); the caller
-    /// holds its key's permit meanwhile. `now(may_wait)` is the global
-    /// bulkhead's decision without waiting (`None`: the caller is to wait,
-    /// never so without `may_wait`).
+    /// holds its key's permit meanwhile. `now` is the global bulkhead's
+    /// decision without waiting, as [`Now`] asks it (`None`: the caller is
+    /// to wait, never so for [`Now::Take`]).
     #[inline]
     fn global_now<P>(
         &self,
         entry: &Entry,
         start: Option<Instant>,
-        now: impl FnOnce(bool) -> Option<Result<P, Rejected>>,
+        now: impl FnOnce(Now) -> Option<Result<P, Rejected>>,
     ) -> Option<Result<P, KeyedRejected>> {
         let waited = || start.map_or(Duration::ZERO, |start| start.elapsed());
         let spent = match (self.max_wait, start) {
@@ -1031,8 +1095,15 @@ where
             _ => None,
         };
         let unwinding = GlobalStage::new(self.global.as_ref(), entry, &self.counters);
+        // Fair shares: while callers wait for their turn, a free seat is
+        // one of theirs.
+        let queue = self.fair_busy();
         let Some(spent) = spent else {
-            let decided = now(true);
+            // Two calls, each with a constant: `now` inlines with it folded.
+            let decided = match queue {
+                true => now(Now::Queue),
+                false => now(Now::Wait),
+            };
             unwinding.passed();
             return Some(match decided? {
                 Ok(permit) => Ok(permit),
@@ -1040,8 +1111,14 @@ where
             });
         };
         // Fail fast, or the key's wait used the whole budget: a free
-        // global permit is still taken.
-        let decided = now(false);
+        // global permit is still taken (unless it is for others).
+        let decided = match queue {
+            true => self
+                .global
+                .as_ref()
+                .map(|g| Err(g.reject_now(RejectReason::Full))),
+            false => now(Now::Take),
+        };
         unwinding.passed();
         let decided = decided.expect("without waiting, admission is decided at once");
         Some(decided.map_err(|r| {
@@ -1060,18 +1137,23 @@ where
     /// lives inline (no allocation): the gauge, the listener for `close` (a
     /// waiter on `closing`) and the deadline, all made the first time the
     /// admission is pending.
-    async fn wait_global<P, W>(
-        &self,
+    async fn wait_global<'s, P, W>(
+        &'s self,
         entry: &Entry,
         start: Option<Instant>,
-        wait: impl FnOnce() -> W,
+        wait: impl FnOnce(Option<Turn<'s>>) -> W,
     ) -> Result<P, KeyedRejected>
     where
         W: Future<Output = Result<P, Rejected>>,
     {
+        // With fair shares, the wait waits for its key's turn first.
+        let turn = match (self.fair.as_deref(), self.global.as_ref()) {
+            (Some(fair), Some(global)) => Some(fair.turn(global, entry)),
+            _ => None,
+        };
         // Made here, not passed in: a future moved into an `async fn` is
         // stored twice in its state.
-        let mut wait = pin!(wait());
+        let mut wait = pin!(wait(turn));
         let mut closing = pin!(self.closing.acquire());
         let mut deadline = pin!(Deadline::new());
         let mut waiting: Option<Counted<'_>> = None;
@@ -1181,6 +1263,7 @@ where
     #[cold]
     fn enter_slow(&self, hash: u64, key: K) -> Result<User, KeyedRejected> {
         let limit = self.limit_of(&key);
+        let weight = self.weight_of(&key);
         let label = self
             .key_label
             .as_ref()
@@ -1190,7 +1273,7 @@ where
         };
         match self
             .registry
-            .insert(hash, key, bulkhead, label, limit, &self.closed)
+            .insert(hash, key, bulkhead, label, weight, limit, &self.closed)
         {
             Ok(user) => Ok(user),
             Err(Refused::Closed) => Err(self.rejected_closed()),
@@ -1358,6 +1441,18 @@ impl Drop for GlobalStage<'_> {
     }
 }
 
+/// What [`Inner::global_now`] asks of the global bulkhead.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Now {
+    /// A free permit, else `None` (the caller is to wait), or a rejection.
+    Wait,
+    /// A free permit, else a rejection: the caller may not wait.
+    Take,
+    /// No permit (fair shares: others wait for their turn): a rejection
+    /// at once (a deadline the caller cannot make), else `None`.
+    Queue,
+}
+
 /// How the wait for a global permit failed.
 enum GlobalFailure {
     Rejected(Rejected),
@@ -1391,6 +1486,7 @@ impl<K, S> fmt::Debug for KeyedBulkhead<K, S> {
             .field("keys_tracked", &inner.registry.len())
             .field("max_keys", &inner.registry.max_keys())
             .field("global", &inner.global)
+            .field("fair_shares", &inner.fair.is_some())
             .field("timer", &inner.clock)
             .field("closed", &inner.closed.load(Ordering::SeqCst))
             .finish_non_exhaustive()

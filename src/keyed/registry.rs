@@ -244,18 +244,28 @@ where
     /// its `limit` before overrides, and counts the caller as its user; or,
     /// if a racing caller tracked it first, counts the caller as a user of
     /// that entry. Makes room first if `max_keys` keys are tracked.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn insert(
         &self,
         hash: u64,
         key: K,
         bulkhead: Bulkhead,
         label: Option<Arc<str>>,
+        weight: u32,
         limit: usize,
         closed: &AtomicBool,
     ) -> Result<User, Refused> {
         let mut evicted = Vec::new();
-        let inserted =
-            self.insert_making_room(hash, key, bulkhead, label, limit, closed, &mut evicted);
+        let inserted = self.insert_making_room(
+            hash,
+            key,
+            bulkhead,
+            label,
+            weight,
+            limit,
+            closed,
+            &mut evicted,
+        );
         // Evicted keys' bulkheads (and ours, if unused) are dropped here,
         // after every lock is released.
         drop(evicted);
@@ -269,6 +279,7 @@ where
         key: K,
         bulkhead: Bulkhead,
         label: Option<Arc<str>>,
+        weight: u32,
         limit: usize,
         closed: &AtomicBool,
         evicted: &mut Vec<Arc<Entry>>,
@@ -310,7 +321,14 @@ where
             }
         }
         let slot = shard.idle.lock().alloc(hash);
-        let entry = Arc::new(Entry::new(bulkhead, label, hash, slot, shard.idle.clone()));
+        let entry = Arc::new(Entry::new(
+            bulkhead,
+            label,
+            weight,
+            hash,
+            slot,
+            shard.idle.clone(),
+        ));
         // Rehashing reads the hashes kept, so that no user code (the
         // hasher, `K`'s `Hash`) runs with the shard locked.
         map.keys
@@ -584,7 +602,7 @@ mod tests {
         }
         let bulkhead = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
         let closed = AtomicBool::new(false);
-        registry.insert(hash, key, bulkhead, None, 1, &closed)
+        registry.insert(hash, key, bulkhead, None, 1, 1, &closed)
     }
 
     fn sorted_keys<S: BuildHasher>(registry: &Registry<u32, S>) -> Vec<u32> {
@@ -707,13 +725,16 @@ mod tests {
         let hash = r.hash(&7);
         let bulkhead = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
         let closed = AtomicBool::new(false);
-        let second = r.insert(hash, 7, bulkhead, None, 1, &closed).ok().unwrap();
+        let second = r
+            .insert(hash, 7, bulkhead, None, 1, 1, &closed)
+            .ok()
+            .unwrap();
         assert!(Arc::ptr_eq(&first.entry, &second.entry));
         assert_eq!((r.len(), r.keys()), (1, vec![7]));
         closed.store(true, Ordering::SeqCst);
         let bulkhead = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
         assert!(matches!(
-            r.insert(r.hash(&8), 8, bulkhead, None, 1, &closed),
+            r.insert(r.hash(&8), 8, bulkhead, None, 1, 1, &closed),
             Err(Refused::Closed)
         ));
         assert_eq!((r.len(), r.keys()), (1, vec![7]));

@@ -29,17 +29,18 @@
 //! on the hold-time average it keeps for retry hints) and [`QueueDelay`]
 //! (controlled delay and adaptive LIFO, through `bulkhead/delay.rs`, which
 //! switches the semaphore to serving its newest waiter first while
-//! [`QueueDelay::serve_newest`] says so), and the bulkhead runs [`Seats`]
-//! (priority classes, through `bulkhead/classes.rs`); [`Drr`] is not wired
-//! yet, hence the `dead_code` (and, for the re-exports below,
-//! `unused_imports`) allowance outside test builds.
-//! Each counts and
+//! [`QueueDelay::serve_newest`] says so, and through `bulkhead/classes.rs`
+//! on each priority class's line), the bulkhead runs [`Seats`] (priority
+//! classes, through `bulkhead/classes.rs`), and the keyed bulkhead runs
+//! [`Drr`] (fair shares of its global limit, through `keyed/fair.rs`). A
+//! few of their methods serve only the simulation and the unit tests,
+//! hence the `dead_code` allowance outside test builds. Each counts and
 //! decides; none owns the waiters. The line itself (who waits,
 //! in what order inside a class or key, whose deadline is when) stays with
 //! its owner, so that a cancelled waiter costs one call (`leave`) and no
 //! search, and a hand-off to a waiter that is gone meanwhile is undone by
 //! giving the seat back and picking again.
-#![cfg_attr(not(test), allow(dead_code, unused_imports))]
+#![cfg_attr(not(test), allow(dead_code))]
 
 mod deadline;
 mod drr;
