@@ -150,6 +150,7 @@ mod overload;
 pub mod redis;
 #[allow(unsafe_code)]
 mod semaphore;
+mod slots;
 #[cfg(not(loom))]
 pub mod timer;
 #[cfg(all(not(loom), feature = "tower"))]

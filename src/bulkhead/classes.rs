@@ -39,9 +39,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use super::error::RejectReason;
 use super::policy::Policy;
 use crate::overload::{Change, Join, QueueDelay, Seats};
+use crate::slots::{Slots, linked_by_fields};
 
-/// No slot: the end of a line, or of the free list.
-pub(crate) const NONE: u32 = u32::MAX;
+pub(crate) use crate::slots::NONE;
 
 /// The seats of a bulkhead with priority classes, and its classed line.
 pub(crate) struct Classes {
@@ -55,9 +55,8 @@ pub(crate) struct Classes {
 
 struct State {
     seats: Seats,
-    /// Waiters' slots; a free slot's `next` links the free list.
-    slots: Vec<Slot>,
-    free: u32,
+    /// Waiters' slots (`crate::slots`), linked by index into the lines.
+    slots: Slots<Slot>,
     /// Per class, the first and last waiter (`NONE` if nobody waits).
     lines: Vec<(u32, u32)>,
     /// Per class, controlled delay on its line (empty without
@@ -74,6 +73,8 @@ struct Slot {
     prev: u32,
     next: u32,
 }
+
+linked_by_fields!(Slot);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
@@ -126,8 +127,7 @@ impl Classes {
         Self {
             state: Mutex::new(State {
                 seats: Seats::new(limit, shares, max_queue),
-                slots: Vec::new(),
-                free: NONE,
+                slots: Slots::new(),
                 lines: vec![(NONE, NONE); shares.len()],
                 delays,
                 closed: false,
@@ -415,26 +415,13 @@ pub(crate) struct Dropped {
 
 impl State {
     fn alloc(&mut self, class: usize) -> u32 {
-        let slot = Slot {
+        self.slots.alloc(Slot {
             class,
             status: Status::Waiting,
             waker: None,
             prev: NONE,
             next: NONE,
-        };
-        if self.free == NONE {
-            let index = u32::try_from(self.slots.len())
-                .ok()
-                .filter(|&i| i != NONE)
-                .expect("more than u32::MAX - 1 waiters in one bulkhead's line");
-            self.slots.push(slot);
-            index
-        } else {
-            let index = self.free;
-            self.free = self.slots[index as usize].next;
-            self.slots[index as usize] = slot;
-            index
-        }
+        })
     }
 
     /// Frees `slot` (its waiter is done with it), dropping any waker.
@@ -443,41 +430,17 @@ impl State {
         debug_assert!(s.status != Status::Free, "a slot freed twice");
         s.status = Status::Free;
         s.waker = None;
-        s.next = self.free;
-        self.free = slot;
+        self.slots.free(slot);
     }
 
     fn push_back(&mut self, slot: u32) {
         let class = self.slots[slot as usize].class;
-        let (head, tail) = self.lines[class];
-        self.slots[slot as usize].prev = tail;
-        self.slots[slot as usize].next = NONE;
-        if tail == NONE {
-            debug_assert!(head == NONE, "a line with a head and no tail");
-            self.lines[class] = (slot, slot);
-        } else {
-            self.slots[tail as usize].next = slot;
-            self.lines[class].1 = slot;
-        }
+        self.slots.push_back(&mut self.lines[class], slot);
     }
 
     fn unlink(&mut self, slot: u32) {
-        let Slot {
-            class, prev, next, ..
-        } = self.slots[slot as usize];
-        if prev == NONE {
-            self.lines[class].0 = next;
-        } else {
-            self.slots[prev as usize].next = next;
-        }
-        if next == NONE {
-            self.lines[class].1 = prev;
-        } else {
-            self.slots[next as usize].prev = prev;
-        }
-        let s = &mut self.slots[slot as usize];
-        s.prev = NONE;
-        s.next = NONE;
+        let class = self.slots[slot as usize].class;
+        self.slots.unlink(&mut self.lines[class], slot);
         if self.lines[class].0 == NONE {
             // The class's line is empty: its delay is zero.
             if let Some(delay) = self.delays.get_mut(class) {

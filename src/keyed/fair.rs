@@ -56,8 +56,7 @@ use super::entry::Entry;
 use crate::bulkhead::Bulkhead;
 use crate::overload::Drr;
 
-/// No slot: the end of a line, or of the free list.
-const NONE: u32 = u32::MAX;
+use crate::slots::{NONE, Slots, linked_by_fields};
 /// The most turns given at once (their wakers are kept on the stack).
 const BATCH: usize = 32;
 
@@ -76,9 +75,8 @@ struct State {
     drr: Drr<usize>,
     /// Per key with waiters: its oldest and newest waiter.
     lines: HashMap<usize, (u32, u32)>,
-    /// Waiters' slots; a free slot's `next` links the free list.
-    slots: Vec<Slot>,
-    free: u32,
+    /// Waiters' slots (`crate::slots`), linked by index into the lines.
+    slots: Slots<Slot>,
     /// Callers whose turn came and whose wait has not ended.
     on_turn: usize,
 }
@@ -91,6 +89,8 @@ struct Slot {
     prev: u32,
     next: u32,
 }
+
+linked_by_fields!(Slot);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
@@ -109,8 +109,7 @@ impl FairLine {
             state: Mutex::new(State {
                 drr: Drr::new(1),
                 lines: HashMap::new(),
-                slots: Vec::new(),
-                free: NONE,
+                slots: Slots::new(),
                 on_turn: 0,
             }),
             busy: AtomicUsize::new(0),
@@ -146,11 +145,7 @@ impl FairLine {
     #[cfg(test)]
     fn counts(&self) -> (usize, usize) {
         let state = self.lock();
-        let waiting = state
-            .slots
-            .iter()
-            .filter(|s| s.status == Status::Waiting)
-            .count();
+        let waiting = state.slots.count(|s| s.status == Status::Waiting);
         (waiting, state.on_turn)
     }
 }
@@ -321,16 +316,8 @@ impl State {
     fn join(&mut self, flow: usize, weight: u32) -> u32 {
         self.drr.join(flow, weight);
         let slot = self.alloc(flow);
-        match self.lines.get_mut(&flow) {
-            Some((_, tail)) => {
-                let last = core::mem::replace(tail, slot);
-                self.slots[last as usize].next = slot;
-                self.slots[slot as usize].prev = last;
-            }
-            None => {
-                self.lines.insert(flow, (slot, slot));
-            }
-        }
+        let ends = self.lines.entry(flow).or_insert((NONE, NONE));
+        self.slots.push_back(ends, slot);
         slot
     }
 
@@ -377,26 +364,13 @@ impl State {
     }
 
     fn alloc(&mut self, flow: usize) -> u32 {
-        let slot = Slot {
+        self.slots.alloc(Slot {
             flow,
             status: Status::Waiting,
             waker: None,
             prev: NONE,
             next: NONE,
-        };
-        if self.free == NONE {
-            let index = u32::try_from(self.slots.len())
-                .ok()
-                .filter(|&i| i != NONE)
-                .expect("more than u32::MAX - 1 callers waiting for a global seat");
-            self.slots.push(slot);
-            index
-        } else {
-            let index = self.free;
-            self.free = self.slots[index as usize].next;
-            self.slots[index as usize] = slot;
-            index
-        }
+        })
     }
 
     /// Frees `slot`, returning its waker.
@@ -404,37 +378,23 @@ impl State {
         let s = &mut self.slots[slot as usize];
         debug_assert!(s.status != Status::Free, "a slot freed twice");
         s.status = Status::Free;
-        s.next = self.free;
-        self.free = slot;
-        s.waker.take()
+        let waker = s.waker.take();
+        self.slots.free(slot);
+        waker
     }
 
     /// Takes `slot` out of its key's line (dropping the line if it empties).
     fn unlink(&mut self, slot: u32) {
-        let Slot {
-            flow, prev, next, ..
-        } = self.slots[slot as usize];
-        let (head, tail) = self
+        let flow = self.slots[slot as usize].flow;
+        let ends = self
             .lines
             .get_mut(&flow)
             .expect("a waiting slot's key has a line");
-        if prev == NONE {
-            *head = next;
-        } else {
-            self.slots[prev as usize].next = next;
-        }
-        if next == NONE {
-            *tail = prev;
-        } else {
-            self.slots[next as usize].prev = prev;
-        }
-        if *head == NONE {
-            debug_assert!(*tail == NONE, "a line with a tail and no head");
+        self.slots.unlink(ends, slot);
+        if ends.0 == NONE {
+            debug_assert!(ends.1 == NONE, "a line with a tail and no head");
             self.lines.remove(&flow);
         }
-        let s = &mut self.slots[slot as usize];
-        s.prev = NONE;
-        s.next = NONE;
     }
 }
 

@@ -1,0 +1,195 @@
+//! Waiters' slots for the lines kept under one mutex (the priority
+//! classes' in `bulkhead/classes.rs`, the keyed bulkhead's fair line in
+//! `keyed/fair.rs`): a `Vec` reused through a free list, so a wait
+//! allocates nothing once the line has been as long once, and lines linked
+//! by index through the slots, so a cancelled waiter leaves in O(1). No
+//! `unsafe`: an index is never reused under a waiter that holds it, since
+//! a slot is freed only by its own waiter.
+
+use core::ops::{Index, IndexMut};
+
+/// No slot: the end of a line, or of the free list.
+pub(crate) const NONE: u32 = u32::MAX;
+
+/// A slot's links: to the previous and the next slot of its line, and
+/// (while free) `next` to the next free slot.
+pub(crate) trait Linked {
+    fn prev(&self) -> u32;
+    fn next(&self) -> u32;
+    fn set_prev(&mut self, prev: u32);
+    fn set_next(&mut self, next: u32);
+}
+
+/// The slots, and the head of the free list.
+pub(crate) struct Slots<T> {
+    slots: Vec<T>,
+    free: u32,
+}
+
+impl<T: Linked> Slots<T> {
+    pub(crate) const fn new() -> Self {
+        Self {
+            slots: Vec::new(),
+            free: NONE,
+        }
+    }
+
+    /// Stores `slot` in a free slot (or a new one): its index.
+    pub(crate) fn alloc(&mut self, slot: T) -> u32 {
+        if self.free == NONE {
+            let index = u32::try_from(self.slots.len())
+                .ok()
+                .filter(|&i| i != NONE)
+                .expect("more than u32::MAX - 1 waiters in one line");
+            self.slots.push(slot);
+            index
+        } else {
+            let index = self.free;
+            self.free = self.slots[index as usize].next();
+            self.slots[index as usize] = slot;
+            index
+        }
+    }
+
+    /// Puts `index` on the free list (its owner is done with it, and it is
+    /// in no line).
+    pub(crate) fn free(&mut self, index: u32) {
+        let free = self.free;
+        self.slots[index as usize].set_next(free);
+        self.free = index;
+    }
+
+    /// Appends `index` to the line whose first and last slots are `ends`.
+    pub(crate) fn push_back(&mut self, ends: &mut (u32, u32), index: u32) {
+        let tail = ends.1;
+        self.slots[index as usize].set_prev(tail);
+        self.slots[index as usize].set_next(NONE);
+        if tail == NONE {
+            debug_assert!(ends.0 == NONE, "a line with a head and no tail");
+            *ends = (index, index);
+        } else {
+            self.slots[tail as usize].set_next(index);
+            ends.1 = index;
+        }
+    }
+
+    /// Takes `index` out of the line whose first and last slots are `ends`
+    /// (both `NONE` if it empties).
+    pub(crate) fn unlink(&mut self, ends: &mut (u32, u32), index: u32) {
+        let (prev, next) = {
+            let s = &self.slots[index as usize];
+            (s.prev(), s.next())
+        };
+        if prev == NONE {
+            ends.0 = next;
+        } else {
+            self.slots[prev as usize].set_next(next);
+        }
+        if next == NONE {
+            ends.1 = prev;
+        } else {
+            self.slots[next as usize].set_prev(prev);
+        }
+        let s = &mut self.slots[index as usize];
+        s.set_prev(NONE);
+        s.set_next(NONE);
+    }
+}
+
+impl<T> Slots<T> {
+    /// How many slots, free or not, satisfy `f` (for tests).
+    #[cfg(test)]
+    pub(crate) fn count(&self, f: impl Fn(&T) -> bool) -> usize {
+        self.slots.iter().filter(|s| f(s)).count()
+    }
+}
+
+impl<T> Index<usize> for Slots<T> {
+    type Output = T;
+
+    fn index(&self, index: usize) -> &T {
+        &self.slots[index]
+    }
+}
+
+impl<T> IndexMut<usize> for Slots<T> {
+    fn index_mut(&mut self, index: usize) -> &mut T {
+        &mut self.slots[index]
+    }
+}
+
+/// [`Linked`] for a slot struct with `prev: u32` and `next: u32` fields.
+macro_rules! linked_by_fields {
+    ($slot:ty) => {
+        impl $crate::slots::Linked for $slot {
+            fn prev(&self) -> u32 {
+                self.prev
+            }
+            fn next(&self) -> u32 {
+                self.next
+            }
+            fn set_prev(&mut self, prev: u32) {
+                self.prev = prev;
+            }
+            fn set_next(&mut self, next: u32) {
+                self.next = next;
+            }
+        }
+    };
+}
+pub(crate) use linked_by_fields;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct S {
+        id: u32,
+        prev: u32,
+        next: u32,
+    }
+    linked_by_fields!(S);
+
+    fn s(id: u32) -> S {
+        S {
+            id,
+            prev: NONE,
+            next: NONE,
+        }
+    }
+
+    fn line(slots: &Slots<S>, ends: (u32, u32)) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut at = ends.0;
+        while at != NONE {
+            out.push(slots[at as usize].id);
+            at = slots[at as usize].next;
+        }
+        out
+    }
+
+    #[test]
+    fn slots_are_reused_and_lines_keep_their_order() {
+        let mut slots = Slots::new();
+        let mut ends = (NONE, NONE);
+        let ix: Vec<u32> = (0..4).map(|i| slots.alloc(s(i))).collect();
+        for &i in &ix {
+            slots.push_back(&mut ends, i);
+        }
+        assert_eq!(line(&slots, ends), [0, 1, 2, 3]);
+        // The middle, the head and the tail.
+        slots.unlink(&mut ends, ix[1]);
+        slots.unlink(&mut ends, ix[0]);
+        slots.unlink(&mut ends, ix[3]);
+        assert_eq!(line(&slots, ends), [2]);
+        assert_eq!(ends, (ix[2], ix[2]));
+        slots.unlink(&mut ends, ix[2]);
+        assert_eq!(ends, (NONE, NONE));
+        // Freed slots are reused, the last freed first; no new one.
+        slots.free(ix[1]);
+        slots.free(ix[3]);
+        assert_eq!(slots.alloc(s(7)), ix[3]);
+        assert_eq!(slots.alloc(s(8)), ix[1]);
+        assert_eq!(slots.alloc(s(9)), 4);
+    }
+}
