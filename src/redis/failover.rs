@@ -240,7 +240,14 @@ impl Inner {
             return;
         };
         f.suspect.store(false, Ordering::Release);
-        if f.saw(now) && self.quarantine_now().await {
+        // A promotion seen now, or a loss seen before whose quarantine has
+        // not been written yet (its call ran out of time, as it may while
+        // a Cluster client reads the slot map again): the quarantine is
+        // written now, or tried again at the next look. An idle client
+        // makes no acquire that would carry the loss flag, and the other
+        // clients learn of the loss only from the quarantine key.
+        let promoted = f.saw(now);
+        if (promoted || f.loss_known.load(Ordering::Acquire)) && self.quarantine_now().await {
             f.loss_known.store(false, Ordering::Release);
         }
     }
