@@ -3,6 +3,8 @@
 #![cfg(all(not(loom), feature = "redis-cluster", feature = "tokio"))]
 
 mod common;
+#[path = "common/failover_load.rs"]
+mod failover_load;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
@@ -12,6 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bulkhead::redis::{ConfigError, LeaseError, RedisBulkhead, RedisSemaphore};
+use failover_load::Load;
 use redis::cluster::ClusterClient;
 use redis_server::RedisCluster;
 
@@ -575,13 +578,7 @@ async fn the_limit_holds_across_a_forced_cluster_failover() {
     };
     let name = NAMES[1];
     let (old, replica) = owner_and_replica(&cluster, name);
-    let now = Arc::new(AtomicUsize::new(0));
-    let max = Arc::new(AtomicUsize::new(0));
-    let grants = Arc::new(AtomicUsize::new(0));
-    let granted_at = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
-    let quarantined = Arc::new(std::sync::Mutex::new(None::<Instant>));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut tasks = Vec::new();
+    let mut load = Load::default();
     for _client in 0..2 {
         let sem = RedisSemaphore::builder(client(&cluster), name)
             .limit(LIMIT)
@@ -591,42 +588,11 @@ async fn the_limit_holds_across_a_forced_cluster_failover() {
             .await
             .unwrap();
         for _task in 0..2 {
-            let (sem, now, max, grants, quarantined, stop, granted_at) = (
-                sem.clone(),
-                now.clone(),
-                max.clone(),
-                grants.clone(),
-                quarantined.clone(),
-                stop.clone(),
-                granted_at.clone(),
-            );
-            tasks.push(tokio::spawn(async move {
-                while !stop.load(Ordering::SeqCst) {
-                    match sem.try_acquire().await {
-                        Ok(permit) => {
-                            let here = now.fetch_add(1, Ordering::SeqCst) + 1;
-                            max.fetch_max(here, Ordering::SeqCst);
-                            grants.fetch_add(1, Ordering::SeqCst);
-                            granted_at.lock().unwrap().push(Instant::now());
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                            now.fetch_sub(1, Ordering::SeqCst);
-                            // Lost in the switch (`Overrun`) or unanswered:
-                            // either way this task no longer counts it.
-                            let _ = permit.release().await;
-                        }
-                        Err(LeaseError::Quarantined { .. }) => {
-                            quarantined.lock().unwrap().get_or_insert_with(Instant::now);
-                        }
-                        Err(LeaseError::NoPermits { .. } | LeaseError::Unavailable(_)) => {}
-                        Err(e) => panic!("{e:?}"),
-                    }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }));
+            load.spawn(sem.clone());
         }
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = grants.load(Ordering::SeqCst);
+    let before = load.grants();
     assert!(before > 0, "granting before the kill");
     let killed = Instant::now();
     cluster.node(old).stop();
@@ -639,48 +605,25 @@ async fn the_limit_holds_across_a_forced_cluster_failover() {
         "the replica was elected in the killed primary's place"
     );
     let elected = killed.elapsed();
-    let seen = time_until(Duration::from_secs(10), || {
-        quarantined.lock().unwrap().is_some()
-    })
-    .await
-    .map(|_| quarantined.lock().unwrap().unwrap() - killed);
+    let seen = time_until(Duration::from_secs(10), || load.first_refusal().is_some())
+        .await
+        .map(|_| load.first_refusal().unwrap() - killed);
     // The quarantine ends one time to live later, and grants resume on the
     // new primary.
-    let after = grants.load(Ordering::SeqCst);
-    let resumed = time_until(Duration::from_secs(10), || {
-        grants.load(Ordering::SeqCst) > after + 3
-    })
-    .await;
-    stop.store(true, Ordering::SeqCst);
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(10), task)
-            .await
-            .unwrap()
-            .unwrap();
-    }
+    let after = load.grants();
+    let resumed = time_until(Duration::from_secs(10), || load.grants() > after + 3).await;
+    load.stop().await;
     // The old primary is dead: every grant after the kill is the new
     // one's. Those before the first refusal were made before the client
     // knew of the promotion.
-    let first_refusal = quarantined
-        .lock()
-        .unwrap()
-        .expect("the promotion quarantined");
-    let after_kill: Vec<Duration> = granted_at
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|&&t| t > killed && t < first_refusal)
-        .map(|&t| t - killed)
-        .collect();
+    let after_kill = load.before_refusal(killed);
     eprintln!("grants after the kill, before the first refusal: {after_kill:?}");
-    let early = granted_at
-        .lock()
-        .unwrap()
+    // No replica is elected before the node timeout (1 s) has passed: a
+    // grant returned in the first 500 ms may be the old primary's last,
+    // its answer read late.
+    let early = after_kill
         .iter()
-        // No replica is elected before the node timeout (1 s) has passed: a
-        // grant returned in the first 500 ms may be the old primary's last,
-        // its answer read late.
-        .filter(|&&t| t > killed + Duration::from_millis(500) && t < first_refusal)
+        .filter(|&&t| t > Duration::from_millis(500))
         .count();
     eprintln!(
         "primary killed: replica elected after {elected:?}, quarantine seen after {seen:?}, \
@@ -691,11 +634,7 @@ async fn the_limit_holds_across_a_forced_cluster_failover() {
         "clients that saw the outage check the new primary first"
     );
     assert!(resumed.is_some(), "grants resumed on the new primary");
-    assert!(
-        max.load(Ordering::SeqCst) <= LIMIT,
-        "max {}",
-        max.load(Ordering::SeqCst)
-    );
+    assert!(load.max_held() <= LIMIT, "max {}", load.max_held());
     let on_new: i64 = replica.cmd(&["EXISTS", &format!("bulkhead:{{{name}}}:epoch")]);
     assert_eq!(on_new, 1, "the new primary has the marker");
 }

@@ -4,12 +4,15 @@
 #![cfg(all(not(loom), feature = "redis-sentinel", feature = "tokio"))]
 
 mod common;
+#[path = "common/failover_load.rs"]
+mod failover_load;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
 use std::time::{Duration, Instant};
 
 use bulkhead::redis::{Backend, ConfigError, LeaseError, RedisSemaphore, ReleaseError};
+use failover_load::Load;
 use redis_server::{SERVICE, SentinelSet};
 
 fn backend(set: &SentinelSet) -> Backend {
@@ -333,21 +336,13 @@ async fn grants_wait_for_the_primarys_replicas() {
 /// once (counted apart from Redis).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_sentinels_elect_a_new_primary_and_the_limit_holds() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     const LIMIT: usize = 2;
     const TTL: Duration = Duration::from_millis(1_500);
     let Some(set) = SentinelSet::start_with_or_skip(3, 2, 300) else {
         return;
     };
     let urls: Vec<String> = set.sentinels().iter().map(|s| s.url()).collect();
-    let now = Arc::new(AtomicUsize::new(0));
-    let max = Arc::new(AtomicUsize::new(0));
-    let grants = Arc::new(AtomicUsize::new(0));
-    let granted_at = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
-    let quarantined = Arc::new(std::sync::Mutex::new(None::<Instant>));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
+    let mut load = Load::default();
     for _client in 0..2 {
         let sem = RedisSemaphore::builder(
             Backend::sentinel(urls.clone(), SERVICE, None).unwrap(),
@@ -360,43 +355,11 @@ async fn three_sentinels_elect_a_new_primary_and_the_limit_holds() {
         .await
         .unwrap();
         for _task in 0..2 {
-            let (sem, now, max, grants, quarantined, stop, granted_at) = (
-                sem.clone(),
-                now.clone(),
-                max.clone(),
-                grants.clone(),
-                quarantined.clone(),
-                stop.clone(),
-                granted_at.clone(),
-            );
-            tasks.push(tokio::spawn(async move {
-                while !stop.load(Ordering::SeqCst) {
-                    match sem.try_acquire().await {
-                        Ok(permit) => {
-                            let here = now.fetch_add(1, Ordering::SeqCst) + 1;
-                            max.fetch_max(here, Ordering::SeqCst);
-                            grants.fetch_add(1, Ordering::SeqCst);
-                            granted_at.lock().unwrap().push(Instant::now());
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                            now.fetch_sub(1, Ordering::SeqCst);
-                            let _ = permit.release().await;
-                        }
-                        Err(LeaseError::Quarantined { .. }) => {
-                            quarantined.lock().unwrap().get_or_insert_with(Instant::now);
-                        }
-                        Err(LeaseError::NoPermits { .. } | LeaseError::Unavailable(_)) => {}
-                        Err(e) => panic!("{e:?}"),
-                    }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }));
+            load.spawn(sem.clone());
         }
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        grants.load(Ordering::SeqCst) > 0,
-        "granting before the kill"
-    );
+    assert!(load.grants() > 0, "granting before the kill");
     let old = set.primary_port();
     let killed = Instant::now();
     set.server(old).stop();
@@ -404,44 +367,22 @@ async fn three_sentinels_elect_a_new_primary_and_the_limit_holds() {
         .expect("the sentinels elect and promote the replica");
     let elected = killed.elapsed();
     let seen = tokio::task::block_in_place(|| {
-        redis_server::eventually(Duration::from_secs(10), || {
-            quarantined.lock().unwrap().is_some()
-        })
+        redis_server::eventually(Duration::from_secs(10), || load.first_refusal().is_some())
     });
-    let seen = seen.then(|| quarantined.lock().unwrap().unwrap() - killed);
-    let after = grants.load(Ordering::SeqCst);
+    let seen = seen.then(|| load.first_refusal().unwrap() - killed);
+    let after = load.grants();
     let resumed = tokio::task::block_in_place(|| {
-        redis_server::eventually(Duration::from_secs(10), || {
-            grants.load(Ordering::SeqCst) > after + 3
-        })
+        redis_server::eventually(Duration::from_secs(10), || load.grants() > after + 3)
     });
     let resumed_at = killed.elapsed();
-    stop.store(true, Ordering::SeqCst);
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(10), task)
-            .await
-            .unwrap()
-            .unwrap();
-    }
-    let first_refusal = quarantined
-        .lock()
-        .unwrap()
-        .expect("the promotion quarantined");
-    let after_kill: Vec<Duration> = granted_at
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|&&t| t > killed && t < first_refusal)
-        .map(|&t| t - killed)
-        .collect();
+    load.stop().await;
+    let after_kill = load.before_refusal(killed);
     eprintln!("grants after the kill, before the first refusal: {after_kill:?}");
-    let early = granted_at
-        .lock()
-        .unwrap()
+    // No new primary before `down-after-milliseconds` (300 ms): a grant
+    // returned in the first 200 ms may be the old one's last.
+    let early = after_kill
         .iter()
-        // No new primary before `down-after-milliseconds` (300 ms): a
-        // grant returned in the first 200 ms may be the old one's last.
-        .filter(|&&t| t > killed + Duration::from_millis(200) && t < first_refusal)
+        .filter(|&&t| t > Duration::from_millis(200))
         .count();
     eprintln!(
         "3 sentinels, primary killed: new primary named after {elected:?}, quarantine seen \
@@ -454,11 +395,7 @@ async fn three_sentinels_elect_a_new_primary_and_the_limit_holds() {
         "the client checks the new primary before its first call"
     );
     assert!(resumed, "grants resumed on the new primary");
-    assert!(
-        max.load(Ordering::SeqCst) <= LIMIT,
-        "max {}",
-        max.load(Ordering::SeqCst)
-    );
+    assert!(load.max_held() <= LIMIT, "max {}", load.max_held());
     assert!(
         set.server(new)
             .cmd::<bool>(&["EXISTS", "bulkhead:{quorum}:epoch"]),
