@@ -1,7 +1,7 @@
 //! Overload control in an HTTP server: the same hyper server driven at 1x,
 //! 2x and 5x what it can serve, once with a plain first-come line, once
-//! with deadline-aware admission and controlled delay, and once with
-//! priority classes.
+//! with deadline-aware admission and controlled delay, once with priority
+//! classes, and once with all three.
 //!
 //! The server's handler stands for a downstream call: it takes 40 ms, and
 //! the bulkhead lets 4 run at once, so the server serves 100 requests a
@@ -20,7 +20,11 @@
 //!   `priorities(&[3, 1])` with `BulkheadLayer::priority_from` reading
 //!   `x-priority` (class 0, critical, is 20 % of the requests and has 3 of
 //!   the 4 seats reserved; class 1, batch, the rest); deadlines are not
-//!   read (a classed request's estimate would count the whole line).
+//!   read.
+//! - **all**: **classes** plus what **on** adds: the class from
+//!   `x-priority`, the deadline from `x-deadline-ms` (a classed request's
+//!   expected wait counts only the waiters served before its class), and
+//!   controlled delay on each class's line.
 //!
 //! For each load it prints what the clients saw: answered in time
 //! (goodput), turned away with a 503 and why (`full`, `deadline`,
@@ -77,6 +81,8 @@ enum Setup {
     On,
     /// Priority classes from the header.
     Classes,
+    /// Classes, deadlines and controlled delay together.
+    All,
 }
 
 /// Priority classes' shares of [`LIMIT`] (class 0 first), with `classes`.
@@ -90,6 +96,7 @@ impl fmt::Display for Setup {
             Setup::Off => "off",
             Setup::On => "on",
             Setup::Classes => "classes",
+            Setup::All => "all",
         })
     }
 }
@@ -333,6 +340,21 @@ async fn start(
             let (addr, accept) = serve(service).await?;
             (bh, addr, accept)
         }
+        Setup::All => {
+            let bh = builder
+                .priorities(&SHARES)
+                .queue_delay(TARGET, INTERVAL)
+                .build()?;
+            let layer = BulkheadLayer::new(bh.clone())
+                .priority_from(class_of)
+                .deadline_from(deadline_of);
+            let service = ServiceBuilder::new()
+                .map_result(rejection_to_503)
+                .layer(layer)
+                .service_fn(handler);
+            let (addr, accept) = serve(service).await?;
+            (bh, addr, accept)
+        }
     })
 }
 
@@ -533,17 +555,18 @@ async fn main() -> Result<(), BoxError> {
     let off = run(Setup::Off, &LOADS, length).await?;
     let on = run(Setup::On, &LOADS, length).await?;
     let classes = run(Setup::Classes, &LOADS, length).await?;
+    let all = run(Setup::All, &LOADS, length).await?;
     println!("{HEADER}");
     for load in LOADS {
-        println!("{}", row(Setup::Off, off.at(load)));
-        println!("{}", row(Setup::On, on.at(load)));
-        println!("{}", row(Setup::Classes, classes.at(load)));
+        for report in [&off, &on, &classes, &all] {
+            println!("{}", row(report.setup, report.at(load)));
+        }
     }
     println!(
         "\n| load | options | critical ({CRITICAL_PCT} % of requests) in time | batch in time | 503 displaced |\n|---|---|--:|--:|--:|"
     );
     for load in LOADS {
-        for report in [&off, &on, &classes] {
+        for report in [&off, &on, &classes, &all] {
             let o = report.at(load);
             println!(
                 "| {load}x | {} | {:.1}% | {:.1}% | {:.1}% |",
@@ -576,8 +599,8 @@ async fn main() -> Result<(), BoxError> {
         }
     }
     println!(
-        "\noff: {:?}\non:  {:?}\nclasses: {:?}",
-        off.metrics, on.metrics, classes.metrics
+        "\noff: {:?}\non:  {:?}\nclasses: {:?}\nall: {:?}",
+        off.metrics, on.metrics, classes.metrics, all.metrics
     );
     Ok(())
 }
@@ -588,24 +611,25 @@ mod tests {
 
     use super::{Setup, run};
 
-    /// A short run of the setups at 1x and 5x (the classes at 5x only). The margins are wide: on a
+    /// A short run of the setups at 1x and 5x (the classed ones at 5x only). The margins are wide: on a
     /// loaded two-core machine the generator falls behind and the timings
     /// stretch, but the difference this shows is not a few percent.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_options_serve_more_in_time_under_overload() {
         let length = Duration::from_millis(800);
         let loads = [1, 5];
-        let (off, on, classes) = tokio::time::timeout(Duration::from_secs(90), async {
+        let (off, on, classes, all) = tokio::time::timeout(Duration::from_secs(90), async {
             let off = run(Setup::Off, &loads, length).await.unwrap();
             let on = run(Setup::On, &loads, length).await.unwrap();
             let classes = run(Setup::Classes, &[5], length).await.unwrap();
-            (off, on, classes)
+            let all = run(Setup::All, &[5], length).await.unwrap();
+            (off, on, classes, all)
         })
         .await
         .expect("the run hung");
-        eprintln!("{off}{on}{classes}");
+        eprintln!("{off}{on}{classes}{all}");
 
-        for report in [&off, &on, &classes] {
+        for report in [&off, &on, &classes, &all] {
             for o in &report.loads {
                 let seen = o.in_time + o.rejected() + o.gave_up + o.errors;
                 assert_eq!(seen, o.sent, "{report}");
@@ -657,6 +681,25 @@ mod tests {
             "critical in time at 5x: {critical:.1}% with classes, batch {:.1}%, critical without {:.1}%\n{classes}{off}",
             c5.class_in_time_pct(1),
             off5.class_in_time_pct(0)
+        );
+
+        // With all three at 5x: the critical class still far ahead of the
+        // batch class, and, as with the options alone, fewer clients left
+        // to give up and less work in vain than with the classes alone.
+        let a5 = all.at(5);
+        let critical = a5.class_in_time_pct(0);
+        assert!(
+            critical > 2.0 * a5.class_in_time_pct(1),
+            "critical in time at 5x with all: {critical:.1}%, batch {:.1}%\n{all}",
+            a5.class_in_time_pct(1)
+        );
+        assert!(
+            a5.gave_up < c5.gave_up && a5.in_vain < c5.in_vain,
+            "at 5x, all against classes: gave up {} and {}, in vain {} and {}\n{all}{classes}",
+            a5.gave_up,
+            c5.gave_up,
+            a5.in_vain,
+            c5.in_vain
         );
     }
 }

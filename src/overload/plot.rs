@@ -104,18 +104,21 @@ pub(crate) fn class_table() -> String {
 /// The critical class at 5x against alone, for two reservations.
 pub(crate) fn reservation_table() -> String {
     let mut out = String::from(
-        "| shares (critical/normal/batch) | critical's seats | critical at 5x, among the rest | alone | kept |\n\
-         |---|--:|--:|--:|--:|\n",
+        "| shares (critical/normal/batch) | critical's seats | critical at 5x, among the rest | alone | kept | alone, on its seats only |\n\
+         |---|--:|--:|--:|--:|--:|\n",
     );
-    for &(shares, mixed, alone) in reservations() {
+    for r in reservations() {
         let _ = writeln!(
             out,
-            "| {}/{}/{} | {} | {mixed:.1}/s | {alone:.1}/s | {:.1}% |",
-            shares[0],
-            shares[1],
-            shares[2],
-            20 * shares[0] / 100,
-            100.0 * mixed / alone
+            "| {}/{}/{} | {} | {:.1}/s | {:.1}/s | {:.1}% | {:.1}/s |",
+            r.shares[0],
+            r.shares[1],
+            r.shares[2],
+            r.seats,
+            r.mixed,
+            r.alone,
+            100.0 * r.mixed / r.alone,
+            r.own_seats
         );
     }
     out

@@ -788,11 +788,30 @@ pub(crate) fn sweep() -> &'static [SweepRow] {
     })
 }
 
+/// The critical class's goodput at 5x for one reservation: see
+/// [`reservations`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Reservation {
+    /// Critical, normal and batch shares (percent of the seats).
+    pub(crate) shares: [u32; 3],
+    /// The seats the critical share reserves.
+    pub(crate) seats: usize,
+    /// Calls a second, with priorities, among the other classes.
+    pub(crate) mixed: f64,
+    /// Calls a second, with priorities, its calls alone (every seat
+    /// idle for it to borrow): "what it gets alone".
+    pub(crate) alone: f64,
+    /// Calls a second, its calls alone on a FIFO bulkhead of only
+    /// `seats` seats: what its reservation is worth by itself.
+    pub(crate) own_seats: f64,
+}
+
 /// The critical class's goodput (calls a second) with priorities at 5x,
-/// among the others and alone, for the standard shares (50/30/20) and for
-/// a reservation with headroom (60/25/15).
-pub(crate) fn reservations() -> &'static [([u32; 3], f64, f64)] {
-    static ROWS: std::sync::OnceLock<Vec<([u32; 3], f64, f64)>> = std::sync::OnceLock::new();
+/// among the others, alone, and alone on its reserved seats only, for
+/// the standard shares (50/30/20) and for a reservation with headroom
+/// (60/25/15).
+pub(crate) fn reservations() -> &'static [Reservation] {
+    static ROWS: std::sync::OnceLock<Vec<Reservation>> = std::sync::OnceLock::new();
     ROWS.get_or_init(|| {
         [[50, 30, 20], [60, 25, 15]]
             .into_iter()
@@ -801,10 +820,22 @@ pub(crate) fn reservations() -> &'static [([u32; 3], f64, f64)] {
                 for (class, share) in s.classes.iter_mut().zip(shares) {
                     class.share = share;
                 }
+                let seats = s.limit * shares[0] as usize / 100;
                 let mixed = run(&s, Strategy::Priorities).class_goodput(0, &s);
                 s.only_class = Some(0);
                 let alone = run(&s, Strategy::Priorities).class_goodput(0, &s);
-                (shares, mixed, alone)
+                // The same calls: the offered rate is `load` times the
+                // capacity, which the fewer seats lower.
+                s.load *= s.limit as f64 / seats as f64;
+                s.limit = seats;
+                let own_seats = run(&s, Strategy::Fifo).class_goodput(0, &s);
+                Reservation {
+                    shares,
+                    seats,
+                    mixed,
+                    alone,
+                    own_seats,
+                }
             })
             .collect()
     })
@@ -855,13 +886,17 @@ mod tests {
     #[test]
     fn at_5x_the_critical_class_keeps_95_percent_of_what_it_gets_alone() {
         let rows = reservations();
-        let (_, mixed, alone) = rows[1];
+        let Reservation { mixed, alone, .. } = rows[1];
         assert!(
             mixed >= 0.95 * alone,
             "critical: {mixed:.1}/s among the rest, {alone:.1}/s alone"
         );
-        let (_, mixed, alone) = rows[0];
-        assert!(mixed >= 0.9 * alone, "{mixed} / {alone}");
+        // With a reservation of exactly its demand it keeps what those
+        // seats serve on their own: the classes take nothing from it.
+        let r = rows[0];
+        assert!(r.mixed >= 0.9 * r.alone, "{r:?}");
+        assert!(r.mixed >= 0.99 * r.own_seats, "{r:?}");
+        let alone = r.alone;
         // Without priorities it does not come near.
         let s = Scenario::standard(5.0);
         let fifo = standard(Strategy::Fifo, 5.0).class_goodput(0, &s);
