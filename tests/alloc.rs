@@ -14,8 +14,6 @@
 //! driver is this thread, so they are).
 #![cfg(not(loom))]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::future::{Future, pending};
 use std::pin::{Pin, pin};
@@ -28,60 +26,13 @@ use bulkhead::keyed::{KeyedBulkhead, KeyedBulkheadBuilder, KeyedError, KeyedReje
 use bulkhead::timer::{ThreadSleep, ThreadTimer, Timer};
 use bulkhead::{Bulkhead, BulkheadBuilder, BulkheadError, RejectReason};
 
-struct Counting;
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static COUNT: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; the
-// bookkeeping only touches const-initialised thread-locals, which never
-// allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: the caller's contract is passed on unchanged.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract is passed on unchanged.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: the caller's contract is passed on unchanged.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: the caller's contract is passed on unchanged.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-fn note() {
-    let _ = COUNTING.try_with(|on| {
-        if on.get() {
-            let _ = COUNT.try_with(|n| n.set(n.get() + 1));
-        }
-    });
-}
+use counting_alloc::{Counting, allocations};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-/// Allocations on this thread while `f` runs.
-fn allocations(f: impl FnOnce()) -> u64 {
-    COUNT.with(|n| n.set(0));
-    COUNTING.with(|on| on.set(true));
-    f();
-    COUNTING.with(|on| on.set(false));
-    COUNT.with(Cell::get)
-}
 
 /// Runs `path` five times to warm up, then asserts that twenty more
 /// allocate nothing.

@@ -16,62 +16,19 @@ mod redis_server;
 /// The bare redis-rs client of the benches: our scripts, sent by redis-rs.
 #[path = "../benches/common/redis_bare.rs"]
 mod redis_bare;
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::time::Duration;
 
 use bulkhead::redis::RedisSemaphore;
 use redis::aio::ConnectionManagerConfig;
+use counting_alloc::{Counting, count};
 use redis_bare::Bare;
 use redis_server::RedisServer;
 
-struct Counting;
-
-thread_local! {
-    static COUNT: Cell<u64> = const { Cell::new(0) };
-}
-
-fn note() {
-    // `try_with`: a thread-local that is gone (thread teardown) counts
-    // nothing.
-    let _ = COUNT.try_with(|c| c.set(c.get() + 1));
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; the
-// bookkeeping only touches a const-initialised thread-local, which never
-// allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: the caller's contract is passed on unchanged.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract is passed on unchanged.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: the caller's contract is passed on unchanged.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: the caller's contract is passed on unchanged.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn count() -> u64 {
-    COUNT.with(Cell::get)
-}
 
 const CYCLES: u64 = 50;
 
