@@ -1,0 +1,274 @@
+//! Review of the overload controls of issue 14 (priority classes,
+//! controlled delay and adaptive LIFO on classed lines, deadline
+//! admission with classes, the keyed fair line), as a demanding user:
+//! cancellation, panicking user code (wakers, observers), runtime limit
+//! changes, and promises of docs/overload.md that the other test files do
+//! not pin down. Hand-polled futures, or tokio's paused clock: no timing
+//! assertions.
+#![cfg(not(loom))]
+
+mod common;
+
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use bulkhead::{Bulkhead, BulkheadPermit, RejectReason, Rejected};
+use common::{Counted, poll_noop};
+
+const MS: Duration = Duration::from_millis(1);
+
+type Waiter<'a> = Pin<Box<dyn Future<Output = Result<BulkheadPermit, Rejected>> + 'a>>;
+
+/// A waker whose first `wake` panics (later ones count, and do not).
+#[derive(Default)]
+struct PanicsOnFirstWake(AtomicUsize);
+
+impl PanicsOnFirstWake {
+    fn wakes(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Wake for PanicsOnFirstWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
+            panic!("the waker panics");
+        }
+    }
+}
+
+fn poll_with<F: Future + ?Sized>(fut: Pin<&mut F>, waker: &Waker) -> Poll<F::Output> {
+    fut.poll(&mut Context::from_waker(waker))
+}
+
+fn held(bh: &Bulkhead) -> Vec<usize> {
+    bh.priority_seats().iter().map(|c| c.held).collect()
+}
+
+fn waiting(bh: &Bulkhead) -> Vec<usize> {
+    bh.priority_seats().iter().map(|c| c.waiting).collect()
+}
+
+/// Nothing held, nobody waiting, in every count a user can read, and a
+/// seat of every class can be taken again.
+#[track_caller]
+fn assert_at_rest(bh: &Bulkhead) {
+    let m = bh.metrics();
+    assert_eq!((m.in_flight(), m.queued()), (0, 0), "gauges");
+    let seats = bh.priority_seats();
+    assert!(
+        seats.iter().all(|c| c.held == 0 && c.waiting == 0),
+        "{seats:?}"
+    );
+    let permits: Vec<_> = (0..m.max_concurrent_calls())
+        .map(|_| bh.try_acquire_as(0).expect("every seat is free"))
+        .collect();
+    drop(permits);
+}
+
+// ---------------------------------------------------------------------------
+// Controlled delay on a class's line
+// ---------------------------------------------------------------------------
+
+/// The classed counterpart of `tests/overload.rs`'s
+/// `the_last_waiter_finding_the_line_standing_leaves_it_empty_not_standing`:
+/// "the overload clears when the line empties". When the waiter whose
+/// wait finds its class's line standing was the last one in it, the line
+/// is empty, and the next caller that waits past the target is served,
+/// as on a bulkhead without classes, not cut.
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_class_line_whose_last_waiter_finds_it_standing_is_left_empty_not_standing() {
+    for classes in [false, true] {
+        let mut builder = Bulkhead::builder()
+            .max_concurrent_calls(1)
+            // Standing at the first wait of 20 ms or more.
+            .queue_delay(20 * MS, Duration::ZERO)
+            .max_wait(Duration::from_secs(60));
+        if classes {
+            builder = builder.priorities(&[1, 1]);
+        }
+        let bh = builder.build().unwrap();
+        let wait = |bh: &Bulkhead| {
+            let bh = bh.clone();
+            tokio::spawn(async move {
+                let permit = bh.acquire_as(0).await.map_err(|r| r.reason())?;
+                tokio::time::sleep(50 * MS).await;
+                drop(permit);
+                Ok::<_, RejectReason>(())
+            })
+        };
+        let seat = bh.try_acquire_as(0).unwrap();
+        let first = wait(&bh);
+        tokio::time::sleep(50 * MS).await;
+        // Served after 50 ms, with nobody behind it.
+        drop(seat);
+        tokio::task::yield_now().await;
+        // Waits 50 ms behind it, past the target, on a line that emptied.
+        let second = wait(&bh);
+        let case = format!("classes {classes}");
+        assert_eq!(first.await.unwrap(), Ok(()), "{case}");
+        assert_eq!(second.await.unwrap(), Ok(()), "{case}");
+        assert_eq!(bh.metrics().rejected_queue_delay(), 0, "{case}");
+        assert_at_rest(&bh);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Wakers that panic
+// ---------------------------------------------------------------------------
+
+/// A classed waiter handed a seat, whose look at the line finds it
+/// standing and wakes the front waiter, whose waker panics: the panic
+/// may reach the served waiter's poll, but its seat is not lost (dropping
+/// it gives the seat back), and the waiter behind is still served.
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_panicking_waker_woken_as_a_classed_waiter_is_served_loses_no_seat() {
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .priorities(&[1])
+        // Standing at the first wait of 10 ms or more.
+        .queue_delay(10 * MS, Duration::ZERO)
+        .max_wait(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let seat = bh.try_acquire_as(0).unwrap();
+    let mut a: Waiter<'_> = Box::pin(bh.acquire_as(0));
+    assert!(poll_noop(a.as_mut()).is_pending());
+    tokio::time::advance(15 * MS).await;
+    let bad = Arc::new(PanicsOnFirstWake::default());
+    let bad_waker = Waker::from(bad.clone());
+    let mut b: Waiter<'_> = Box::pin(bh.acquire_as(0));
+    assert!(poll_with(b.as_mut(), &bad_waker).is_pending());
+    tokio::time::advance(5 * MS).await;
+    // a is served after 20 ms: its sample finds the line standing, and
+    // wakes b (5 ms in line) to look at its wait.
+    drop(seat);
+    let polled = catch_unwind(AssertUnwindSafe(|| poll_noop(a.as_mut())));
+    assert_eq!(bad.wakes(), 1, "b was woken to look");
+    match polled {
+        Ok(Poll::Ready(Ok(permit))) => drop(permit),
+        Ok(other) => panic!("a should be served: {other:?}"),
+        // The waker's panic reached a's poll: a still holds the seat,
+        // which dropping it gives back.
+        Err(_) => {
+            assert_eq!(held(&bh), [1], "a holds the seat it was handed");
+            let dropped = catch_unwind(AssertUnwindSafe(|| drop(a)));
+            assert!(dropped.is_ok(), "dropping a after its poll panicked");
+        }
+    }
+    // The seat went on to b, waiting under the target.
+    match poll_noop(b.as_mut()) {
+        Poll::Ready(Ok(permit)) => drop(permit),
+        other => panic!("b should be served: {other:?}"),
+    }
+    drop(b);
+    assert_at_rest(&bh);
+}
+
+/// A newcomer that displaces a waiter from a full line, whose waker
+/// panics: the newcomer's poll may panic, but it leaves no phantom waiter
+/// behind to take (and keep) the next seat that frees.
+#[test]
+fn a_panicking_waker_of_a_displaced_waiter_strands_no_seat() {
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .priorities(&[1, 1])
+        .max_queue(1)
+        .build()
+        .unwrap();
+    let seat = bh.try_acquire_as(1).unwrap();
+    let bad = Arc::new(PanicsOnFirstWake::default());
+    let bad_waker = Waker::from(bad.clone());
+    let mut victim: Waiter<'_> = Box::pin(bh.acquire_as(1));
+    assert!(poll_with(victim.as_mut(), &bad_waker).is_pending());
+    let mut newcomer: Waiter<'_> = Box::pin(bh.acquire_as(0));
+    let polled = catch_unwind(AssertUnwindSafe(|| poll_noop(newcomer.as_mut())));
+    assert_eq!(bad.wakes(), 1, "the displaced waiter was woken");
+    match polled {
+        // The panic did not reach the newcomer: it waits.
+        Ok(Poll::Pending) => {
+            assert_eq!(waiting(&bh), [1, 0]);
+            drop(newcomer);
+        }
+        Ok(other) => panic!("the newcomer should wait: {other:?}"),
+        // It did: the newcomer's future is spent and dropped.
+        Err(_) => drop(newcomer),
+    }
+    assert_eq!(
+        poll_noop(victim.as_mut()).map(|r| r.map(drop).map_err(|r| r.reason())),
+        Poll::Ready(Err(RejectReason::Displaced))
+    );
+    drop(victim);
+    assert_eq!(bh.metrics().rejected_displaced(), 1);
+    assert_eq!(bh.metrics().queued(), 0, "nobody waits");
+    drop(seat);
+    assert_at_rest(&bh);
+}
+
+/// `set_max_concurrent_calls` that hands seats to several classed
+/// waiters, the first of whose wakers panics: every other one is woken
+/// all the same (none is stranded holding a seat it never hears of).
+#[test]
+fn a_panicking_waker_in_a_raised_limit_strands_no_other_classed_waiter() {
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .priorities(&[1, 1])
+        .build()
+        .unwrap();
+    let seat = bh.try_acquire_as(0).unwrap();
+    let bad = Arc::new(PanicsOnFirstWake::default());
+    let bad_waker = Waker::from(bad.clone());
+    let mut first: Waiter<'_> = Box::pin(bh.acquire_as(0));
+    assert!(poll_with(first.as_mut(), &bad_waker).is_pending());
+    let good = Counted::new();
+    let mut second: Waiter<'_> = Box::pin(bh.acquire_as(1));
+    good.assert_pending(second.as_mut());
+    let raised = catch_unwind(AssertUnwindSafe(|| bh.set_max_concurrent_calls(3)));
+    assert_eq!(bad.wakes(), 1);
+    assert_eq!(good.wakes(), 1, "the second waiter was woken (raised: {raised:?})");
+    assert_eq!(bh.metrics().max_concurrent_calls(), 3);
+    assert_eq!(held(&bh), [2, 1]);
+    let p1 = good.ready(first.as_mut()).unwrap();
+    let p2 = good.ready(second.as_mut()).unwrap();
+    drop((p1, p2, seat));
+    assert_at_rest(&bh);
+}
+
+/// `close` that rejects several classed waiters, the first of whose
+/// wakers panics: every other one is woken all the same.
+#[test]
+fn a_panicking_waker_in_close_strands_no_other_classed_waiter() {
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .priorities(&[1, 1])
+        .build()
+        .unwrap();
+    let seat = bh.try_acquire_as(0).unwrap();
+    let bad = Arc::new(PanicsOnFirstWake::default());
+    let bad_waker = Waker::from(bad.clone());
+    let mut first: Waiter<'_> = Box::pin(bh.acquire_as(0));
+    assert!(poll_with(first.as_mut(), &bad_waker).is_pending());
+    let good = Counted::new();
+    let mut second: Waiter<'_> = Box::pin(bh.acquire_as(1));
+    good.assert_pending(second.as_mut());
+    let closed = catch_unwind(AssertUnwindSafe(|| bh.close()));
+    assert_eq!(bad.wakes(), 1);
+    assert_eq!(good.wakes(), 1, "the second waiter was woken (close: {closed:?})");
+    for w in [&mut first, &mut second] {
+        let r = good.ready(w.as_mut()).map(drop).map_err(|r| r.reason());
+        assert_eq!(r, Err(RejectReason::Closed));
+    }
+    drop(seat);
+    let m = bh.metrics();
+    assert_eq!((m.in_flight(), m.queued()), (0, 0));
+}
