@@ -459,14 +459,20 @@ impl State {
 
     /// A wait of `class` ended at `now` (served, or out of `max_wait`):
     /// a sample of its line; the one that finds the line standing returns
-    /// the front waiter's waker, for it to look at its wait.
+    /// the front waiter's waker, for it to look at its wait. The waiter
+    /// left the line before its sample (when it was handed its seat, or
+    /// gave up): if nobody is left behind it, the line is empty, which
+    /// ends the overload at once, as on a line without classes.
     fn sample(&mut self, class: usize, now: Sample) -> Option<Waker> {
         let delay = self.delays.get_mut(class)?;
-        if delay.sample(now.now, now.waited) == Change::Overloaded {
-            self.front_to_look(class)
-        } else {
-            None
+        if delay.sample(now.now, now.waited) != Change::Overloaded {
+            return None;
         }
+        if self.lines[class].0 == NONE {
+            delay.emptied();
+            return None;
+        }
+        self.front_to_look(class)
     }
 
     /// While `class`'s line stands: its front waiter's waker (taken; the
