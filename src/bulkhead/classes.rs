@@ -34,6 +34,7 @@
 
 use core::task::{Context, Poll, Waker};
 use core::time::Duration;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::error::RejectReason;
@@ -394,6 +395,25 @@ impl Classes {
         }
         policy.set_queued(state.seats.queued());
         wakers
+    }
+}
+
+/// Wakes `wakers`, with no lock held: one that panics does not keep the
+/// others from their wake-up (each would be left holding a seat, or a
+/// verdict, it never hears of). The first panic is resumed once all are
+/// woken; dropped if the thread is unwinding already, where a second
+/// panic would abort.
+pub(crate) fn wake_all(wakers: impl IntoIterator<Item = Waker>) {
+    let mut panic = None;
+    for waker in wakers {
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| waker.wake())) {
+            panic.get_or_insert(payload);
+        }
+    }
+    if let Some(payload) = panic {
+        if !std::thread::panicking() {
+            resume_unwind(payload);
+        }
     }
 }
 

@@ -689,7 +689,9 @@ impl Bulkhead {
     ///
     /// # Panics
     ///
-    /// Panics if `limit` exceeds [`Semaphore::MAX_PERMITS`].
+    /// Panics if `limit` exceeds [`Semaphore::MAX_PERMITS`]. A waiter's
+    /// waker that panics as it is woken is resumed here, once every waiter
+    /// served has been woken (as the [`Semaphore`]'s wakers are).
     ///
     /// # Examples
     ///
@@ -725,14 +727,19 @@ impl Bulkhead {
             s.limit_now.store(limit, Ordering::Release);
             s.policy.note_limit(limit);
         }
-        wakers.into_iter().for_each(core::task::Waker::wake);
         // In-flight counts against a new limit: let `wait_idle` look again.
         s.became_idle();
+        classes::wake_all(wakers);
     }
 
     /// Rejects every waiting and every later call with
     /// [`RejectReason::Closed`]. Calls in flight run to the end and return
     /// their permits; use [`wait_idle`](Self::wait_idle) to wait for them.
+    ///
+    /// # Panics
+    ///
+    /// If a waiter's waker panics as it is woken: resumed once every
+    /// waiter has been rejected and woken.
     ///
     /// # Examples
     ///
@@ -745,12 +752,13 @@ impl Bulkhead {
     /// ```
     pub fn close(&self) {
         self.shared.sem.close();
-        if let Some(classes) = self.shared.classes.as_deref() {
-            let wakers = classes.close(&self.shared.policy);
-            wakers.into_iter().for_each(core::task::Waker::wake);
-        }
+        let wakers = match self.shared.classes.as_deref() {
+            Some(classes) => classes.close(&self.shared.policy),
+            None => Vec::new(),
+        };
         // Rejected waiters hold nothing, but let `wait_idle` look again.
         self.shared.became_idle();
+        classes::wake_all(wakers);
     }
 
     /// Whether [`close`](Self::close) was called.
