@@ -272,3 +272,39 @@ fn a_panicking_waker_in_close_strands_no_other_classed_waiter() {
     let m = bh.metrics();
     assert_eq!((m.in_flight(), m.queued()), (0, 0));
 }
+
+/// A classed call that panics gives its seat back as it unwinds, to a
+/// waiter whose waker panics too: a second panic during unwinding would
+/// abort the process; the seat reaches the waiter, and nothing is lost.
+#[test]
+fn a_panicking_waker_woken_as_a_panicking_classed_call_unwinds_does_not_abort() {
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .priorities(&[1])
+        .build()
+        .unwrap();
+    let mut started = false;
+    let work = std::future::poll_fn(move |_| {
+        if !std::mem::replace(&mut started, true) {
+            return Poll::<Result<(), ()>>::Pending;
+        }
+        panic!("the call panics");
+    });
+    let mut call = Box::pin(bh.call_as(0, work));
+    assert!(poll_noop(call.as_mut()).is_pending());
+    let bad = Arc::new(PanicsOnFirstWake::default());
+    let bad_waker = Waker::from(bad.clone());
+    let mut waiter: Waiter<'_> = Box::pin(bh.acquire_as(0));
+    assert!(poll_with(waiter.as_mut(), &bad_waker).is_pending());
+    let polled = catch_unwind(AssertUnwindSafe(|| poll_noop(call.as_mut())));
+    assert!(polled.is_err(), "the call's panic reaches its caller");
+    drop(call);
+    assert_eq!(bad.wakes(), 1, "the waiter was woken");
+    match poll_noop(waiter.as_mut()) {
+        Poll::Ready(Ok(permit)) => drop(permit),
+        other => panic!("the waiter should be served: {other:?}"),
+    }
+    drop(waiter);
+    assert_eq!(bh.metrics().finished(), 2, "the call and the waiter");
+    assert_at_rest(&bh);
+}

@@ -30,7 +30,10 @@
 //!
 //! A waiter dropped while `Granted` gives its seat back, and the seat goes
 //! to whoever `Seats::pick` chooses next. Wakers run after the lock is
-//! released.
+//! released, never one that panics left to stop the bookkeeping halfway:
+//! [`wake_all`] wakes the rest before resuming a panic, [`wake`] drops it
+//! while unwinding, and a classed wait keeps its verdict across it
+//! (`seating.rs`).
 
 use core::task::{Context, Poll, Waker};
 use core::time::Duration;
@@ -395,6 +398,17 @@ impl Classes {
         }
         policy.set_queued(state.seats.queued());
         wakers
+    }
+}
+
+/// Wakes `waker`, with no lock held. Its panic propagates, unless the
+/// thread is unwinding already (a seat given back, or a wait dropped,
+/// during a panic), where a second panic would abort: it is dropped then.
+pub(crate) fn wake(waker: Waker) {
+    if std::thread::panicking() {
+        let _ = catch_unwind(AssertUnwindSafe(|| waker.wake()));
+    } else {
+        waker.wake();
     }
 }
 
