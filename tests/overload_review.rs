@@ -308,3 +308,58 @@ fn a_panicking_waker_woken_as_a_panicking_classed_call_unwinds_does_not_abort() 
     assert_eq!(bh.metrics().finished(), 2, "the call and the waiter");
     assert_at_rest(&bh);
 }
+
+// ---------------------------------------------------------------------------
+// Keys whose `Eq` panics
+// ---------------------------------------------------------------------------
+
+/// A key that hashes the same as every other (so every lookup compares),
+/// and whose `Eq` panics at the comparison `PANIC_AT` counts down to.
+#[derive(Debug, Clone)]
+struct Colliding(u32);
+
+static PANIC_AT: AtomicUsize = AtomicUsize::new(0);
+
+impl PartialEq for Colliding {
+    fn eq(&self, other: &Self) -> bool {
+        if PANIC_AT.fetch_sub(1, Ordering::SeqCst) == 1 {
+            panic!("the key's Eq panics");
+        }
+        self.0 == other.0
+    }
+}
+
+impl Eq for Colliding {}
+
+impl std::hash::Hash for Colliding {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u32(7);
+    }
+}
+
+/// A new key whose `Eq` panics as the keyed bulkhead looks for it before
+/// tracking it: nothing is tracked, and its place under `max_keys` is not
+/// lost (else every such panic lowers `max_keys` for good, down to no key
+/// at all).
+#[test]
+fn a_key_whose_eq_panics_as_it_is_tracked_takes_no_place() {
+    use bulkhead::keyed::KeyedBulkhead;
+    let kb = KeyedBulkhead::<Colliding>::builder()
+        .max_concurrent_calls(1)
+        .max_keys(2)
+        .build()
+        .unwrap();
+    let busy = kb.try_acquire(&Colliding(1)).unwrap();
+    // The lookup of key 2 compares it with key 1 (no panic), then, to
+    // track it, compares again: that one panics.
+    PANIC_AT.store(2, Ordering::SeqCst);
+    let tracked = catch_unwind(AssertUnwindSafe(|| kb.try_acquire(&Colliding(2)).map(drop)));
+    assert!(tracked.is_err(), "the key's Eq panicked");
+    PANIC_AT.store(0, Ordering::SeqCst);
+    assert_eq!(kb.keys_tracked(), 1);
+    // Key 1 is busy (not evictable): the second place is key 3's.
+    let other = kb.try_acquire(&Colliding(3)).map_err(|r| r.reason());
+    assert!(other.is_ok(), "{other:?}");
+    assert_eq!(kb.keys_tracked(), 2);
+    drop((busy, other));
+}
