@@ -363,3 +363,47 @@ fn a_key_whose_eq_panics_as_it_is_tracked_takes_no_place() {
     assert_eq!(kb.keys_tracked(), 2);
     drop((busy, other));
 }
+
+// ---------------------------------------------------------------------------
+// Deadline-aware admission on a bulkhead with classes
+// ---------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Quiet;
+
+impl bulkhead::observer::Observer for Quiet {}
+
+/// A plain `call_by` / `acquire_by` on a bulkhead with classes finds its
+/// seat free (it never waits): its expected wait is zero, as without
+/// classes, so a deadline that one call's hold fits in is admitted.
+#[test]
+fn a_plain_deadline_call_on_a_classed_bulkhead_counts_the_free_seats() {
+    use std::time::Instant;
+    for classes in [false, true] {
+        let mut builder = Bulkhead::builder()
+            .max_concurrent_calls(1)
+            // Every hold is timed.
+            .observer(Arc::new(Quiet));
+        if classes {
+            builder = builder.priorities(&[1]);
+        }
+        let bh = builder.build().unwrap();
+        // The hold-time average is one hold of about `hold`, at most.
+        let started = Instant::now();
+        let permit = bh.try_acquire().unwrap();
+        std::thread::sleep(50 * MS);
+        drop(permit);
+        let hold = started.elapsed();
+        // A seat free and nobody waiting: one hold fits in 1.5 of them.
+        // (Counted as busy, the wait of one hold more would not.)
+        let by = Instant::now() + hold * 3 / 2;
+        let case = format!("classes {classes}");
+        let called = futures::executor::block_on(bh.call_by(by, async { Ok::<_, ()>(7) }));
+        assert_eq!(called.map_err(|e| format!("{e}")), Ok(7), "{case}");
+        let by = Instant::now() + hold * 3 / 2;
+        let acquired = futures::executor::block_on(bh.acquire_by(by));
+        assert!(acquired.is_ok(), "{case}: {:?}", acquired.map(drop));
+        drop(acquired);
+        assert_eq!(bh.metrics().rejected_deadline(), 0, "{case}");
+    }
+}

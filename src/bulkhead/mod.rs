@@ -959,6 +959,16 @@ impl Shared {
         }
     }
 
+    /// Permits free now, for deadline-aware admission's expected wait:
+    /// with priority classes, the seats free (the semaphore then has none).
+    #[inline]
+    fn free_now(&self) -> isize {
+        match self.classes.as_deref() {
+            Some(_) => isize::try_from(self.seats_left()).unwrap_or(isize::MAX),
+            None => self.sem.available_permits(),
+        }
+    }
+
     /// Waits in line under the policy (the bounded line, `max_wait`); the
     /// waiting future and its timer live inline, so nothing is allocated.
     /// The caller wraps the permit in a guard, then reports it with
@@ -1009,7 +1019,7 @@ impl Shared {
     /// wait.
     #[cold]
     fn admit_now_by(&self, line: &mut Line) -> Option<Result<Admitted, Rejected>> {
-        if let Err(rejected) = self.policy.admit_by(line, self.sem.available_permits()) {
+        if let Err(rejected) = self.policy.admit_by(line, self.free_now()) {
             return Some(Err(rejected));
         }
         self.admit_now(true)
@@ -1300,7 +1310,7 @@ impl Bulkhead {
         may_wait: bool,
     ) -> Option<Result<permit::Held<&Shared>, Rejected>> {
         let shared = &*self.shared;
-        if let Err(rejected) = shared.policy.admit_by(line, shared.sem.available_permits()) {
+        if let Err(rejected) = shared.policy.admit_by(line, shared.free_now()) {
             return Some(Err(rejected));
         }
         self.hold_now(may_wait)
@@ -1357,7 +1367,7 @@ impl Bulkhead {
     #[cold]
     pub(crate) fn judge_by(&self, line: &mut Line) -> Result<(), Rejected> {
         let shared = &*self.shared;
-        shared.policy.admit_by(line, shared.sem.available_permits())
+        shared.policy.admit_by(line, shared.free_now())
     }
 
     /// Seats free now.
@@ -1388,7 +1398,7 @@ impl Bulkhead {
         let mut line = Line::by(&shared.policy, by);
         shared
             .policy
-            .admit_by(&mut line, shared.sem.available_permits())?;
+            .admit_by(&mut line, shared.free_now())?;
         self.try_acquire()
     }
 }
