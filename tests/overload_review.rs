@@ -235,7 +235,11 @@ fn a_panicking_waker_in_a_raised_limit_strands_no_other_classed_waiter() {
     good.assert_pending(second.as_mut());
     let raised = catch_unwind(AssertUnwindSafe(|| bh.set_max_concurrent_calls(3)));
     assert_eq!(bad.wakes(), 1);
-    assert_eq!(good.wakes(), 1, "the second waiter was woken (raised: {raised:?})");
+    assert_eq!(
+        good.wakes(),
+        1,
+        "the second waiter was woken (raised: {raised:?})"
+    );
     assert_eq!(bh.metrics().max_concurrent_calls(), 3);
     assert_eq!(held(&bh), [2, 1]);
     let p1 = good.ready(first.as_mut()).unwrap();
@@ -263,7 +267,11 @@ fn a_panicking_waker_in_close_strands_no_other_classed_waiter() {
     good.assert_pending(second.as_mut());
     let closed = catch_unwind(AssertUnwindSafe(|| bh.close()));
     assert_eq!(bad.wakes(), 1);
-    assert_eq!(good.wakes(), 1, "the second waiter was woken (close: {closed:?})");
+    assert_eq!(
+        good.wakes(),
+        1,
+        "the second waiter was woken (close: {closed:?})"
+    );
     for w in [&mut first, &mut second] {
         let r = good.ready(w.as_mut()).map(drop).map_err(|r| r.reason());
         assert_eq!(r, Err(RejectReason::Closed));
@@ -406,4 +414,319 @@ fn a_plain_deadline_call_on_a_classed_bulkhead_counts_the_free_seats() {
         drop(acquired);
         assert_eq!(bh.metrics().rejected_deadline(), 0, "{case}");
     }
+}
+
+// ---------------------------------------------------------------------------
+// Bad input
+// ---------------------------------------------------------------------------
+
+/// A timer whose clock the bulkhead cannot read: every waiter gets a sleep
+/// of its own (no line timer).
+#[derive(Debug)]
+struct OwnSleeps(bulkhead::timer::ThreadTimer);
+
+impl bulkhead::timer::Timer for OwnSleeps {
+    fn sleep(&self, duration: Duration) -> bulkhead::timer::Sleep {
+        self.0.sleep(duration)
+    }
+}
+
+/// `queue_delay(Duration::MAX, Duration::MAX)` (a target and an interval
+/// no line reaches): no overflow, no hang; `max_wait` still bounds a
+/// wait, and a freed permit is still handed on. With the line timer, with
+/// a sleep per waiter, and on a classed line.
+#[test]
+fn a_huge_queue_delay_target_and_interval_are_a_line_that_never_stands() {
+    common::with_watchdog("huge queue_delay", common::WATCHDOG, || {
+        for (kind, classes, own_sleeps) in [
+            ("line timer", false, false),
+            ("own sleeps", false, true),
+            ("classes", true, false),
+        ] {
+            let timer: Arc<dyn bulkhead::timer::Timer> = if own_sleeps {
+                Arc::new(OwnSleeps(bulkhead::timer::ThreadTimer::new()))
+            } else {
+                Arc::new(bulkhead::timer::ThreadTimer::new())
+            };
+            let mut builder = Bulkhead::builder()
+                .max_concurrent_calls(1)
+                .max_wait(20 * MS)
+                .queue_delay(Duration::MAX, Duration::MAX)
+                .adaptive_lifo(true)
+                .timer(timer);
+            if classes {
+                builder = builder.priorities(&[1, 1]);
+            }
+            let bh = builder.build().unwrap();
+            let held = bh.try_acquire_as(0).unwrap();
+            let r = futures::executor::block_on(bh.acquire_as(0));
+            assert_eq!(
+                r.map(drop).map_err(|r| r.reason()),
+                Err(RejectReason::Timeout),
+                "{kind}"
+            );
+            let mut waiter: Waiter<'_> = Box::pin(bh.acquire_as(0));
+            assert!(poll_noop(waiter.as_mut()).is_pending(), "{kind}");
+            drop(held);
+            let served = futures::executor::block_on(waiter);
+            assert!(served.is_ok(), "{kind}: {:?}", served.map(drop));
+            drop(served);
+            let m = bh.metrics();
+            assert_eq!(
+                (m.rejected_timeout(), m.rejected_queue_delay()),
+                (1, 0),
+                "{kind}"
+            );
+            assert_eq!((m.in_flight(), m.queued()), (0, 0), "{kind}");
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Seeded random runs
+// ---------------------------------------------------------------------------
+
+fn xorshift(seed: u64) -> impl FnMut(u64) -> usize {
+    let mut x = seed;
+    move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n) as usize
+    }
+}
+
+/// Gauges a user reads, checked against what the test holds: every seat
+/// is a permit it holds, every waiter one of its pending futures, and no
+/// seat idles while someone waits.
+#[track_caller]
+fn assert_counts(bh: &Bulkhead, running: usize, line: usize, step: usize) {
+    let m = bh.metrics();
+    let s = bh.priority_seats();
+    assert_eq!(m.in_flight(), running, "step {step}: in flight");
+    assert_eq!(
+        s.iter().map(|c| c.held).sum::<usize>(),
+        running,
+        "step {step}: {s:?}"
+    );
+    assert_eq!(m.queued(), line, "step {step}: queued");
+    assert_eq!(
+        s.iter().map(|c| c.waiting).sum::<usize>(),
+        line,
+        "step {step}: {s:?}"
+    );
+    assert!(
+        line == 0 || running >= m.max_concurrent_calls(),
+        "step {step}: a seat idles while {line} wait: {s:?}"
+    );
+}
+
+/// Classes with controlled delay, adaptive LIFO, `max_wait` and a bounded
+/// line, under random arrivals, cancellations (before the first poll,
+/// while waiting, after a grant not yet seen), finished calls, limit
+/// changes (shrinking below the seats held, growing with waiters) and
+/// time passing, on tokio's paused clock: after every step the gauges
+/// match what the callers hold; nobody is cut before the target or timed
+/// out before `max_wait`; every rejection is counted under its reason;
+/// and at the end nothing is left.
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn classes_with_delay_lifo_and_limit_changes_lose_nothing() {
+    use tokio::time::Instant;
+    let (target, max_wait) = (10 * MS, 60 * MS);
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(3)
+        .priorities(&[2, 1, 1])
+        .queue_delay(target, 20 * MS)
+        .adaptive_lifo(true)
+        .max_wait(max_wait)
+        .max_queue(8)
+        .build()
+        .unwrap();
+    let mut rand = xorshift(0x9e37_79b9_7f4a_7c15);
+    let mut line: Vec<(Instant, Waiter<'_>)> = Vec::new();
+    let mut running: Vec<BulkheadPermit> = Vec::new();
+    let mut reasons = std::collections::HashMap::<RejectReason, u64>::new();
+    let mut grants_from_line = 0;
+    for step in 0..4_000 {
+        match rand(20) {
+            0..=7 => {
+                let mut w: Waiter<'_> = Box::pin(bh.acquire_as(rand(3)));
+                if rand(10) == 0 {
+                    // Dropped before its first poll.
+                    drop(w);
+                } else {
+                    match poll_noop(w.as_mut()) {
+                        Poll::Ready(Ok(p)) => running.push(p),
+                        Poll::Ready(Err(r)) => *reasons.entry(r.reason()).or_default() += 1,
+                        Poll::Pending => line.push((Instant::now(), w)),
+                    }
+                }
+            }
+            // Cancelled in line, or after a grant it has not seen.
+            8 | 9 if !line.is_empty() => drop(line.remove(rand(line.len() as u64))),
+            10..=13 if !running.is_empty() => {
+                drop(running.swap_remove(rand(running.len() as u64)));
+                if rand(3) == 0 && !line.is_empty() {
+                    // The seat may have gone to this one: dropped unseen.
+                    drop(line.remove(rand(line.len() as u64)));
+                }
+            }
+            14 => bh.set_max_concurrent_calls(rand(6)),
+            _ => tokio::time::advance(Duration::from_millis(rand(15) as u64)).await,
+        }
+        let mut still = Vec::new();
+        for (joined, mut w) in line.drain(..) {
+            match poll_noop(w.as_mut()) {
+                Poll::Pending => still.push((joined, w)),
+                Poll::Ready(Ok(p)) => {
+                    grants_from_line += 1;
+                    running.push(p);
+                }
+                Poll::Ready(Err(r)) => {
+                    let waited = joined.elapsed();
+                    match r.reason() {
+                        RejectReason::QueueDelay => {
+                            assert!(waited >= target, "step {step}: cut after {waited:?}")
+                        }
+                        RejectReason::Timeout => {
+                            assert!(
+                                waited >= max_wait,
+                                "step {step}: timed out after {waited:?}"
+                            )
+                        }
+                        RejectReason::Displaced => {}
+                        other => panic!("step {step}: {other:?}"),
+                    }
+                    *reasons.entry(r.reason()).or_default() += 1;
+                }
+            }
+        }
+        line = still;
+        assert_counts(&bh, running.len(), line.len(), step);
+    }
+    let m = bh.metrics();
+    let count = |r| reasons.get(&r).copied().unwrap_or(0);
+    assert_eq!(m.rejected_queue_delay(), count(RejectReason::QueueDelay));
+    assert_eq!(m.rejected_timeout(), count(RejectReason::Timeout));
+    assert_eq!(m.rejected_full(), count(RejectReason::Full));
+    // A displaced waiter dropped before it looked is counted, not seen.
+    assert!(m.rejected_displaced() >= count(RejectReason::Displaced));
+    for r in [
+        RejectReason::QueueDelay,
+        RejectReason::Timeout,
+        RejectReason::Displaced,
+    ] {
+        assert!(count(r) > 0, "no {r:?} in the run: {reasons:?}");
+    }
+    assert!(
+        grants_from_line > 200,
+        "only {grants_from_line} grants from the line"
+    );
+    drop(line);
+    drop(running);
+    bh.set_max_concurrent_calls(3);
+    assert_at_rest(&bh);
+}
+
+/// Runs `f`; whether it panicked.
+fn panicked(f: impl FnOnce()) -> bool {
+    catch_unwind(AssertUnwindSafe(f)).is_err()
+}
+
+/// Classes under random arrivals, cancellations, finished calls and
+/// limit changes, where one waiter in four has a waker that panics the
+/// first time it is woken (in a release, a limit change, a displacement,
+/// another waiter's drop or poll): whichever call runs it panics, and
+/// still no seat is lost, no waiter stranded, no gauge left wrong; `close`
+/// at the end rejects everyone left.
+#[test]
+fn classes_with_wakers_that_panic_lose_nothing() {
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(2)
+        .priorities(&[1, 1, 1])
+        .max_queue(6)
+        .build()
+        .unwrap();
+    let mut rand = xorshift(0x2545_f491_4f6c_dd1d);
+    let mut line: Vec<(Waker, Waiter<'_>)> = Vec::new();
+    let mut running: Vec<BulkheadPermit> = Vec::new();
+    let mut panics = 0;
+    for step in 0..4_000 {
+        let panicked_here = match rand(10) {
+            0..=4 => {
+                let waker = if rand(4) == 0 {
+                    Waker::from(Arc::new(PanicsOnFirstWake::default()))
+                } else {
+                    Waker::noop().clone()
+                };
+                let mut w: Waiter<'_> = Box::pin(bh.acquire_as(rand(3)));
+                let mut out = None;
+                // A displaced waiter's waker may panic in this poll.
+                if panicked(|| out = Some(poll_with(w.as_mut(), &waker))) {
+                    // Spent: dropped.
+                    assert!(!panicked(|| drop(w)), "step {step}");
+                    true
+                } else {
+                    match out.expect("polled") {
+                        Poll::Ready(Ok(p)) => running.push(p),
+                        Poll::Ready(Err(r)) => assert_eq!(r.reason(), RejectReason::Full),
+                        Poll::Pending => line.push((waker, w)),
+                    }
+                    false
+                }
+            }
+            5 if !line.is_empty() => {
+                let w = line.remove(rand(line.len() as u64));
+                panicked(|| drop(w))
+            }
+            6 => {
+                let limit = rand(4);
+                panicked(|| bh.set_max_concurrent_calls(limit))
+            }
+            _ if !running.is_empty() => {
+                let p = running.swap_remove(rand(running.len() as u64));
+                panicked(|| drop(p))
+            }
+            _ => false,
+        };
+        panics += usize::from(panicked_here);
+        let mut still = Vec::new();
+        for (waker, mut w) in line.drain(..) {
+            let mut out = None;
+            if panicked(|| out = Some(poll_with(w.as_mut(), &waker))) {
+                panics += 1;
+                assert!(!panicked(|| drop(w)), "step {step}");
+                continue;
+            }
+            match out.expect("polled") {
+                Poll::Pending => still.push((waker, w)),
+                Poll::Ready(Ok(p)) => running.push(p),
+                Poll::Ready(Err(r)) => assert_eq!(r.reason(), RejectReason::Displaced),
+            }
+        }
+        line = still;
+        assert_counts(&bh, running.len(), line.len(), step);
+    }
+    assert!(panics > 20, "only {panics} wakers panicked");
+    let closed_waiters = line.len();
+    let _ = panicked(|| bh.close());
+    for (waker, mut w) in line {
+        let mut out = None;
+        if !panicked(|| out = Some(poll_with(w.as_mut(), &waker))) {
+            let r = out
+                .expect("polled")
+                .map(|r| r.map(drop).map_err(|r| r.reason()));
+            assert_eq!(r, Poll::Ready(Err(RejectReason::Closed)));
+        }
+    }
+    assert_eq!(bh.metrics().rejected_closed() as usize, closed_waiters);
+    drop(running);
+    let m = bh.metrics();
+    assert_eq!((m.in_flight(), m.queued()), (0, 0));
+    assert!(
+        bh.priority_seats()
+            .iter()
+            .all(|c| c.held == 0 && c.waiting == 0)
+    );
 }

@@ -1396,9 +1396,7 @@ impl Bulkhead {
     pub(crate) fn try_acquire_by(&self, by: Instant) -> Result<BulkheadPermit, Rejected> {
         let shared = &*self.shared;
         let mut line = Line::by(&shared.policy, by);
-        shared
-            .policy
-            .admit_by(&mut line, shared.free_now())?;
+        shared.policy.admit_by(&mut line, shared.free_now())?;
         self.try_acquire()
     }
 }
