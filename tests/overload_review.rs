@@ -730,3 +730,121 @@ fn classes_with_wakers_that_panic_lose_nothing() {
             .all(|c| c.held == 0 && c.waiting == 0)
     );
 }
+
+/// The keyed bulkhead's fair line (weights 3, 1, 1, 1) under random
+/// arrivals, cancellations (in a key's line, on its turn, just handed a
+/// seat), finished calls, changes of the global limit (shrinking below
+/// the seats held, growing with callers waiting) and wakers that panic
+/// the first time they are woken: after every step (every caller polled
+/// until none moves, as an executor would) the global gauges match what
+/// the callers hold, no global seat idles while a caller waits, and at
+/// the end nothing is left and a free seat is taken at once.
+#[test]
+fn the_fair_line_under_random_load_and_limit_changes_loses_nothing() {
+    use bulkhead::keyed::{KeyedBulkhead, KeyedPermit, KeyedRejected};
+    type Acquiring<'a> = Pin<Box<dyn Future<Output = Result<KeyedPermit, KeyedRejected>> + 'a>>;
+    let kb = KeyedBulkhead::<u32>::builder()
+        .max_concurrent_calls(100)
+        .global_limit(2)
+        .key_weight(|&key| if key == 0 { 3 } else { 1 })
+        .build()
+        .unwrap();
+    let global = kb.global().unwrap();
+    let mut rand = xorshift(0xd1b5_4a32_d192_ed03);
+    let mut line: Vec<(Waker, Acquiring<'_>)> = Vec::new();
+    let mut running: Vec<KeyedPermit> = Vec::new();
+    let mut panics = 0;
+    let mut bombs = Vec::new();
+    let mut from_line = 0;
+    for step in 0..4_000 {
+        let panicked_here = match rand(12) {
+            // The line kept short: each caller holds its key's permit
+            // while it waits for a global seat.
+            0..=5 if line.len() < 40 => {
+                let waker = if rand(8) == 0 {
+                    let bomb = Arc::new(PanicsOnFirstWake::default());
+                    bombs.push(bomb.clone());
+                    Waker::from(bomb)
+                } else {
+                    Waker::noop().clone()
+                };
+                const KEYS: [u32; 4] = [0, 1, 2, 3];
+                let mut w: Acquiring<'_> = Box::pin(kb.acquire(&KEYS[rand(4)]));
+                let mut out = None;
+                if panicked(|| out = Some(poll_with(w.as_mut(), &waker))) {
+                    assert!(!panicked(|| drop(w)), "step {step}");
+                    true
+                } else {
+                    match out.expect("polled") {
+                        Poll::Ready(Ok(p)) => running.push(p),
+                        Poll::Ready(Err(r)) => panic!("step {step}: {r}"),
+                        Poll::Pending => line.push((waker, w)),
+                    }
+                    false
+                }
+            }
+            0..=6 if !line.is_empty() => {
+                let w = line.remove(rand(line.len() as u64));
+                panicked(|| drop(w))
+            }
+            7 => {
+                let limit = rand(4);
+                panicked(|| global.set_max_concurrent_calls(limit))
+            }
+            _ if !running.is_empty() => {
+                let p = running.swap_remove(rand(running.len() as u64));
+                panicked(|| drop(p))
+            }
+            _ => false,
+        };
+        panics += usize::from(panicked_here);
+        loop {
+            let mut moved = false;
+            let mut still = Vec::new();
+            for (waker, mut w) in line.drain(..) {
+                let mut out = None;
+                if panicked(|| out = Some(poll_with(w.as_mut(), &waker))) {
+                    panics += 1;
+                    moved = true;
+                    assert!(!panicked(|| drop(w)), "step {step}");
+                    continue;
+                }
+                match out.expect("polled") {
+                    Poll::Pending => still.push((waker, w)),
+                    Poll::Ready(Ok(p)) => {
+                        moved = true;
+                        from_line += 1;
+                        running.push(p);
+                    }
+                    Poll::Ready(Err(r)) => panic!("step {step}: {r}"),
+                }
+            }
+            line = still;
+            if !moved {
+                break;
+            }
+        }
+        let m = kb.global_metrics().unwrap();
+        assert_eq!(m.in_flight(), running.len(), "step {step}: in flight");
+        assert_eq!(m.queued(), line.len(), "step {step}: queued");
+        let waiting: usize = kb.snapshot().iter().map(|k| k.waiting_for_global()).sum();
+        assert_eq!(waiting, line.len(), "step {step}: the keys' waiting");
+        assert!(
+            line.is_empty() || running.len() >= m.max_concurrent_calls(),
+            "step {step}: a global seat idles while {} wait",
+            line.len()
+        );
+    }
+    let fired = bombs.iter().filter(|b| b.wakes() > 0).count();
+    assert!(
+        fired > 10,
+        "only {fired} wakers that panic were woken ({panics} panics seen)"
+    );
+    assert!(from_line > 500, "only {from_line} grants from the line");
+    drop(line);
+    drop(running);
+    global.set_max_concurrent_calls(2);
+    let m = kb.global_metrics().unwrap();
+    assert_eq!((m.in_flight(), m.queued()), (0, 0));
+    drop(kb.try_acquire(&9).unwrap());
+}
