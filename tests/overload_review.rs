@@ -848,3 +848,89 @@ fn the_fair_line_under_random_load_and_limit_changes_loses_nothing() {
     assert_eq!((m.in_flight(), m.queued()), (0, 0));
     drop(kb.try_acquire(&9).unwrap());
 }
+
+// ---------------------------------------------------------------------------
+// Adaptive LIFO and limit changes
+// ---------------------------------------------------------------------------
+
+/// While the line stands, the seats a raised limit frees go to the newest
+/// waiters first, as a freed permit does ("a freed permit goes to the
+/// newest waiter"); with the line timer, a sleep per waiter, and on a
+/// classed line. Lowered again under the seats held, nobody is served
+/// until enough have come back, and then the newest left is.
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_raised_limit_serves_a_standing_line_newest_first() {
+    let target = 100 * MS;
+    for (kind, classes, max_wait) in [
+        ("line timer", false, true),
+        ("own sleeps", false, false),
+        ("classes", true, true),
+    ] {
+        let mut builder = Bulkhead::builder()
+            .max_concurrent_calls(1)
+            // Standing at the first wait of the target or more.
+            .queue_delay(target, Duration::ZERO)
+            .adaptive_lifo(true);
+        if max_wait {
+            builder = builder.max_wait(Duration::from_secs(60));
+        }
+        if classes {
+            builder = builder.priorities(&[1]);
+        }
+        let bh = builder.build().unwrap();
+        let held = bh.try_acquire_as(0).unwrap();
+        let mut first: Waiter<'_> = Box::pin(bh.acquire_as(0));
+        assert!(poll_noop(first.as_mut()).is_pending(), "{kind}");
+        tokio::time::advance(target + 50 * MS).await;
+        let mut oldest: Waiter<'_> = Box::pin(bh.acquire_as(0));
+        assert!(poll_noop(oldest.as_mut()).is_pending(), "{kind}");
+        drop(held);
+        // Served past the target with `oldest` behind it: the line stands.
+        let first = match poll_noop(first.as_mut()) {
+            Poll::Ready(Ok(permit)) => permit,
+            other => panic!("{kind}: the first waiter is served: {other:?}"),
+        };
+        tokio::time::advance(MS).await;
+        let mut newer: Vec<Waiter<'_>> = (0..3)
+            .map(|_| Box::pin(bh.acquire_as(0)) as Waiter<'_>)
+            .collect();
+        for w in &mut newer {
+            assert!(poll_noop(w.as_mut()).is_pending(), "{kind}");
+            tokio::time::advance(MS).await;
+        }
+        // Two more seats: to the two newest.
+        bh.set_max_concurrent_calls(3);
+        let mut served = Vec::new();
+        for (i, w) in newer.iter_mut().enumerate() {
+            if let Poll::Ready(r) = poll_noop(w.as_mut()) {
+                served.push((i, r.expect("served")));
+            }
+        }
+        assert!(poll_noop(oldest.as_mut()).is_pending(), "{kind}");
+        assert_eq!(
+            served.iter().map(|s| s.0).collect::<Vec<_>>(),
+            [1, 2],
+            "{kind}"
+        );
+        // Lowered to 1 with 3 held: two must come back before anyone is
+        // served; then the newest left (`newer[0]`), not `oldest`.
+        bh.set_max_concurrent_calls(1);
+        let (_, second) = served.pop().unwrap();
+        drop(second);
+        assert!(poll_noop(newer[0].as_mut()).is_pending(), "{kind}");
+        drop(served);
+        assert!(poll_noop(newer[0].as_mut()).is_pending(), "{kind}");
+        drop(first);
+        let last = match poll_noop(newer[0].as_mut()) {
+            Poll::Ready(Ok(permit)) => permit,
+            other => panic!("{kind}: the newest left is served: {other:?}"),
+        };
+        assert!(poll_noop(oldest.as_mut()).is_pending(), "{kind}");
+        drop(last);
+        drop(newer);
+        drop(oldest);
+        assert_eq!(bh.metrics().rejected_queue_delay(), 0, "{kind}");
+        assert_at_rest(&bh);
+    }
+}
