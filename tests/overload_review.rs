@@ -399,7 +399,9 @@ fn a_plain_deadline_call_on_a_classed_bulkhead_counts_the_free_seats() {
         // The hold-time average is one hold of about `hold`, at most.
         let started = Instant::now();
         let permit = bh.try_acquire().unwrap();
-        std::thread::sleep(50 * MS);
+        // Long enough that the margin (half a hold) dwarfs a loaded
+        // machine's scheduling delays.
+        std::thread::sleep(200 * MS);
         drop(permit);
         let hold = started.elapsed();
         // A seat free and nobody waiting: one hold fits in 1.5 of them.
