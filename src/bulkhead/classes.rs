@@ -30,10 +30,14 @@
 //!
 //! A waiter dropped while `Granted` gives its seat back, and the seat goes
 //! to whoever `Seats::pick` chooses next. Wakers run after the lock is
-//! released.
+//! released, never one that panics left to stop the bookkeeping halfway:
+//! [`wake_all`] wakes the rest before resuming a panic, [`wake`] drops it
+//! while unwinding, and a classed wait keeps its verdict across it
+//! (`seating.rs`).
 
 use core::task::{Context, Poll, Waker};
 use core::time::Duration;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::error::RejectReason;
@@ -397,6 +401,36 @@ impl Classes {
     }
 }
 
+/// Wakes `waker`, with no lock held. Its panic propagates, unless the
+/// thread is unwinding already (a seat given back, or a wait dropped,
+/// during a panic), where a second panic would abort: it is dropped then.
+pub(crate) fn wake(waker: Waker) {
+    if std::thread::panicking() {
+        let _ = catch_unwind(AssertUnwindSafe(|| waker.wake()));
+    } else {
+        waker.wake();
+    }
+}
+
+/// Wakes `wakers`, with no lock held: one that panics does not keep the
+/// others from their wake-up (each would be left holding a seat, or a
+/// verdict, it never hears of). The first panic is resumed once all are
+/// woken; dropped if the thread is unwinding already, where a second
+/// panic would abort.
+pub(crate) fn wake_all(wakers: impl IntoIterator<Item = Waker>) {
+    let mut panic = None;
+    for waker in wakers {
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| waker.wake())) {
+            panic.get_or_insert(payload);
+        }
+    }
+    if let Some(payload) = panic {
+        if !std::thread::panicking() {
+            resume_unwind(payload);
+        }
+    }
+}
+
 /// A classed waiter's look at the clock, for controlled delay: now and
 /// how long it has waited, in nanoseconds (now since the policy's origin).
 #[derive(Debug, Clone, Copy)]
@@ -459,14 +493,20 @@ impl State {
 
     /// A wait of `class` ended at `now` (served, or out of `max_wait`):
     /// a sample of its line; the one that finds the line standing returns
-    /// the front waiter's waker, for it to look at its wait.
+    /// the front waiter's waker, for it to look at its wait. The waiter
+    /// left the line before its sample (when it was handed its seat, or
+    /// gave up): if nobody is left behind it, the line is empty, which
+    /// ends the overload at once, as on a line without classes.
     fn sample(&mut self, class: usize, now: Sample) -> Option<Waker> {
         let delay = self.delays.get_mut(class)?;
-        if delay.sample(now.now, now.waited) == Change::Overloaded {
-            self.front_to_look(class)
-        } else {
-            None
+        if delay.sample(now.now, now.waited) != Change::Overloaded {
+            return None;
         }
+        if self.lines[class].0 == NONE {
+            delay.emptied();
+            return None;
+        }
+        self.front_to_look(class)
     }
 
     /// While `class`'s line stands: its front waiter's waker (taken; the

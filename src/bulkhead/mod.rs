@@ -689,7 +689,9 @@ impl Bulkhead {
     ///
     /// # Panics
     ///
-    /// Panics if `limit` exceeds [`Semaphore::MAX_PERMITS`].
+    /// Panics if `limit` exceeds [`Semaphore::MAX_PERMITS`]. A waiter's
+    /// waker that panics as it is woken is resumed here, once every waiter
+    /// served has been woken (as the [`Semaphore`]'s wakers are).
     ///
     /// # Examples
     ///
@@ -725,14 +727,19 @@ impl Bulkhead {
             s.limit_now.store(limit, Ordering::Release);
             s.policy.note_limit(limit);
         }
-        wakers.into_iter().for_each(core::task::Waker::wake);
         // In-flight counts against a new limit: let `wait_idle` look again.
         s.became_idle();
+        classes::wake_all(wakers);
     }
 
     /// Rejects every waiting and every later call with
     /// [`RejectReason::Closed`]. Calls in flight run to the end and return
     /// their permits; use [`wait_idle`](Self::wait_idle) to wait for them.
+    ///
+    /// # Panics
+    ///
+    /// If a waiter's waker panics as it is woken: resumed once every
+    /// waiter has been rejected and woken.
     ///
     /// # Examples
     ///
@@ -745,12 +752,13 @@ impl Bulkhead {
     /// ```
     pub fn close(&self) {
         self.shared.sem.close();
-        if let Some(classes) = self.shared.classes.as_deref() {
-            let wakers = classes.close(&self.shared.policy);
-            wakers.into_iter().for_each(core::task::Waker::wake);
-        }
+        let wakers = match self.shared.classes.as_deref() {
+            Some(classes) => classes.close(&self.shared.policy),
+            None => Vec::new(),
+        };
         // Rejected waiters hold nothing, but let `wait_idle` look again.
         self.shared.became_idle();
+        classes::wake_all(wakers);
     }
 
     /// Whether [`close`](Self::close) was called.
@@ -951,6 +959,16 @@ impl Shared {
         }
     }
 
+    /// Permits free now, for deadline-aware admission's expected wait:
+    /// with priority classes, the seats free (the semaphore then has none).
+    #[inline]
+    fn free_now(&self) -> isize {
+        match self.classes.as_deref() {
+            Some(_) => isize::try_from(self.seats_left()).unwrap_or(isize::MAX),
+            None => self.sem.available_permits(),
+        }
+    }
+
     /// Waits in line under the policy (the bounded line, `max_wait`); the
     /// waiting future and its timer live inline, so nothing is allocated.
     /// The caller wraps the permit in a guard, then reports it with
@@ -1001,7 +1019,7 @@ impl Shared {
     /// wait.
     #[cold]
     fn admit_now_by(&self, line: &mut Line) -> Option<Result<Admitted, Rejected>> {
-        if let Err(rejected) = self.policy.admit_by(line, self.sem.available_permits()) {
+        if let Err(rejected) = self.policy.admit_by(line, self.free_now()) {
             return Some(Err(rejected));
         }
         self.admit_now(true)
@@ -1292,7 +1310,7 @@ impl Bulkhead {
         may_wait: bool,
     ) -> Option<Result<permit::Held<&Shared>, Rejected>> {
         let shared = &*self.shared;
-        if let Err(rejected) = shared.policy.admit_by(line, shared.sem.available_permits()) {
+        if let Err(rejected) = shared.policy.admit_by(line, shared.free_now()) {
             return Some(Err(rejected));
         }
         self.hold_now(may_wait)
@@ -1349,7 +1367,7 @@ impl Bulkhead {
     #[cold]
     pub(crate) fn judge_by(&self, line: &mut Line) -> Result<(), Rejected> {
         let shared = &*self.shared;
-        shared.policy.admit_by(line, shared.sem.available_permits())
+        shared.policy.admit_by(line, shared.free_now())
     }
 
     /// Seats free now.
@@ -1378,9 +1396,7 @@ impl Bulkhead {
     pub(crate) fn try_acquire_by(&self, by: Instant) -> Result<BulkheadPermit, Rejected> {
         let shared = &*self.shared;
         let mut line = Line::by(&shared.policy, by);
-        shared
-            .policy
-            .admit_by(&mut line, shared.sem.available_permits())?;
+        shared.policy.admit_by(&mut line, shared.free_now())?;
         self.try_acquire()
     }
 }

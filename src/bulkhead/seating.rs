@@ -5,13 +5,14 @@ use core::future::Future;
 use core::ops::Deref;
 use core::pin::Pin;
 use core::task::{Context, Poll, ready};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pin_project_lite::pin_project;
 
 use super::Shared;
-use super::classes::{Admit, GaveUp, NONE, Sample};
+use super::classes::{Admit, GaveUp, NONE, Sample, wake};
 use super::error::{RejectReason, Rejected};
 use super::permit::{Admitted, BulkheadPermit};
 use super::policy::Line;
@@ -67,24 +68,29 @@ impl Shared {
         let policy = &this.policy;
         let may_wait = may_wait && !policy.fails_fast();
         let (admit, displaced) = this.classes_on().admit(class, may_wait, policy);
-        if let Some(waker) = displaced {
-            waker.wake();
-        }
-        match admit {
-            Admit::Seat => Ok(Seat::Now),
-            Admit::Rejected(reason) => Err(policy.reject_now(reason)),
+        let seat = match admit {
+            Admit::Seat => Seat::Now,
+            Admit::Rejected(reason) => return Err(policy.reject_now(reason)),
             Admit::Queued(slot) => {
                 let start = policy.line_now();
-                Ok(Seat::Wait(Seating {
+                Seat::Wait(Seating {
                     shared: this,
                     slot,
+                    class,
                     start,
                     until,
                     armed: Arm::None,
                     deadline: Deadline::new(),
-                }))
+                    kept: None,
+                })
             }
+        };
+        // Woken once the newcomer's wait owns its slot: if the displaced
+        // waiter's waker panics, dropping the wait takes it out of line.
+        if let Some(waker) = displaced {
+            wake(waker);
         }
+        Ok(seat)
     }
 
     /// A plain call's seat comes back: with priority classes, it is of the
@@ -103,7 +109,7 @@ impl Shared {
             self.became_idle();
         }
         if let Some(waker) = wake {
-            waker.wake();
+            self::wake(waker);
         }
     }
 }
@@ -117,10 +123,16 @@ pin_project! {
     /// Dropping it leaves the line; a seat handed to it meanwhile goes to
     /// the next waiter it is owed to, and a displacement it had not seen
     /// yet is counted then.
+    ///
+    /// A poll that wakes another waiter (the next one to look at a
+    /// standing line) whose waker panics resumes that panic once its own
+    /// verdict is settled, and keeps the verdict: the next poll returns
+    /// it, and dropping the wait gives back a seat it had been handed.
     pub(crate) struct Seating<S: Deref<Target = Shared>> {
         shared: S,
         // Its slot in the classes' line; `NONE` once it has its verdict.
         slot: u32,
+        class: usize,
         start: Instant,
         // A call's deadline budget, if it ends the wait before `max_wait`.
         until: Option<Duration>,
@@ -131,22 +143,30 @@ pin_project! {
         // the target, re-armed for what is left of the others.
         #[pin]
         deadline: Deadline,
+        // The verdict of a poll that a waker's panic interrupted (see
+        // above), until it is returned or the wait dropped.
+        kept: Option<Result<Waited, Rejected>>,
     }
 
     impl<S: Deref<Target = Shared>> PinnedDrop for Seating<S> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
+            let shared = &**this.shared;
+            if let Some(Ok(_)) = this.kept.take() {
+                // A seat it was handed, never returned.
+                shared.give_seat_back(*this.class);
+                return;
+            }
             if *this.slot == NONE {
                 return;
             }
-            let shared = &**this.shared;
             let dropped = shared.classes_on().drop_waiter(*this.slot, &shared.policy);
             *this.slot = NONE;
             if dropped.idle {
                 shared.became_idle();
             }
             if let Some(waker) = dropped.wake {
-                waker.wake();
+                wake(waker);
             }
             if dropped.displaced {
                 let waited = shared.policy.line_now().saturating_duration_since(*this.start);
@@ -177,6 +197,9 @@ impl<S: Deref<Target = Shared>> Future for Seating<S> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        if let Some(kept) = this.kept.take() {
+            return Poll::Ready(kept);
+        }
         let shared = &**this.shared;
         let policy = &shared.policy;
         assert!(*this.slot != NONE, "a classed wait polled after it ended");
@@ -190,12 +213,10 @@ impl<S: Deref<Target = Shared>> Future for Seating<S> {
             waited: crate::bulkhead::error::nanos(now.saturating_duration_since(*this.start)),
         });
         let (polled, wake) = classes.poll(*this.slot, cx, sample, policy);
-        if let Some(waker) = wake {
-            waker.wake();
-        }
         let verdict = match polled {
             Poll::Ready(verdict) => verdict,
             Poll::Pending => {
+                debug_assert!(wake.is_none(), "a waiter still waiting woke another");
                 // A deadline's limit needs a timer even where `max_wait` does
                 // not: the bulkhead's clock, as for `call_by`.
                 let clock = policy.clock().or(Some(&AUTO_CLOCK));
@@ -236,14 +257,14 @@ impl<S: Deref<Target = Shared>> Future for Seating<S> {
                     };
                     *this.armed = next;
                     let fired = ready!(this.deadline.as_mut().poll_at(clock, limit, cx));
-                    return give_up(shared, this.slot, *this.start, fired, next);
+                    return give_up(shared, this.slot, *this.start, fired, next, this.kept);
                 }
-                return give_up(shared, this.slot, *this.start, fired, arm);
+                return give_up(shared, this.slot, *this.start, fired, arm, this.kept);
             }
         };
         *this.slot = NONE;
         let waited = policy.line_now().saturating_duration_since(*this.start);
-        Poll::Ready(match verdict {
+        wake_then(wake, this.kept, || match verdict {
             Ok(()) => Ok(Waited {
                 waited,
                 since: policy.clock_in(true),
@@ -251,6 +272,26 @@ impl<S: Deref<Target = Shared>> Future for Seating<S> {
             Err(reason) => Err(policy.reject(reason, waited)),
         })
     }
+}
+
+/// Wakes the waiter a wait's end passes the look on to (if any), then
+/// settles the wait's verdict (`out`: a rejection is counted and
+/// reported, and an observer may panic). If that waker panicked, the
+/// verdict is kept for the next poll (or the drop) and the panic resumed.
+fn wake_then(
+    wake: Option<core::task::Waker>,
+    kept: &mut Option<Result<Waited, Rejected>>,
+    out: impl FnOnce() -> Result<Waited, Rejected>,
+) -> Poll<Result<Waited, Rejected>> {
+    let panic = wake.and_then(|waker| catch_unwind(AssertUnwindSafe(|| waker.wake())).err());
+    let out = out();
+    if let Some(payload) = panic {
+        if !std::thread::panicking() {
+            *kept = Some(out);
+            resume_unwind(payload);
+        }
+    }
+    Poll::Ready(out)
 }
 
 /// The soonest of a wait's `limits` (each from the start of the wait),
@@ -273,6 +314,7 @@ fn give_up(
     start: Instant,
     fired: Result<(), crate::timer::TimerGone>,
     arm: Arm,
+    kept: &mut Option<Result<Waited, Rejected>>,
 ) -> Poll<Result<Waited, Rejected>> {
     let policy = &shared.policy;
     let classes = shared.classes_on();
@@ -287,10 +329,7 @@ fn give_up(
         });
     let (gave_up, wake) = classes.give_up(*slot, sample, policy);
     *slot = NONE;
-    if let Some(waker) = wake {
-        waker.wake();
-    }
-    Poll::Ready(match gave_up {
+    wake_then(wake, kept, || match gave_up {
         GaveUp::Granted => Ok(Waited {
             waited,
             since: policy.clock_in(true),

@@ -291,6 +291,13 @@ where
         if !self.take_place(evicted) {
             return Err(Refused::TooManyKeys);
         }
+        // Given back unless the key is inserted in it, also if `K`'s `Eq`
+        // (user code, run below with the shard locked) panics.
+        let mut place = Place {
+            len: &self.len,
+            note: || self.note_len(),
+            kept: false,
+        };
         self.note_len();
         if !self.clock.is_precise() {
             // The coarse clock ticks with new keys.
@@ -299,18 +306,12 @@ where
         let shard = self.shard(hash);
         let mut map = write(shard);
         if closed.load(Ordering::SeqCst) {
-            drop(map);
-            self.len.fetch_sub(1, Ordering::Relaxed);
-            self.note_len();
+            // The place is given back once the shard is unlocked.
             return Err(Refused::Closed);
         }
         if let Some((_, entry)) = map.keys.find(hash, |(k, _)| *k == key) {
             // A racing caller tracked it first; the place is not needed.
-            let user = User::enter(entry);
-            drop(map);
-            self.len.fetch_sub(1, Ordering::Relaxed);
-            self.note_len();
-            return Ok(user);
+            return Ok(User::enter(entry));
         }
         // An override recorded before this point is applied here; one
         // recorded after finds the entry in the map.
@@ -333,6 +334,7 @@ where
         // hasher, `K`'s `Hash`) runs with the shard locked.
         map.keys
             .insert_unique(hash, (key, entry.clone()), |(_, entry)| entry.hash);
+        place.kept = true;
         self.keys_created.fetch_add(1, Ordering::Relaxed);
         Ok(User::adopt(entry))
     }
@@ -559,6 +561,25 @@ where
 /// tracked: with an `idle_timeout`, or from half full on.
 fn precise(idle_timeout_ns: Option<u64>, len: usize, max_keys: usize) -> bool {
     idle_timeout_ns.is_some() || len >= max_keys / 2
+}
+
+/// A place under `max_keys` taken for a new key (counted in `len`), given
+/// back when dropped unless `kept`: a key found tracked already, the
+/// registry closed meanwhile, or a panic of `K`'s `Eq` on the way.
+struct Place<'a, F: Fn()> {
+    len: &'a AtomicUsize,
+    /// `Registry::note_len`.
+    note: F,
+    kept: bool,
+}
+
+impl<F: Fn()> Drop for Place<'_, F> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            (self.note)();
+        }
+    }
 }
 
 fn read<K>(shard: &Shard<K>) -> RwLockReadGuard<'_, Map<K>> {
