@@ -438,6 +438,152 @@ async fn grants_wait_for_replicas_and_fail_typed_without_them() {
     sem.try_acquire().await.unwrap().release().await.unwrap();
 }
 
+/// A TCP proxy that opens a new connection to the server for every
+/// request the client sends after an answer reached it: the client keeps
+/// its connection to the proxy, but whatever it sends once answered runs on
+/// another server connection, as it would after the client's own
+/// connection was replaced (a reconnection, a Sentinel switch). Commands
+/// sent together (a pipeline, one write) stay on one server connection.
+struct Regroup {
+    addr: SocketAddr,
+    /// Server connections opened so far.
+    upstreams: Arc<std::sync::atomic::AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Regroup {
+    fn start(server: SocketAddr) -> Regroup {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let proxy = Regroup {
+            addr,
+            upstreams: Arc::default(),
+            stop: Arc::default(),
+        };
+        let (upstreams, stop) = (proxy.upstreams.clone(), proxy.stop.clone());
+        thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let Ok((down, _)) = listener.accept() else {
+                    thread::sleep(Duration::from_millis(2));
+                    continue;
+                };
+                down.set_nonblocking(false).unwrap();
+                let upstreams = upstreams.clone();
+                thread::spawn(move || regroup(down, server, &upstreams));
+            }
+        });
+        proxy
+    }
+
+    fn url(&self) -> String {
+        format!("redis://{}/", self.addr)
+    }
+
+    fn upstreams(&self) -> usize {
+        self.upstreams.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Regroup {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// One client connection of a [`Regroup`] proxy.
+fn regroup(mut down: TcpStream, server: SocketAddr, upstreams: &std::sync::atomic::AtomicUsize) {
+    let answered = Arc::new(AtomicBool::new(false));
+    let mut up: Option<TcpStream> = None;
+    let mut buf = [0u8; 64 * 1024];
+    loop {
+        let n = match down.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if up.is_none() || answered.swap(false, Ordering::SeqCst) {
+            if let Some(old) = up.take() {
+                let _ = old.shutdown(Shutdown::Both);
+            }
+            let Ok(fresh) = TcpStream::connect(server) else {
+                break;
+            };
+            upstreams.fetch_add(1, Ordering::SeqCst);
+            let (mut from, mut to, answered) = (
+                fresh.try_clone().unwrap(),
+                down.try_clone().unwrap(),
+                answered.clone(),
+            );
+            thread::spawn(move || {
+                let mut buf = [0u8; 64 * 1024];
+                while let Ok(n @ 1..) = from.read(&mut buf) {
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    answered.store(true, Ordering::SeqCst);
+                }
+            });
+            up = Some(fresh);
+        }
+        if up.as_mut().unwrap().write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    if let Some(up) = up {
+        let _ = up.shutdown(Shutdown::Both);
+    }
+    let _ = down.shutdown(Shutdown::Both);
+}
+
+/// `WAIT` counts the writes of the connection it runs on. Behind a
+/// [`Regroup`] proxy, a `WAIT` sent after its grant's answer runs on
+/// another server connection, which wrote nothing: with the replica
+/// frozen (still connected, so counted for any offset it acknowledged),
+/// it would answer 1 at once and the grant would be reported replicated
+/// although the replica never saw it. Sent with the acquire script as one
+/// pipeline, it counts the grant: `NotReplicated`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_counts_its_grant_when_the_connection_changes_after_it() {
+    const NAME: &str = "regrouped";
+    const WAIT: Duration = Duration::from_millis(300);
+    let Some((primary, replica)) = primary_and_replica() else {
+        return;
+    };
+    let proxy = Regroup::start(primary.addr());
+    let sem = builder(&proxy.url(), NAME)
+        .limit(2)
+        .replicas(1, WAIT)
+        .build()
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        let permit = sem.try_acquire().await.unwrap();
+        let on_replica: i64 = replica.cmd(&["ZCARD", &key(NAME, "leases")]);
+        assert_eq!(on_replica, 1, "the replica acknowledged the grant");
+        permit.release().await.unwrap();
+    }
+    let opened = proxy.upstreams();
+    replica.freeze();
+    let got = sem.try_acquire().await;
+    let on_primary: i64 = primary.cmd(&["ZCARD", &key(NAME, "leases")]);
+    replica.thaw();
+    assert!(
+        proxy.upstreams() > opened,
+        "the proxy opened no new server connection: the test proves nothing"
+    );
+    assert!(
+        matches!(
+            got,
+            Err(LeaseError::NotReplicated {
+                acked: 0,
+                wanted: 1
+            })
+        ),
+        "a grant the frozen replica never saw was reported replicated: {got:?} \
+         ({on_primary} lease(s) on the primary)"
+    );
+}
+
 /// A zero `WAIT` timeout would block for ever: refused at build.
 #[tokio::test]
 async fn replicas_with_a_zero_timeout_are_refused() {

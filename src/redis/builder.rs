@@ -398,11 +398,7 @@ impl RedisSemaphoreBuilder {
         check_scripts(&conn, &scripts, &keys).await?;
         let ids = IdSource::new();
         let token = format!("{:016x}", ids.random());
-        let replicas = replicas.map(|((count, timeout), conn)| Replicas {
-            count,
-            timeout,
-            conn,
-        });
+        let replicas = replicas.map(|((count, timeout), conn)| Replicas::new(count, timeout, conn));
         let flags = (loss_known, suspect);
         let failover = Failover::start(&conn, &keys, self.quarantine, flags, replicas)
             .await
