@@ -34,10 +34,16 @@
 //!   runs on*, and blocks that connection meanwhile: the script calls share
 //!   one multiplexed connection, on which a `WAIT` would hold up every
 //!   renewal and release behind it. With [`replicas`], grants get a
-//!   connection of their own; `WAIT` follows the acquire script on it
-//!   (anything sent in between only makes `WAIT` wait for more): with
-//!   Sentinel a second connection to the primary, on a Cluster a second
-//!   cluster connection, whose `WAIT` is routed to the slot's primary.
+//!   connection of their own (with Sentinel a second connection to the
+//!   primary, on a Cluster a second cluster connection), and `WAIT` is sent
+//!   with the acquire script as one pipeline (`Call::invoke_then`): it runs
+//!   right after the script on the connection that ran it (on a Cluster,
+//!   the node: the pipeline is routed by the script's key and sent again
+//!   whole after `MOVED`), even if that connection is replaced the moment
+//!   after. Sent apart, it could run on a fresh connection, which wrote
+//!   nothing, and count the grant acknowledged by replicas that never saw
+//!   it. A retried grant extends its lease, a write after the grant, so
+//!   the `WAIT` of the retry covers the grant too.
 //!
 //! [`replicas`]: super::RedisSemaphoreBuilder::replicas
 
