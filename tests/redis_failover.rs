@@ -888,19 +888,24 @@ fn regroup(mut down: TcpStream, server: SocketAddr, upstreams: &AtomicUsize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_counts_its_grant_when_the_connection_changes_after_it() {
     const NAME: &str = "regrouped";
-    const WAIT: Duration = Duration::from_millis(300);
+    // Long enough for the replica of a loaded machine to acknowledge;
+    // short where the test waits for it to run out.
+    const WAIT: Duration = Duration::from_secs(2);
+    const SHORT: Duration = Duration::from_millis(300);
     let Some((primary, replica)) = primary_and_replica() else {
         return;
     };
     let proxy = Regroup::start(primary.addr());
-    let sem = builder(&proxy.url(), NAME)
-        .limit(2)
-        .replicas(1, WAIT)
-        .build()
-        .await
-        .unwrap();
+    let build = |wait| {
+        builder(&proxy.url(), NAME)
+            .limit(2)
+            .replicas(1, wait)
+            .build()
+    };
+    let live = build(WAIT).await.unwrap();
+    let sem = build(SHORT).await.unwrap();
     for _ in 0..5 {
-        let permit = sem.try_acquire().await.unwrap();
+        let permit = live.try_acquire().await.unwrap();
         let on_replica: i64 = replica.cmd(&["ZCARD", &key(NAME, "leases")]);
         assert_eq!(on_replica, 1, "the replica acknowledged the grant");
         permit.release().await.unwrap();

@@ -359,7 +359,10 @@ impl Inner {
             let answer: redis::RedisResult<(AcquireReply, Option<redis::Value>)> = match cut {
                 None => script.await,
                 Some(end) => {
-                    let left = end.saturating_duration_since(sent);
+                    // (The bound is the script's: a `WAIT` in its pipeline
+                    // may take its own timeout on top, as it would after it.)
+                    let wait = self.failover.replicas.as_ref().map(|r| r.timeout);
+                    let left = end.saturating_duration_since(sent) + wait.unwrap_or_default();
                     Timeout::new(script, self.timer.sleep(left))
                         .await
                         .unwrap_or_else(|_elapsed| Err(outage_over()))

@@ -93,6 +93,7 @@ pub(super) struct Failover {
 /// [`RedisSemaphoreBuilder::replicas`](super::RedisSemaphoreBuilder::replicas).
 pub(super) struct Replicas {
     pub(super) count: usize,
+    pub(super) timeout: Duration,
     /// `WAIT count timeout`, sent in the acquire script's pipeline.
     pub(super) wait: redis::Cmd,
     /// The grants' own connection.
@@ -104,7 +105,12 @@ impl Replicas {
         let mut wait = redis::cmd("WAIT");
         wait.arg(count)
             .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
-        Self { count, wait, conn }
+        Self {
+            count,
+            timeout,
+            wait,
+            conn,
+        }
     }
 }
 
