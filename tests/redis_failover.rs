@@ -163,10 +163,14 @@ struct Switch {
     addr: SocketAddr,
     upstream: Arc<Mutex<SocketAddr>>,
     /// Both ends of every connection, with its black-hole flag.
-    conns: Arc<Mutex<Vec<(TcpStream, Arc<AtomicBool>)>>>,
+    conns: Arc<Mutex<Vec<End>>>,
     stop: Arc<AtomicBool>,
     hole: Arc<Hole>,
 }
+
+/// One end of a [`Switch`]'s connection, and whether that connection is a
+/// black hole.
+type End = (TcpStream, Arc<AtomicBool>);
 
 /// What a [`Switch`] drops instead of forwarding.
 #[derive(Default)]
