@@ -2,8 +2,11 @@
 //! (the epoch marker, a promoted replica's replication id), and `WAIT` on
 //! grants, against real `redis-server` processes started per test: a
 //! restart without persistence, a restart with AOF, a replica promoted with
-//! `REPLICAOF NO ONE` behind a switched address, a Sentinel failover, and a
-//! primary whose replica is stopped.
+//! `REPLICAOF NO ONE` behind a switched address (also one cut off from its
+//! primary first, which lost the last grants, and one whose quarantine
+//! write is lost in a black hole), a Sentinel failover, and a primary whose
+//! replica is stopped (also behind a proxy that gives every request a new
+//! server connection).
 #![cfg(all(not(loom), feature = "redis", feature = "tokio"))]
 
 #[path = "common/redis_reconnect.rs"]
