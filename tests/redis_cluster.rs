@@ -302,11 +302,17 @@ fn move_slot(cluster: &RedisCluster, name: &str) -> u16 {
     let key = leases_key(name);
     let slot = cluster.slot(&key).to_string();
     let src = cluster.owner(&key);
-    let dst = cluster
+    // (Primaries only: a replica refuses `SETSLOT`, and learns of the move
+    // from its primary.)
+    let primaries: Vec<_> = cluster
         .nodes()
         .iter()
-        .find(|n| n.port() != src.port())
-        .unwrap();
+        .filter(|n| {
+            n.cmd::<Vec<redis::Value>>(&["ROLE"]).first()
+                == Some(&redis::Value::BulkString(b"master".to_vec()))
+        })
+        .collect();
+    let dst = primaries.iter().find(|n| n.port() != src.port()).unwrap();
     let src_id: String = src.cmd(&["CLUSTER", "MYID"]);
     let dst_id: String = dst.cmd(&["CLUSTER", "MYID"]);
     let _: String = dst.cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]);
@@ -318,7 +324,7 @@ fn move_slot(cluster: &RedisCluster, name: &str) -> u16 {
         args.extend(keys.iter().map(String::as_str));
         let _: String = src.cmd(&args);
     }
-    for node in cluster.nodes() {
+    for node in &primaries {
         let _: String = node.cmd(&["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]);
     }
     dst.port()
@@ -729,6 +735,72 @@ async fn grants_wait_for_the_slot_primarys_replicas() {
             .node(owner)
             .cmd::<i64>(&["ZCARD", &leases_key(name)])
             == 0
+    })
+    .await;
+    assert!(released.is_some(), "the refused grant is released");
+}
+
+/// `replicas(1, …)` across a resharding the client has not heard of: the
+/// acquire script and its `WAIT`, one pipeline, reach the slot's old owner,
+/// which answers the script with `MOVED`; the redis crate sends the whole
+/// pipeline again to the new owner, so the `WAIT` that counts is the one
+/// that ran after the grant, there. The new owner's replica was moved to
+/// the old owner (`CLUSTER REPLICATE`): the new owner has none, so
+/// `NotReplicated { acked: 0 }` (a `WAIT` on the old owner, which now has
+/// two, would answer 2 at once), and the grant is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_follows_its_grant_to_a_slot_moved_meanwhile() {
+    const SHORT: Duration = Duration::from_millis(300);
+    let Some(cluster) = replicated_cluster() else {
+        return;
+    };
+    let name = NAMES[1];
+    let sem = RedisSemaphore::builder(client(&cluster), name)
+        .limit(2)
+        .replicas(1, SHORT)
+        .build()
+        .await
+        .unwrap();
+    // One grant on the old owner first (on a loaded machine its replica
+    // may take longer than `SHORT`: then it is released in the background).
+    match sem.try_acquire().await {
+        Ok(permit) => permit.release().await.unwrap(),
+        Err(LeaseError::NotReplicated { .. }) => {}
+        Err(e) => panic!("{e:?}"),
+    }
+    let old = cluster.owner(&leases_key(name)).port();
+    let released = time_until(Duration::from_secs(5), || {
+        cluster.node(old).cmd::<i64>(&["ZCARD", &leases_key(name)]) == 0
+    })
+    .await;
+    assert!(released.is_some());
+    let new = move_slot(&cluster, name);
+    assert_ne!(old, new);
+    let old_id: String = cluster.node(old).cmd(&["CLUSTER", "MYID"]);
+    for replica in cluster.replicas_of(new) {
+        let _: String = replica.cmd(&["CLUSTER", "REPLICATE", &old_id]);
+    }
+    let moved = time_until(Duration::from_secs(10), || {
+        cluster.replicas_of(new).is_empty() && cluster.replicas_of(old).len() == 2
+    })
+    .await;
+    assert!(
+        moved.is_some(),
+        "the new owner's replica follows the old owner"
+    );
+    let got = sem.try_acquire().await;
+    assert!(
+        matches!(
+            got,
+            Err(LeaseError::NotReplicated {
+                acked: 0,
+                wanted: 1
+            })
+        ),
+        "{got:?}"
+    );
+    let released = time_until(Duration::from_secs(5), || {
+        cluster.node(new).cmd::<i64>(&["ZCARD", &leases_key(name)]) == 0
     })
     .await;
     assert!(released.is_some(), "the refused grant is released");

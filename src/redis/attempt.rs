@@ -344,28 +344,43 @@ impl Inner {
                     .arg(&*self.failover.epoch())
                     .arg(self.failover.loss_flag())
                     .arg(u8::from(first));
-                call.invoke(&mut conn).await
+                match &self.failover.replicas {
+                    None => call.invoke(&mut conn).await.map(|reply| (reply, None)),
+                    // `WAIT` in the same pipeline: it runs on the connection
+                    // (and the node) that ran the script, whatever happens
+                    // to the connection afterwards.
+                    Some(r) => call
+                        .invoke_then(&mut conn, &r.wait)
+                        .await
+                        .map(|(reply, acked)| (reply, Some(acked))),
+                }
             };
             let cut = bound.and_then(|b| (attempt > 0 || b.cut_first).then_some(b.end));
-            let answer: redis::RedisResult<AcquireReply> = match cut {
+            let answer: redis::RedisResult<(AcquireReply, Option<redis::Value>)> = match cut {
                 None => script.await,
                 Some(end) => {
-                    let left = end.saturating_duration_since(sent);
+                    // (The bound is the script's: a `WAIT` in its pipeline
+                    // may take its own timeout on top, as it would after it.)
+                    let wait = self.failover.replicas.as_ref().map(|r| r.timeout);
+                    let left = end.saturating_duration_since(sent) + wait.unwrap_or_default();
                     Timeout::new(script, self.timer.sleep(left))
                         .await
                         .unwrap_or_else(|_elapsed| Err(outage_over()))
                 }
             };
             match answer {
-                Ok(AcquireReply {
-                    granted,
-                    fence,
-                    ms,
-                    limit,
-                    quarantined,
-                    queued,
-                    epoch,
-                }) => {
+                Ok((
+                    AcquireReply {
+                        granted,
+                        fence,
+                        ms,
+                        limit,
+                        quarantined,
+                        queued,
+                        epoch,
+                    },
+                    acked,
+                )) => {
                     let limit = usize::try_from(limit).unwrap_or(0);
                     self.limit_seen.store(limit, Ordering::Relaxed);
                     if granted == 0 {
@@ -387,7 +402,9 @@ impl Inner {
                     self.fence_seen.fetch_max(fence, Ordering::Relaxed);
                     // Too few replicas: `pending` is still marked, and its
                     // drop releases the grant.
-                    self.replicated(&conn).await?;
+                    if let Some(acked) = acked {
+                        self.replicated(acked)?;
+                    }
                     pending.settle();
                     let lease = Arc::new(Lease::new(
                         core::mem::take(&mut pending.id),

@@ -210,9 +210,12 @@ impl RedisSemaphoreBuilder {
     /// grant may not have passed it on, and the replica promoted in its
     /// place does not know the lease (the [quarantine](Self::quarantine)
     /// covers that case once the promotion is seen). With this option,
-    /// each grant is followed by `WAIT count timeout`, on a connection the
-    /// grants have to themselves (`WAIT` holds up the connection it runs
-    /// on, and renewals and releases must not wait behind it). When fewer
+    /// each acquire script call is followed by `WAIT count timeout`, sent
+    /// with it as one pipeline (so it counts the writes of the connection
+    /// that made the grant, even if that connection is replaced right
+    /// after), on a connection the grants have to themselves (`WAIT` holds
+    /// up the connection it runs on, and renewals and releases must not
+    /// wait behind it). When fewer
     /// replicas acknowledge in time, the grant is released and the acquire
     /// fails with [`LeaseError::NotReplicated`](super::LeaseError::NotReplicated)
     /// at once (a waiting `acquire` too: waiting longer would not bring a
@@ -221,17 +224,18 @@ impl RedisSemaphoreBuilder {
     /// make Redis strongly consistent (a replica that acknowledged may
     /// still lose the write if it restarts without persistence).
     ///
-    /// Each grant then costs one more round trip, plus the replicas' lag,
-    /// and an acquire may take up to `timeout` longer than without (also
+    /// Each acquire call then costs the replicas' lag (no more round trips
+    /// to Redis), and may take up to `timeout` longer than without, a busy
+    /// answer too when the replicas lag (also
     /// [`try_acquire`](RedisSemaphore::try_acquire), whose own bound of one
     /// [`response_timeout`](Self::response_timeout) covers the script call
     /// only). Renewals and releases do not wait. `count` 0 turns it off.
     ///
     /// Every backend: on one server and with Sentinel the `WAIT` runs on
     /// the primary, on a Redis Cluster on the primary that owns the
-    /// semaphore's slot (the grants' own cluster connection routes it
-    /// there by the slot, as the acquire script before it), and counts
-    /// that primary's replicas. With a zero `timeout`, `build` fails with
+    /// semaphore's slot (the pipeline is routed by the script's key, and
+    /// sent again whole after a `MOVED`), and counts that primary's
+    /// replicas. With a zero `timeout`, `build` fails with
     /// [`ConfigError::BadReplicas`].
     pub fn replicas(mut self, count: usize, timeout: Duration) -> Self {
         self.replicas = (count > 0).then_some((count, timeout));
@@ -398,11 +402,7 @@ impl RedisSemaphoreBuilder {
         check_scripts(&conn, &scripts, &keys).await?;
         let ids = IdSource::new();
         let token = format!("{:016x}", ids.random());
-        let replicas = replicas.map(|((count, timeout), conn)| Replicas {
-            count,
-            timeout,
-            conn,
-        });
+        let replicas = replicas.map(|((count, timeout), conn)| Replicas::new(count, timeout, conn));
         let flags = (loss_known, suspect);
         let failover = Failover::start(&conn, &keys, self.quarantine, flags, replicas)
             .await

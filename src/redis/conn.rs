@@ -316,31 +316,6 @@ impl Conn {
             }
         }
     }
-
-    /// `WAIT count timeout` for the writes made on this connection (on a
-    /// Cluster, on its connection to the primary that owns `key`'s slot,
-    /// where the script with that first key ran).
-    pub(super) async fn wait_replicas(
-        &self,
-        key: &str,
-        count: usize,
-        timeout: Duration,
-    ) -> redis::RedisResult<i64> {
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(count)
-            .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
-        match self {
-            #[cfg(feature = "redis-cluster")]
-            Self::Cluster(conn) => {
-                let acked = conn.on_owner(&cmd, key).await?;
-                Ok(redis::from_redis_value(acked)?)
-            }
-            _ => {
-                let _ = key;
-                cmd.query_async(&mut self.clone()).await
-            }
-        }
-    }
 }
 
 impl ConnectionLike for Conn {

@@ -34,10 +34,16 @@
 //!   runs on*, and blocks that connection meanwhile: the script calls share
 //!   one multiplexed connection, on which a `WAIT` would hold up every
 //!   renewal and release behind it. With [`replicas`], grants get a
-//!   connection of their own; `WAIT` follows the acquire script on it
-//!   (anything sent in between only makes `WAIT` wait for more): with
-//!   Sentinel a second connection to the primary, on a Cluster a second
-//!   cluster connection, whose `WAIT` is routed to the slot's primary.
+//!   connection of their own (with Sentinel a second connection to the
+//!   primary, on a Cluster a second cluster connection), and `WAIT` is sent
+//!   with the acquire script as one pipeline (`Call::invoke_then`): it runs
+//!   right after the script on the connection that ran it (on a Cluster,
+//!   the node: the pipeline is routed by the script's key and sent again
+//!   whole after `MOVED`), even if that connection is replaced the moment
+//!   after. Sent apart, it could run on a fresh connection, which wrote
+//!   nothing, and count the grant acknowledged by replicas that never saw
+//!   it. A retried grant extends its lease, a write after the grant, so
+//!   the `WAIT` of the retry covers the grant too.
 //!
 //! [`replicas`]: super::RedisSemaphoreBuilder::replicas
 
@@ -88,8 +94,24 @@ pub(super) struct Failover {
 pub(super) struct Replicas {
     pub(super) count: usize,
     pub(super) timeout: Duration,
+    /// `WAIT count timeout`, sent in the acquire script's pipeline.
+    pub(super) wait: redis::Cmd,
     /// The grants' own connection.
     pub(super) conn: Conn,
+}
+
+impl Replicas {
+    pub(super) fn new(count: usize, timeout: Duration, conn: Conn) -> Self {
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(count)
+            .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+        Self {
+            count,
+            timeout,
+            wait,
+            conn,
+        }
+    }
 }
 
 impl Failover {
@@ -206,22 +228,19 @@ impl Inner {
         }
     }
 
-    /// After a grant made on `conn`: with `replicas`, waits for that many
-    /// replicas to acknowledge it. On too few, the grant is not counted
-    /// (the caller's pending id releases it).
-    pub(super) async fn replicated(&self, conn: &Conn) -> Result<(), LeaseError> {
+    /// With `replicas`, after a grant: `acked` is the answer of the `WAIT`
+    /// sent in the acquire script's pipeline. On too few replicas (or an
+    /// error), the grant is not counted (the caller's pending id releases
+    /// it).
+    pub(super) fn replicated(&self, acked: Value) -> Result<(), LeaseError> {
         let Some(r) = &self.failover.replicas else {
             return Ok(());
         };
-        let wait = conn.wait_replicas(&self.keys.leases, r.count, r.timeout);
-        // The connection's own response timeout covers `r.timeout` too
-        // (see `build`); this bounds a server that stops answering.
-        let within = self.timer.sleep(r.timeout + self.response_timeout);
-        let acked = match Timeout::new(wait, within).await {
-            Ok(Ok(n)) => usize::try_from(n).unwrap_or(0),
-            Ok(Err(e)) => return Err(LeaseError::of(e)),
-            Err(_elapsed) => return Err(LeaseError::Unavailable(super::conn::no_answer())),
-        };
+        let acked = acked
+            .extract_error()
+            .and_then(|v| Ok(redis::from_redis_value::<i64>(v)?))
+            .map_err(LeaseError::of)?;
+        let acked = usize::try_from(acked).unwrap_or(0);
         if acked < r.count {
             return Err(LeaseError::NotReplicated {
                 acked,

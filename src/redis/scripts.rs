@@ -449,4 +449,44 @@ impl<'a> Call<'a> {
             answer => answer,
         }
     }
+
+    /// Sends the call and `then` as one pipeline on `conn`, and returns
+    /// both answers (`then`'s as Redis gave it, an error included); on
+    /// `NOSCRIPT`, loads the script and sends both once more.
+    ///
+    /// A pipeline is one write on one connection (the redis crate's
+    /// multiplexed connection, and on a Cluster its connection to the node
+    /// that the call's first key routes to, which runs both commands and
+    /// is sent both again after a `MOVED` or `ASK`), so `then` runs right
+    /// after the call, on the connection that ran it: what `WAIT` needs to
+    /// count the call's writes.
+    pub(super) async fn invoke_then<T: FromRedisValue>(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+        then: &Cmd,
+    ) -> RedisResult<(T, redis::Value)> {
+        let mut pipe = redis::pipe();
+        pipe.add_command(self.cmd.clone()).add_command(then.clone());
+        let mut loaded = false;
+        loop {
+            let mut answers = conn.req_packed_commands(&pipe, 0, 2).await?;
+            let (Some(then_answer), Some(answer), None) =
+                (answers.pop(), answers.pop(), answers.pop())
+            else {
+                return Err(redis::ParsingError::from("a pipeline of 2 answered otherwise").into());
+            };
+            match answer.extract_error() {
+                Err(e)
+                    if !loaded
+                        && e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    self.script.load_async(conn).await?;
+                    loaded = true;
+                }
+                Err(e) => return Err(e),
+                Ok(answer) => return Ok((T::from_redis_value(answer)?, then_answer)),
+            }
+        }
+    }
 }

@@ -255,16 +255,6 @@ impl Bounded {
         }
     }
 
-    /// Sends `cmd` to the primary that owns `key`'s slot (by the slot map
-    /// as the connection knows it).
-    pub(super) async fn on_owner(&self, cmd: &redis::Cmd, key: &str) -> redis::RedisResult<Value> {
-        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-        let route = Route::with_key(key, SlotAddr::Master);
-        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-        let mut conn = self.conn.clone();
-        self.bounded(conn.route_command(cmd.clone(), routing)).await
-    }
-
     async fn bounded<T>(
         &self,
         call: impl Future<Output = redis::RedisResult<T>>,

@@ -211,10 +211,18 @@ async fn replication_id(conn: &ConnectionManager) -> Option<(String, String)> {
 fn may_have_moved(result: &RedisResult<Value>) -> bool {
     match result {
         Err(e) => classify(e) == Failure::Transient,
-        Ok(Value::ServerError(e)) => {
+        Ok(value) => says_moved(value),
+    }
+}
+
+/// Whether an answer is an error that says the primary may have moved
+/// (`READONLY` from a demoted primary, `MASTERDOWN`).
+fn says_moved(value: &Value) -> bool {
+    match value {
+        Value::ServerError(e) => {
             classify(&redis::RedisError::from(e.clone())) == Failure::Transient
         }
-        Ok(_) => false,
+        _ => false,
     }
 }
 
@@ -258,10 +266,14 @@ impl Primary {
     ) -> RedisResult<Vec<Value>> {
         let (generation, mut conn) = self.current(grants);
         let result = conn.req_packed_commands(cmd, offset, count).await;
-        if let Err(e) = &result {
-            if classify(e) == Failure::Transient {
-                self.find(generation);
-            }
+        // (A pipeline's answers carry their errors: the acquire script's
+        // `READONLY` is one of them, with `replicas`.)
+        let moved = match &result {
+            Err(e) => classify(e) == Failure::Transient,
+            Ok(answers) => answers.iter().any(says_moved),
+        };
+        if moved {
+            self.find(generation);
         }
         result
     }
