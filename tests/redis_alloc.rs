@@ -13,17 +13,17 @@
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 /// The bare redis-rs client of the benches: our scripts, sent by redis-rs.
 #[path = "../benches/common/redis_bare.rs"]
 mod redis_bare;
-#[path = "common/counting_alloc.rs"]
-mod counting_alloc;
 
 use std::time::Duration;
 
 use bulkhead::redis::RedisSemaphore;
-use redis::aio::ConnectionManagerConfig;
 use counting_alloc::{Counting, count};
+use redis::aio::ConnectionManagerConfig;
 use redis_bare::Bare;
 use redis_server::RedisServer;
 
