@@ -79,15 +79,34 @@ impl Semaphore {
         let mut list = lock(&self.waiters);
         let cur = self.state.load(Ordering::Acquire);
         let reported = balance(cur) + n as isize;
-        // SAFETY: `list` is this semaphore's list, from our guard.
-        if let Some(waker) = unsafe { self.grant_head_whole(&mut list, cur, n) } {
-            drop(list);
-            if let Some(waker) = waker {
-                wake(waker);
+        let waker = if self.fair {
+            // SAFETY: `list` is this semaphore's list, from our guard.
+            match unsafe { self.grant_head_whole(&mut list, cur, n) } {
+                Some(waker) => waker,
+                None => {
+                    self.release_rest(list, cur, n);
+                    return reported;
+                }
             }
-            return reported;
+        } else {
+            // Unfair: permits always go to the balance.
+            if self.add_balance(n).is_err() {
+                self.distribute_and_unlock(list);
+                self.overflow(n);
+            }
+            // SAFETY: `list` is this semaphore's list, from our guard.
+            match unsafe { self.notify_head_alone(&mut list) } {
+                Some(waker) => waker,
+                None => {
+                    self.distribute_and_unlock(list);
+                    return reported;
+                }
+            }
+        };
+        drop(list);
+        if let Some(waker) = waker {
+            wake(waker);
         }
-        self.release_rest(list, cur, n);
         reported
     }
 
@@ -168,9 +187,42 @@ impl Semaphore {
         Some(unsafe { self.grant_next(list, waiter) })
     }
 
+    /// The common unfair release, after its permits went to the balance:
+    /// the spare balance (less the permits promised to woken waiters) is
+    /// exactly the head's request, and others wait behind it. Then the head
+    /// alone is unlinked and marked notified, without a batch (`distribute`
+    /// would stop at the next one, with no spare left), and its waker
+    /// returned (the outer `Some`). `None`, nothing done, in every other
+    /// case: the caller runs `distribute`.
+    ///
+    /// If the spare grows after our reads (an `add_permits` without the
+    /// lock, or a woken waiter lowering `notified`), that `add_permits`
+    /// distributes after us, and that waiter either takes the permits or
+    /// re-queues asking for more than the balance: no permit is left
+    /// unclaimed while everyone sleeps.
+    ///
+    /// # Safety
+    ///
+    /// `list` must be this semaphore's list, borrowed from its lock guard.
+    #[inline(always)]
+    unsafe fn notify_head_alone(&self, list: &mut List<Waiter>) -> Option<Option<Waker>> {
+        let head = list.front()?;
+        // SAFETY: `head` is linked, so it is alive, and we hold the lock.
+        let waiter = unsafe { head.as_ref() };
+        let now = self.state.load(Ordering::Acquire);
+        let spare = balance(now) - self.notified.load(Ordering::Relaxed) as isize;
+        let need = waiter.remaining();
+        if now & CLOSED != 0 || need as isize != spare || list.len() < 2 {
+            return None;
+        }
+        // SAFETY: our guard's list (the caller's contract), and `waiter`
+        // its head.
+        Some(unsafe { self.notify_head(list, waiter, need) })
+    }
+
     /// The rest of [`release_to_waiters`](Self::release_to_waiters), with
     /// the lock held (`list` is its guard) and `cur` the state word read
-    /// under it: unfair mode, closed, an empty line, a deficit, a head
+    /// under it, in fair mode: closed, an empty line, a deficit, a head
     /// owed more or less than `n`, or serving the newest first.
     #[cold]
     #[inline(never)]
@@ -180,38 +232,10 @@ impl Semaphore {
         mut cur: usize,
         n: usize,
     ) {
-        if !self.fair || cur & (CLOSED | WAITERS) != WAITERS {
-            // Unfair, closed, or the line emptied before we got the lock.
+        debug_assert!(self.fair, "an unfair release does not get here");
+        if cur & (CLOSED | WAITERS) != WAITERS {
+            // Closed, or the line emptied before we got the lock.
             let added = self.add_balance(n);
-            if !self.fair && added.is_ok() {
-                // The common unfair case first: the spare balance (less the
-                // permits promised to woken waiters) is exactly the head's
-                // request, and others wait behind it. Wake the head alone,
-                // without a batch: `distribute` would stop at the next one,
-                // with no spare left. If the spare grows after our reads (an
-                // `add_permits` without the lock, or a woken waiter lowering
-                // `notified`), that `add_permits` distributes after us, and
-                // that waiter either takes the permits or re-queues asking
-                // for more than the balance: no permit is left unclaimed
-                // while everyone sleeps.
-                if let Some(node) = list.front() {
-                    // SAFETY: `node` is linked, so it is alive, and we hold
-                    // the lock.
-                    let waiter = unsafe { node.as_ref() };
-                    let now = self.state.load(Ordering::Acquire);
-                    let spare = balance(now) - self.notified.load(Ordering::Relaxed) as isize;
-                    let need = waiter.remaining();
-                    if now & CLOSED == 0 && need as isize == spare && list.len() > 1 {
-                        // SAFETY: our guard's list, and `waiter` its head.
-                        let waker = unsafe { self.notify_head(&mut list, waiter, need) };
-                        drop(list);
-                        if let Some(waker) = waker {
-                            wake(waker);
-                        }
-                        return;
-                    }
-                }
-            }
             self.distribute_and_unlock(list);
             if added.is_err() {
                 self.overflow(n);
@@ -391,6 +415,10 @@ impl Semaphore {
     /// Runs [`distribute`](Self::distribute) to completion, waking each batch
     /// of served waiters with the lock released. If a waker panics, the
     /// others are woken all the same and the panic is resumed at the end.
+    /// Out of line: it holds a batch of wakers, whose half kilobyte of
+    /// stack and saved registers the single-waiter paths that call it on
+    /// their way out must not pay.
+    #[inline(never)]
     pub(super) fn distribute_and_unlock<'a>(&'a self, list: MutexGuard<'a, List<Waiter>>) {
         let mut wakers = WakeList::new();
         self.distribute_and_unlock_with(list, &mut wakers);
