@@ -18,8 +18,9 @@
 //! cargo bench -p bulkhead-benches --bench interleaved -- run [REPS] [CELL...]
 //! ```
 //!
-//! `CELL` filters by name, e.g. `mt/t4096_p1` or `ct/t16` (a substring of
-//! `contended_mt/t4096_p1`); without one every cell runs. `REPS` defaults
+//! `CELL` filters by name, e.g. `mt/t4096_p1` or `ct/t16_` (a substring of
+//! `contended_mt/t4096_p1`; `t2_` picks the 2-task cells, `t2` would match
+//! `t256` too); without one every cell runs. `REPS` defaults
 //! to 15. Without `run` (as under a plain `cargo bench`) it prints this usage
 //! and exits. It prints a markdown report on standard output. With
 //! `INTERLEAVED_ENABLE_ALL=1` the runtimes have their I/O and time drivers,
@@ -35,13 +36,13 @@ use std::time::{Duration, Instant};
 use contended::{Baseline, Contender, TOTAL_ACQUIRES, round};
 use tokio::runtime::{Builder, Runtime};
 
-const TASKS: [usize; 3] = [16, 256, 4096];
+const TASKS: [usize; 4] = [2, 16, 256, 4096];
 const PERMITS: [usize; 3] = [1, 8, 64];
 /// Rounds of `TOTAL_ACQUIRES` acquisitions in one sample.
 const ROUNDS_PER_SAMPLE: usize = 3;
 const DEFAULT_REPS: usize = 15;
 /// The crates `bulkhead` and `bulkhead_unfair` are compared against.
-const COMPETITORS: [&str; 4] = ["tokio", "async_lock", "fi_fair", "fi_unfair"];
+const COMPETITORS: [&str; 5] = ["tokio", "async_lock", "fi_fair", "fi_unfair", "maitake"];
 
 /// One sample of one crate's workload: `ROUNDS_PER_SAMPLE` rounds on `rt`.
 type Sampler = Box<dyn Fn(&Runtime, usize) -> Duration>;
@@ -76,6 +77,7 @@ fn contenders(permits: usize) -> Vec<(&'static str, Sampler)> {
             "fi_unfair",
             sampler(futures_intrusive::sync::Semaphore::new(false, permits)),
         ),
+        ("maitake", sampler(maitake_sync::Semaphore::new(permits))),
         ("baseline", sampler(Baseline)),
     ]
 }

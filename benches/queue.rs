@@ -1,12 +1,28 @@
 //! The semaphore's line when it is long: with `N` acquires queued, what it
 //! costs to cancel one of them (drop a queued, never-granted acquire chosen
 //! at random, so its neighbours are cold in cache) and to hand a permit to
-//! the oldest (give one permit back; the head is granted and woken). Issue
-//! 13's targets: at or below the best fair peer, and flat (`N` = 1,000,000
-//! within 1.1x of `N` = 16).
+//! the oldest. Issue 13's targets: at or below the best fair peer, and flat
+//! (`N` = 1,000,000 within 1.1x of `N` = 16).
+//!
+//! The hand-off is timed two ways:
+//!
+//! * **hand-off cycle** (like for like): the permit held is dropped, as a
+//!   task finishing its work drops it, and the oldest acquire is polled to
+//!   its grant and keeps the new permit. Every crate's whole hand-off is in
+//!   the timed loop, whether it does the work in the release (bulkhead,
+//!   tokio, maitake-sync unlink the head there) or leaves part of it to the
+//!   woken future's poll (futures-intrusive marks the head notified in the
+//!   release; the head unlinks itself and takes the permit in its poll).
+//! * **release alone**: `count` permits given back in a row with each
+//!   crate's `add_permits` (`release` for futures-intrusive), the grants
+//!   polled afterwards, untimed. Not like for like: futures-intrusive's
+//!   fair release notifies only the head, so all but the first release of a
+//!   row add to a counter and find the head already notified; the other
+//!   crates serve one waiter per release.
 //!
 //! Each acquire future is boxed and pinned once, polled once with a no-op
-//! waker (so the waker costs nothing, and the same for every crate), and
+//! waker (so the waker costs nothing, and the same for every crate: which
+//! crate wakes inside its lock and which after it does not show here), and
 //! kept in a slot. One sample times `BATCH` operations (fewer at `N` = 16);
 //! between samples, untimed, the slots are refilled so `N` stays the same.
 //! The crates are interleaved, one sample each in turn, and the median per
@@ -37,6 +53,8 @@ struct Queue<F: Future> {
     make: Box<dyn Fn() -> F>,
     add_one: Box<dyn Fn()>,
     forget: fn(F::Output),
+    /// The permit the hand-off cycle gives back next (an acquire's output).
+    held: Option<F::Output>,
     rng: u64,
 }
 
@@ -55,8 +73,17 @@ impl<F: Future> Queue<F> {
             make,
             add_one,
             forget,
+            held: None,
             rng: 0x9e37_79b9_7f4a_7c15,
         };
+        // One permit taken before the line forms, for the hand-off cycle.
+        (q.add_one)();
+        let mut first = Box::pin((q.make)());
+        let mut cx = Context::from_waker(Waker::noop());
+        match first.as_mut().poll(&mut cx) {
+            Poll::Ready(out) => q.held = Some(out),
+            Poll::Pending => panic!("the one permit is free"),
+        }
         for i in 0..n {
             q.fill(i);
         }
@@ -127,23 +154,13 @@ impl<F: Future> Queue<F> {
         start.elapsed()
     }
 
-    /// Gives `count` permits back one at a time (timed): each goes to the
-    /// oldest acquire. Then takes the granted ones' permits, forgets them and
-    /// queues new acquires.
-    fn hand_off_sample(&mut self, count: usize) -> Duration {
-        let start = Instant::now();
-        for _ in 0..count {
-            (self.add_one)();
-        }
-        let took = start.elapsed();
+    /// Gives `count` permits back one at a time with `add_permits` (timed):
+    /// each goes to the oldest acquire. Then polls the granted ones, forgets
+    /// their permits and queues new acquires.
+    fn release_sample(&mut self, count: usize) -> Duration {
+        let took = self.release_batch(count);
         let mut cx = Context::from_waker(Waker::noop());
-        let mut granted = 0;
-        while granted < count {
-            let i = self.order.pop_front().unwrap();
-            let generation = self.order_gen.pop_front().unwrap();
-            if generation != self.generation[i] || self.slots[i].is_none() {
-                continue;
-            }
+        for i in self.oldest(count) {
             let fut = self.slots[i].as_mut().as_pin_mut().unwrap();
             match fut.poll(&mut cx) {
                 Poll::Ready(out) => (self.forget)(out),
@@ -151,24 +168,81 @@ impl<F: Future> Queue<F> {
             }
             self.slots[i].set(None);
             self.fill(i);
-            granted += 1;
         }
         took / count as u32
+    }
+
+    /// The timed part of a release sample (a function of its own, for a
+    /// profiler to pick out).
+    #[inline(never)]
+    fn release_batch(&mut self, count: usize) -> Duration {
+        let start = Instant::now();
+        for _ in 0..count {
+            (self.add_one)();
+        }
+        start.elapsed()
+    }
+
+    /// `count` hand-off cycles (timed): drop the permit held, which goes
+    /// to the oldest acquire; poll that acquire to its grant and hold its
+    /// permit. Then queues new acquires in the slots served.
+    fn cycle_sample(&mut self, count: usize) -> Duration {
+        let oldest = self.oldest(count);
+        let took = self.cycle_batch(&oldest);
+        for &i in &oldest {
+            self.slots[i].set(None);
+            self.fill(i);
+        }
+        took / count as u32
+    }
+
+    /// The timed part of a cycle sample (for a profiler, as `cancel_batch`).
+    #[inline(never)]
+    fn cycle_batch(&mut self, oldest: &[usize]) -> Duration {
+        let mut cx = Context::from_waker(Waker::noop());
+        let start = Instant::now();
+        for &i in oldest {
+            drop(self.held.take());
+            let fut = self.slots[i].as_mut().as_pin_mut().unwrap();
+            match fut.poll(&mut cx) {
+                Poll::Ready(out) => self.held = Some(out),
+                Poll::Pending => panic!("the oldest acquire was not granted"),
+            }
+        }
+        start.elapsed()
+    }
+
+    /// Takes the `count` oldest live acquires off the front of `order`
+    /// (skipping the stale indices that cancels left), oldest first.
+    fn oldest(&mut self, count: usize) -> Vec<usize> {
+        let mut out = Vec::with_capacity(count);
+        while out.len() < count {
+            let i = self.order.pop_front().unwrap();
+            let generation = self.order_gen.pop_front().unwrap();
+            if generation == self.generation[i] && self.slots[i].is_some() {
+                out.push(i);
+            }
+        }
+        out
     }
 }
 
 /// Object-safe face of a `Queue`, so the crates sit in one list.
 trait Sampled {
     fn cancel_sample(&mut self, count: usize) -> Duration;
-    fn hand_off_sample(&mut self, count: usize) -> Duration;
+    fn release_sample(&mut self, count: usize) -> Duration;
+    fn cycle_sample(&mut self, count: usize) -> Duration;
 }
 
 impl<F: Future> Sampled for Queue<F> {
     fn cancel_sample(&mut self, count: usize) -> Duration {
         Queue::cancel_sample(self, count)
     }
-    fn hand_off_sample(&mut self, count: usize) -> Duration {
-        Queue::hand_off_sample(self, count)
+    fn release_sample(&mut self, count: usize) -> Duration {
+        Queue::release_sample(self, count)
+    }
+    fn cycle_sample(&mut self, count: usize) -> Duration {
+        Queue::cycle_sample(self, count)
     }
 }
 
@@ -251,7 +325,7 @@ fn main() {
         );
     }
     let reps: usize = args.get(at + 1).and_then(|n| n.parse().ok()).unwrap_or(21);
-    let mut results: Vec<(usize, &str, Duration, Duration)> = Vec::new();
+    let mut results: Vec<(usize, &str, [Duration; 3])> = Vec::new();
     for n in SIZES {
         let count = BATCH.min(n / 2);
         let mut qs = queues(n);
@@ -259,24 +333,36 @@ fn main() {
         if let Ok(only) = std::env::var("QUEUE_ONLY") {
             qs.retain(|(name, _)| name.starts_with(only.as_str()));
         }
-        let mut cancel = vec![Vec::new(); qs.len()];
-        let mut hand = vec![Vec::new(); qs.len()];
+        let mut samples = vec![[const { Vec::new() }; 3]; qs.len()];
         for rep in 0..reps {
             // A rotating order, so no crate always goes first.
             for k in 0..qs.len() {
                 let i = (k + rep) % qs.len();
-                cancel[i].push(qs[i].1.cancel_sample(count));
-                hand[i].push(qs[i].1.hand_off_sample(count));
+                let q = &mut qs[i].1;
+                samples[i][0].push(q.cancel_sample(count));
+                samples[i][1].push(q.cycle_sample(count));
+                samples[i][2].push(q.release_sample(count));
             }
         }
         for (i, (name, _)) in qs.iter().enumerate() {
-            results.push((n, name, median(cancel[i].clone()), median(hand[i].clone())));
+            let s = &samples[i];
+            results.push((
+                n,
+                name,
+                [
+                    median(s[0].clone()),
+                    median(s[1].clone()),
+                    median(s[2].clone()),
+                ],
+            ));
         }
     }
-    println!("| queued | crate | cancel a random queued acquire | hand a permit to the oldest |");
-    println!("|---|---|---|---|");
-    for (n, name, cancel, hand) in &results {
-        println!("| {n} | {name} | {cancel:.1?} | {hand:.1?} |");
+    println!(
+        "| queued | crate | cancel a random queued acquire | hand-off cycle (drop the permit, the oldest polled to its grant) | release alone (`add_permits`, in a row) |"
+    );
+    println!("|---|---|---|---|---|");
+    for (n, name, [cancel, cycle, release]) in &results {
+        println!("| {n} | {name} | {cancel:.1?} | {cycle:.1?} | {release:.1?} |");
     }
     let of = |n: usize, name: &str| results.iter().find(|r| r.0 == n && r.1 == name);
     let (Some(big), Some(small)) = (of(1_000_000, "bulkhead"), of(16, "bulkhead")) else {
@@ -285,8 +371,9 @@ fn main() {
     println!();
     println!("bulkhead, 1,000,000 against 16 queued:");
     println!(
-        "  cancel {:.2}x, hand-off {:.2}x",
-        big.2.as_secs_f64() / small.2.as_secs_f64(),
-        big.3.as_secs_f64() / small.3.as_secs_f64()
+        "  cancel {:.2}x, hand-off cycle {:.2}x, release alone {:.2}x",
+        big.2[0].as_secs_f64() / small.2[0].as_secs_f64(),
+        big.2[1].as_secs_f64() / small.2[1].as_secs_f64(),
+        big.2[2].as_secs_f64() / small.2[2].as_secs_f64()
     );
 }

@@ -183,6 +183,69 @@ fn reduce_racing_release() {
     });
 }
 
+/// Fair mode: `add_permits` (which hands a permit straight to a head owed
+/// exactly that, under the lock, as a release does) racing a permit's drop
+/// and the cancellation of the second waiter: the head is served, and the
+/// second permit reaches the second waiter or, once it has left, the
+/// balance; nothing is lost or counted twice.
+#[test]
+fn add_permits_and_a_release_race_to_two_waiters() {
+    loom::model(|| {
+        let sem = Arc::new(Semaphore::new(1));
+        let held = sem.clone().try_acquire_owned().unwrap();
+        let mut first = Box::pin(sem.clone().acquire_owned());
+        assert!(poll_once(first.as_mut()).is_pending(), "no permit is free");
+        let mut second = Box::pin(sem.clone().acquire_owned());
+        assert!(poll_once(second.as_mut()).is_pending(), "no permit is free");
+        let s = sem.clone();
+        let adder = thread::spawn(move || s.add_permits(1));
+        let releaser = thread::spawn(move || drop(held));
+        // Dropped queued, or served but not yet polled.
+        let leaver = thread::spawn(move || drop(second));
+        adder.join().unwrap();
+        releaser.join().unwrap();
+        leaver.join().unwrap();
+        let Poll::Ready(permit) = poll_once(first.as_mut()) else {
+            panic!("the head was not served");
+        };
+        drop(permit.unwrap());
+        assert_eq!(sem.available_permits(), 2);
+        assert_eq!(sem.queue_len(), 0);
+    });
+}
+
+/// Fair mode: `add_permits` racing `reduce_permits` while two waiters
+/// queue. The permit goes straight to the head only if there is no
+/// deficit to repay; either way the balance is exact, and both waiters are
+/// served once two more permits come.
+#[test]
+fn add_permits_racing_reduce_with_two_waiters() {
+    loom::model(|| {
+        let sem = Arc::new(Semaphore::new(0));
+        let mut first = Box::pin(sem.clone().acquire_owned());
+        assert!(poll_once(first.as_mut()).is_pending(), "no permit is free");
+        let mut second = Box::pin(sem.clone().acquire_owned());
+        assert!(poll_once(second.as_mut()).is_pending(), "no permit is free");
+        let s = sem.clone();
+        let adder = thread::spawn(move || s.add_permits(1));
+        sem.reduce_permits(1);
+        adder.join().unwrap();
+        // The head served with a deficit of one left, or nobody served and
+        // no deficit.
+        let served = sem.queue_len() == 1;
+        assert_eq!(sem.available_permits(), if served { -1 } else { 0 });
+        sem.add_permits(2);
+        for fut in [&mut first, &mut second] {
+            let Poll::Ready(permit) = poll_once(fut.as_mut()) else {
+                panic!("a waiter was not served");
+            };
+            drop(permit.unwrap());
+        }
+        assert_eq!(sem.available_permits(), 2);
+        assert_eq!(sem.queue_len(), 0);
+    });
+}
+
 /// Unfair mode: a barging `try_acquire` may take the permit ahead of a
 /// waiter, but the waiter is still woken once it comes back.
 #[test]

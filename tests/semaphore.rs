@@ -1237,6 +1237,37 @@ fn drain_and_forget_take_only_available_permits() {
     assert_state(&sem, -1, 0);
 }
 
+/// Permits added with `add_permits` while two waiters for one wait repay
+/// the deficit before they serve anyone, in both modes (fair mode hands a
+/// permit straight to a head owed exactly that many, with others behind
+/// it, only when there is no deficit).
+#[test]
+fn added_permits_repay_the_deficit_before_serving_waiters() {
+    for fair in [true, false] {
+        let sem = semaphore(fair, 0);
+        let (wa, wb) = (Counted::new(), Counted::new());
+        let mut a = pin!(sem.acquire());
+        wa.assert_pending(a.as_mut());
+        let mut b = pin!(sem.acquire());
+        wb.assert_pending(b.as_mut());
+        sem.reduce_permits(2);
+        assert_state(&sem, -2, 2);
+        sem.add_permits(1);
+        assert_state(&sem, -1, 2);
+        sem.add_permits(1);
+        assert_state(&sem, 0, 2);
+        assert_eq!((wa.wakes(), wb.wakes()), (0, 0), "fair: {fair}");
+        sem.add_permits(1);
+        assert_eq!((wa.wakes(), wb.wakes()), (1, 0), "fair: {fair}");
+        // Fair: handed over; unfair: in the balance until A runs.
+        assert_state(&sem, if fair { 0 } else { 1 }, 1);
+        drop(wa.ready(a.as_mut()).expect("served"));
+        assert_eq!(wb.wakes(), 1, "fair: {fair}");
+        drop(wb.ready(b.as_mut()).expect("served"));
+        assert_state(&sem, 1, 0);
+    }
+}
+
 /// A permit returned while others wait repays the deficit before it serves
 /// anyone, in both modes, and the waiter is served by the return that
 /// brings the balance up to its request.
@@ -1291,6 +1322,30 @@ fn add_permits_past_max_panics_and_leaves_the_balance_unchanged() {
             .expect("still usable after the panics"),
     );
     assert_state(&sem, MAX as isize, 0);
+}
+
+/// `add_permits` of more than `MAX_PERMITS` while someone waits (a fair
+/// semaphore then adds under the lock, as the head is not owed exactly `n`)
+/// panics the same way and leaves the balance and the line as they were;
+/// the next calls serve the waiter, in parts.
+#[test]
+fn add_permits_past_max_with_a_waiter_panics_and_leaves_the_line() {
+    let sem = Semaphore::new(0);
+    let mut two = pin!(sem.acquire_many(2));
+    assert!(poll_noop(two.as_mut()).is_pending());
+    assert_panics("MAX_PERMITS", || sem.add_permits(MAX + 1));
+    assert_state(&sem, 0, 1);
+    assert_panics("MAX_PERMITS", || sem.add_permits(usize::MAX));
+    assert_state(&sem, 0, 1);
+    sem.add_permits(1);
+    assert_state(&sem, 0, 1);
+    assert!(poll_noop(two.as_mut()).is_pending(), "owed one more");
+    sem.add_permits(1);
+    assert_state(&sem, 0, 0);
+    let Poll::Ready(Ok(permit)) = poll_noop(two.as_mut()) else {
+        panic!("the waiter was not served");
+    };
+    assert_eq!(permit.num_permits(), 2);
 }
 
 /// A semaphore cannot be created with more than `MAX_PERMITS` permits.

@@ -65,6 +65,17 @@ impl Contender for futures_intrusive::sync::Semaphore {
     }
 }
 
+impl Contender for maitake_sync::Semaphore {
+    #[inline]
+    fn acquire(&self) -> impl Future<Output = impl Send + '_> + Send + '_ {
+        maitake_sync::Semaphore::acquire(self, 1)
+    }
+    #[inline]
+    fn try_acquire(&self) -> Option<impl Send + '_> {
+        maitake_sync::Semaphore::try_acquire(self, 1).ok()
+    }
+}
+
 /// No semaphore at all: what the harness costs on its own.
 pub struct Baseline;
 

@@ -652,27 +652,62 @@ impl Semaphore {
     /// assert_eq!(sem.available_permits(), 3);
     /// ```
     pub fn add_permits(&self, n: usize) {
-        // A CAS loop rather than `release`'s add-then-check, so that a call
-        // that would overflow never disturbs a concurrent legal one.
+        if n == 0 {
+            return;
+        }
+        // Fair, with waiters: the permits go to them under the lock, as a
+        // released permit does, without passing through the balance.
+        if self.fair && self.state.load(Ordering::Relaxed) & WAITERS != 0 {
+            return self.add_to_waiters(n);
+        }
+        let prev = self.add_checked(n);
+        if prev & WAITERS != 0 {
+            self.distribute_and_unlock(lock(&self.waiters));
+        }
+    }
+
+    /// Adds `n` permits to the balance and returns the word it replaced.
+    ///
+    /// # Panics
+    ///
+    /// If the balance would exceed `MAX_PERMITS`; it is then left as it was.
+    #[inline]
+    fn add_checked(&self, n: usize) -> usize {
+        match self.try_add_checked(n) {
+            Ok(prev) => prev,
+            Err(Overflow) => Self::add_overflow(n),
+        }
+    }
+
+    /// Adds `n` permits to the balance and returns the word it replaced, or
+    /// leaves it alone if it would exceed `MAX_PERMITS`. A CAS loop rather
+    /// than [`release`](Self::release)'s add-then-check, so that a call
+    /// that would overflow never disturbs a concurrent legal one.
+    #[inline]
+    fn try_add_checked(&self, n: usize) -> Result<usize, Overflow> {
         let mut cur = self.state.load(Ordering::Relaxed);
         loop {
-            assert!(
-                n <= Self::MAX_PERMITS && balance(cur) + n as isize <= Self::MAX_PERMITS as isize,
-                "adding {n} permits would take the balance above Semaphore::MAX_PERMITS"
-            );
+            if n > Self::MAX_PERMITS || balance(cur) + n as isize > Self::MAX_PERMITS as isize {
+                return Err(Overflow);
+            }
             match self.state.compare_exchange_weak(
                 cur,
                 cur.wrapping_add(units(n)),
                 Ordering::Release,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => break,
+                Ok(_) => return Ok(cur),
                 Err(actual) => cur = actual,
             }
         }
-        if n != 0 && cur & WAITERS != 0 {
-            self.distribute_and_unlock(lock(&self.waiters));
-        }
+    }
+
+    /// Reports an addition that `add_permits` refused.
+    #[cold]
+    #[inline(never)]
+    #[track_caller]
+    fn add_overflow(n: usize) -> ! {
+        panic!("adding {n} permits would take the balance above Semaphore::MAX_PERMITS");
     }
 
     /// Removes `n` permits from the balance, which may go below zero, as

@@ -77,45 +77,170 @@ impl Semaphore {
     #[inline(never)]
     pub(super) fn release_to_waiters(&self, n: usize) -> isize {
         let mut list = lock(&self.waiters);
-        let mut cur = self.state.load(Ordering::Acquire);
+        let cur = self.state.load(Ordering::Acquire);
         let reported = balance(cur) + n as isize;
-        if !self.fair || cur & (CLOSED | WAITERS) != WAITERS {
-            // Unfair, closed, or the line emptied before we got the lock.
-            let added = self.add_balance(n);
-            if !self.fair && added.is_ok() {
-                // The common unfair case first: the spare balance (less the
-                // permits promised to woken waiters) is exactly the head's
-                // request, and others wait behind it. Wake the head alone,
-                // without a batch: `distribute` would stop at the next one,
-                // with no spare left. If the spare grows after our reads (an
-                // `add_permits` without the lock, or a woken waiter lowering
-                // `notified`), that `add_permits` distributes after us, and
-                // that waiter either takes the permits or re-queues asking
-                // for more than the balance: no permit is left unclaimed
-                // while everyone sleeps.
-                if let Some(node) = list.front() {
-                    // SAFETY: `node` is linked, so it is alive, and we hold
-                    // the lock.
-                    let waiter = unsafe { node.as_ref() };
-                    let now = self.state.load(Ordering::Acquire);
-                    let spare = balance(now) - self.notified.load(Ordering::Relaxed) as isize;
-                    let need = waiter.remaining();
-                    if now & CLOSED == 0 && need as isize == spare && list.len() > 1 {
-                        // SAFETY: our guard's list, and `waiter` its head.
-                        let waker = unsafe { self.notify_head(&mut list, waiter, need) };
-                        drop(list);
-                        if let Some(waker) = waker {
-                            wake(waker);
-                        }
-                        return reported;
-                    }
+        let waker = if self.fair {
+            // SAFETY: `list` is this semaphore's list, from our guard.
+            match unsafe { self.grant_head_whole(&mut list, cur, n) } {
+                Some(waker) => waker,
+                None => {
+                    self.release_rest(list, cur, n);
+                    return reported;
                 }
             }
+        } else {
+            // Unfair: permits always go to the balance.
+            if self.add_balance(n).is_err() {
+                self.distribute_and_unlock(list);
+                self.overflow(n);
+            }
+            // SAFETY: `list` is this semaphore's list, from our guard.
+            match unsafe { self.notify_head_alone(&mut list) } {
+                Some(waker) => waker,
+                None => {
+                    self.distribute_and_unlock(list);
+                    return reported;
+                }
+            }
+        };
+        drop(list);
+        if let Some(waker) = waker {
+            wake(waker);
+        }
+        reported
+    }
+
+    /// `add_permits` on a fair semaphore that has waiters: as a release,
+    /// the head owed exactly `n` is served directly under the lock; in any
+    /// other case the permits are added to the balance (checked, as
+    /// `add_permits` does) and `distribute` serves whoever they cover.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn add_to_waiters(&self, n: usize) {
+        let mut list = lock(&self.waiters);
+        let cur = self.state.load(Ordering::Acquire);
+        // SAFETY: `list` is this semaphore's list, from our guard.
+        if let Some(waker) = unsafe { self.grant_head_whole(&mut list, cur, n) } {
+            drop(list);
+            if let Some(waker) = waker {
+                wake(waker);
+            }
+            return;
+        }
+        self.add_rest(list, n);
+    }
+
+    /// The rest of [`add_to_waiters`](Self::add_to_waiters), with the lock
+    /// held (`list` is its guard).
+    #[cold]
+    #[inline(never)]
+    fn add_rest<'a>(&'a self, list: MutexGuard<'a, List<Waiter>>, n: usize) {
+        // An overflow changes nothing, and panics with the lock released
+        // (the panic hook is user code).
+        if self.try_add_checked(n).is_err() {
+            drop(list);
+            Self::add_overflow(n);
+        }
+        self.distribute_and_unlock(list);
+    }
+
+    /// The common fair hand-off, decided in a few compares: the semaphore
+    /// is fair and open, serves the oldest first, has no deficit to repay,
+    /// and its head is owed exactly `n` with others behind it. Then the head
+    /// is unlinked and marked granted, and its waker returned (the outer
+    /// `Some`), to wake once the lock is released. `None` (nothing done) in
+    /// every other case, which [`release_rest`](Self::release_rest) or
+    /// [`add_rest`](Self::add_rest) handles.
+    ///
+    /// The same as adding `n` to the balance and running `distribute`: with
+    /// the lock held and `WAITERS` set, a fair balance is only above zero
+    /// while an `add_permits` is between its addition and its own
+    /// `distribute`, which serves those permits after us.
+    ///
+    /// Inlined into both callers, and kept out of the paths with a batch of
+    /// wakers: a function that holds one saves six registers and half a
+    /// kilobyte of stack on entry, which was a fifth of this path's
+    /// instructions (docs/benchmarks.md, "The hand-off, like for like").
+    ///
+    /// # Safety
+    ///
+    /// `list` must be this semaphore's list, borrowed from its lock guard,
+    /// and `cur` a value of the state word read with the lock held.
+    #[inline(always)]
+    unsafe fn grant_head_whole(
+        &self,
+        list: &mut List<Waiter>,
+        cur: usize,
+        n: usize,
+    ) -> Option<Option<Waker>> {
+        if !self.fair || cur & (CLOSED | WAITERS) != WAITERS || balance(cur) < 0 {
+            return None;
+        }
+        let head = list.front()?;
+        // SAFETY: `head` is linked, so it is alive, and we hold the lock.
+        let waiter = unsafe { head.as_ref() };
+        if waiter.remaining() != n || list.len() < 2 || self.newest.load(Ordering::Relaxed) {
+            return None;
+        }
+        // SAFETY: our guard's list (the caller's contract), and `waiter`
+        // its head.
+        Some(unsafe { self.grant_next(list, waiter) })
+    }
+
+    /// The common unfair release, after its permits went to the balance:
+    /// the spare balance (less the permits promised to woken waiters) is
+    /// exactly the head's request, and others wait behind it. Then the head
+    /// alone is unlinked and marked notified, without a batch (`distribute`
+    /// would stop at the next one, with no spare left), and its waker
+    /// returned (the outer `Some`). `None`, nothing done, in every other
+    /// case: the caller runs `distribute`.
+    ///
+    /// If the spare grows after our reads (an `add_permits` without the
+    /// lock, or a woken waiter lowering `notified`), that `add_permits`
+    /// distributes after us, and that waiter either takes the permits or
+    /// re-queues asking for more than the balance: no permit is left
+    /// unclaimed while everyone sleeps.
+    ///
+    /// # Safety
+    ///
+    /// `list` must be this semaphore's list, borrowed from its lock guard.
+    #[inline(always)]
+    unsafe fn notify_head_alone(&self, list: &mut List<Waiter>) -> Option<Option<Waker>> {
+        let head = list.front()?;
+        // SAFETY: `head` is linked, so it is alive, and we hold the lock.
+        let waiter = unsafe { head.as_ref() };
+        let now = self.state.load(Ordering::Acquire);
+        let spare = balance(now) - self.notified.load(Ordering::Relaxed) as isize;
+        let need = waiter.remaining();
+        if now & CLOSED != 0 || need as isize != spare || list.len() < 2 {
+            return None;
+        }
+        // SAFETY: our guard's list (the caller's contract), and `waiter`
+        // its head.
+        Some(unsafe { self.notify_head(list, waiter, need) })
+    }
+
+    /// The rest of [`release_to_waiters`](Self::release_to_waiters), with
+    /// the lock held (`list` is its guard) and `cur` the state word read
+    /// under it, in fair mode: closed, an empty line, a deficit, a head
+    /// owed more or less than `n`, or serving the newest first.
+    #[cold]
+    #[inline(never)]
+    fn release_rest<'a>(
+        &'a self,
+        mut list: MutexGuard<'a, List<Waiter>>,
+        mut cur: usize,
+        n: usize,
+    ) {
+        debug_assert!(self.fair, "an unfair release does not get here");
+        if cur & (CLOSED | WAITERS) != WAITERS {
+            // Closed, or the line emptied before we got the lock.
+            let added = self.add_balance(n);
             self.distribute_and_unlock(list);
             if added.is_err() {
                 self.overflow(n);
             }
-            return reported;
+            return;
         }
         let mut left = n;
         // Repay the deficit first. `reduce_permits` and `add_permits` may
@@ -149,7 +274,7 @@ impl Semaphore {
                     if let Some(waker) = waker {
                         wake(waker);
                     }
-                    return reported;
+                    return;
                 }
             }
         }
@@ -177,7 +302,7 @@ impl Semaphore {
             drop(list);
             wakers.wake_all();
             wakers.resume_panic();
-            return reported;
+            return;
         }
         // Permits left over, or the line is now empty: the rest goes to the
         // balance, and `distribute` serves whoever the full batch of wakers
@@ -192,7 +317,6 @@ impl Semaphore {
             self.overflow(left);
         }
         wakers.resume_panic();
-        reported
     }
 
     /// Adds `n` to the balance and returns the word it replaced, or undoes
@@ -291,6 +415,10 @@ impl Semaphore {
     /// Runs [`distribute`](Self::distribute) to completion, waking each batch
     /// of served waiters with the lock released. If a waker panics, the
     /// others are woken all the same and the panic is resumed at the end.
+    /// Out of line: it holds a batch of wakers, whose half kilobyte of
+    /// stack and saved registers the single-waiter paths that call it on
+    /// their way out must not pay.
+    #[inline(never)]
     pub(super) fn distribute_and_unlock<'a>(&'a self, list: MutexGuard<'a, List<Waiter>>) {
         let mut wakers = WakeList::new();
         self.distribute_and_unlock_with(list, &mut wakers);
