@@ -215,16 +215,27 @@ fn a_panicking_waker_of_a_displaced_waiter_strands_no_seat() {
     assert_at_rest(&bh);
 }
 
-/// `set_max_concurrent_calls` that hands seats to several classed
-/// waiters, the first of whose wakers panics: every other one is woken
-/// all the same (none is stranded holding a seat it never hears of).
-#[test]
-fn a_panicking_waker_in_a_raised_limit_strands_no_other_classed_waiter() {
-    let bh = Bulkhead::builder()
+/// A bulkhead of one seat with two classes.
+fn one_seat_two_classes() -> Bulkhead {
+    Bulkhead::builder()
         .max_concurrent_calls(1)
         .priorities(&[1, 1])
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// The seat held, and two classed waiters behind it, each polled once:
+/// the first (class 0) with a waker that panics at its first wake, the
+/// second (class 1) with a counting one.
+struct TwoWaiters<'a> {
+    seat: BulkheadPermit,
+    bad: Arc<PanicsOnFirstWake>,
+    first: Waiter<'a>,
+    good: Counted,
+    second: Waiter<'a>,
+}
+
+fn two_waiters(bh: &Bulkhead) -> TwoWaiters<'_> {
     let seat = bh.try_acquire_as(0).unwrap();
     let bad = Arc::new(PanicsOnFirstWake::default());
     let bad_waker = Waker::from(bad.clone());
@@ -233,6 +244,28 @@ fn a_panicking_waker_in_a_raised_limit_strands_no_other_classed_waiter() {
     let good = Counted::new();
     let mut second: Waiter<'_> = Box::pin(bh.acquire_as(1));
     good.assert_pending(second.as_mut());
+    TwoWaiters {
+        seat,
+        bad,
+        first,
+        good,
+        second,
+    }
+}
+
+/// `set_max_concurrent_calls` that hands seats to several classed
+/// waiters, the first of whose wakers panics: every other one is woken
+/// all the same (none is stranded holding a seat it never hears of).
+#[test]
+fn a_panicking_waker_in_a_raised_limit_strands_no_other_classed_waiter() {
+    let bh = one_seat_two_classes();
+    let TwoWaiters {
+        seat,
+        bad,
+        mut first,
+        good,
+        mut second,
+    } = two_waiters(&bh);
     let raised = catch_unwind(AssertUnwindSafe(|| bh.set_max_concurrent_calls(3)));
     assert_eq!(bad.wakes(), 1);
     assert_eq!(
@@ -252,19 +285,14 @@ fn a_panicking_waker_in_a_raised_limit_strands_no_other_classed_waiter() {
 /// wakers panics: every other one is woken all the same.
 #[test]
 fn a_panicking_waker_in_close_strands_no_other_classed_waiter() {
-    let bh = Bulkhead::builder()
-        .max_concurrent_calls(1)
-        .priorities(&[1, 1])
-        .build()
-        .unwrap();
-    let seat = bh.try_acquire_as(0).unwrap();
-    let bad = Arc::new(PanicsOnFirstWake::default());
-    let bad_waker = Waker::from(bad.clone());
-    let mut first: Waiter<'_> = Box::pin(bh.acquire_as(0));
-    assert!(poll_with(first.as_mut(), &bad_waker).is_pending());
-    let good = Counted::new();
-    let mut second: Waiter<'_> = Box::pin(bh.acquire_as(1));
-    good.assert_pending(second.as_mut());
+    let bh = one_seat_two_classes();
+    let TwoWaiters {
+        seat,
+        bad,
+        mut first,
+        good,
+        mut second,
+    } = two_waiters(&bh);
     let closed = catch_unwind(AssertUnwindSafe(|| bh.close()));
     assert_eq!(bad.wakes(), 1);
     assert_eq!(
