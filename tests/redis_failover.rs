@@ -9,6 +9,8 @@
 //! server connection).
 #![cfg(all(not(loom), feature = "redis", feature = "tokio"))]
 
+#[path = "common/failover_load.rs"]
+mod failover_load;
 #[path = "common/redis_reconnect.rs"]
 mod redis_reconnect;
 #[path = "common/redis_server.rs"]
@@ -22,6 +24,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use bulkhead::redis::{ConfigError, LeaseError, RedisSemaphore};
+use failover_load::Load;
 use redis_reconnect::{restart, try_after_reconnect};
 use redis_server::RedisServer;
 
@@ -390,31 +393,6 @@ async fn a_promoted_replica_quarantines_a_client_never_granted() {
     }
 }
 
-/// Permits in use at once, counted apart from Redis by the tasks that use
-/// them, and when things happened.
-#[derive(Default)]
-struct InUse {
-    now: AtomicUsize,
-    max: AtomicUsize,
-    /// Grants to the newcomers, and when.
-    granted: Mutex<Vec<Instant>>,
-    /// The first refusal by the quarantine.
-    refused: Mutex<Option<Instant>>,
-    /// When the old holders learned that their leases were lost.
-    lost: Mutex<Vec<Instant>>,
-}
-
-impl InUse {
-    fn enter(&self) {
-        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max.fetch_max(now, Ordering::SeqCst);
-    }
-
-    fn leave(&self) {
-        self.now.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// A failover that loses grants. The replica follows its primary through a
 /// proxy, which is then cut (the replication stream is dropped); the
 /// limit's two permits are granted on the primary to holders that work
@@ -492,16 +470,17 @@ async fn a_failover_that_lost_grants_is_quarantined_before_any_regrant() {
 
         link.cut();
         let holder = sem(Some(HOLDER_RENEW)).await.unwrap();
-        let use_ = Arc::new(InUse::default());
+        // Old holders and newcomers, counted together.
+        let mut load = Load::default();
+        let lost_at = Arc::new(Mutex::new(Vec::new()));
         let mut holders = Vec::new();
         for _ in 0..LIMIT {
             let permit = holder.try_acquire().await.unwrap();
-            use_.enter();
-            let use_ = use_.clone();
+            let (held, lost_at) = (load.enter(), lost_at.clone());
             holders.push(tokio::spawn(async move {
                 let lost = tokio::time::timeout(TTL * 2, permit.lost()).await;
-                use_.lost.lock().unwrap().push(Instant::now());
-                use_.leave();
+                lost_at.lock().unwrap().push(Instant::now());
+                drop(held);
                 assert!(lost.is_ok(), "a holder never learned its lease was lost");
                 let _ = permit.release().await;
             }));
@@ -528,56 +507,26 @@ async fn a_failover_that_lost_grants_is_quarantined_before_any_regrant() {
         front.switch_to(replica.addr());
         let promoted = Instant::now();
 
-        let stop = Arc::new(AtomicBool::new(false));
-        let newcomers: Vec<_> = (0..LIMIT)
-            .map(|_| {
-                let (sem, use_, stop) = (newcomer.clone(), use_.clone(), stop.clone());
-                tokio::spawn(async move {
-                    while !stop.load(Ordering::SeqCst) {
-                        match sem.try_acquire().await {
-                            Ok(permit) => {
-                                use_.enter();
-                                use_.granted.lock().unwrap().push(Instant::now());
-                                tokio::time::sleep(Duration::from_millis(100)).await;
-                                use_.leave();
-                                let _ = permit.release().await;
-                            }
-                            Err(LeaseError::Quarantined { .. }) => {
-                                use_.refused
-                                    .lock()
-                                    .unwrap()
-                                    .get_or_insert_with(Instant::now);
-                            }
-                            Err(LeaseError::NoPermits { .. } | LeaseError::Unavailable(_)) => {}
-                            Err(e) => panic!("{e:?}"),
-                        }
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                })
-            })
-            .collect();
+        for _ in 0..LIMIT {
+            load.spawn_holding(newcomer.clone(), Duration::from_millis(100));
+        }
         for h in holders {
             h.await.unwrap();
         }
         // Grants resume once the quarantine ends (it may have started
         // again when the holders' renewals found their leases gone).
         let resumed = redis_server::eventually(TTL * 3, || {
-            let refused = *use_.refused.lock().unwrap();
-            use_.granted
-                .lock()
-                .unwrap()
+            let refused = load.first_refusal();
+            load.granted_at()
                 .iter()
                 .any(|&t| refused.is_none_or(|r| t > r))
         });
-        stop.store(true, Ordering::SeqCst);
-        for n in newcomers {
-            n.await.unwrap();
-        }
+        load.stop().await;
         let ms = |t: Instant| t.saturating_duration_since(promoted).as_millis();
-        let granted = use_.granted.lock().unwrap().clone();
-        let refused = *use_.refused.lock().unwrap();
-        let lost: Vec<_> = use_.lost.lock().unwrap().iter().map(|&t| ms(t)).collect();
-        let max = use_.max.load(Ordering::SeqCst);
+        let granted = load.granted_at();
+        let refused = load.first_refusal();
+        let lost: Vec<_> = lost_at.lock().unwrap().iter().map(|&t| ms(t)).collect();
+        let max = load.max_held();
         eprintln!(
             "lost grants, quarantine {quarantine}: refused at {:?} ms, first grant at {:?} ms, \
              holders lost at {lost:?} ms after the promotion, most in use {max}",

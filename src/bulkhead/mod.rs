@@ -61,6 +61,7 @@ pub use error::{BuildError, BuildErrorKind, BulkheadError, RejectReason, Rejecte
 pub use metrics::Metrics;
 pub use observer::{CallOutcome, Observer};
 pub use permit::BulkheadPermit;
+#[cfg(feature = "tower")]
 pub(crate) use seating::AdmissionAs;
 
 use core::fmt;

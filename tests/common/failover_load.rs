@@ -2,7 +2,7 @@
 //! a loop while a failover happens, counted apart from Redis: how many
 //! hold a permit at once (at most the limit, whatever Redis says), every
 //! grant's time, and the first refusal by the quarantine. Shared by the
-//! Cluster and the Sentinel failover tests.
+//! Cluster, the Sentinel and the lost-grants failover tests.
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -21,6 +21,23 @@ struct Counts {
     stop: AtomicBool,
 }
 
+impl Counts {
+    fn enter(&self) {
+        let here = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(here, Ordering::SeqCst);
+    }
+}
+
+/// A permit held outside the load's tasks, counted among those held at
+/// once until dropped ([`Load::enter`]).
+pub struct Held(Arc<Counts>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// The tasks and what they counted.
 #[derive(Default)]
 pub struct Load {
@@ -32,16 +49,20 @@ impl Load {
     /// Starts a task on `sem`: `try_acquire`, hold 10 ms, release, 5 ms
     /// apart; a lost or unanswered release no longer counts the permit.
     pub fn spawn(&mut self, sem: RedisSemaphore) {
+        self.spawn_holding(sem, Duration::from_millis(10));
+    }
+
+    /// [`spawn`](Self::spawn), each grant held `hold`.
+    pub fn spawn_holding(&mut self, sem: RedisSemaphore, hold: Duration) {
         let c = self.counts.clone();
         self.tasks.push(tokio::spawn(async move {
             while !c.stop.load(Ordering::SeqCst) {
                 match sem.try_acquire().await {
                     Ok(permit) => {
-                        let here = c.now.fetch_add(1, Ordering::SeqCst) + 1;
-                        c.max.fetch_max(here, Ordering::SeqCst);
+                        c.enter();
                         c.grants.fetch_add(1, Ordering::SeqCst);
                         c.granted_at.lock().unwrap().push(Instant::now());
-                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        tokio::time::sleep(hold).await;
                         c.now.fetch_sub(1, Ordering::SeqCst);
                         // Lost in the switch (`Overrun`) or unanswered:
                         // either way this task no longer counts it.
@@ -59,6 +80,18 @@ impl Load {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }));
+    }
+
+    /// Counts a permit held outside the load's tasks (a holder granted
+    /// before them) among those held at once, until the `Held` is dropped.
+    pub fn enter(&self) -> Held {
+        self.counts.enter();
+        Held(self.counts.clone())
+    }
+
+    /// When each of the tasks' grants was made, so far.
+    pub fn granted_at(&self) -> Vec<Instant> {
+        self.counts.granted_at.lock().unwrap().clone()
     }
 
     /// Grants so far.
