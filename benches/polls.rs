@@ -5,10 +5,17 @@
 //! future wrapped in a counter, and reports per acquisition: nanoseconds,
 //! task polls, polls on a different worker thread than the task's previous
 //! poll (migrations: the task's memory moves between the cores' caches),
-//! and the tasks' polls split by what the poll ended in.
+//! and the acquire futures' own polls: how many acquisitions were ready at
+//! their first poll (took the permit at once, barging in unfair mode), and
+//! how many of the acquire futures' polls returned `Pending` after their
+//! first (a wake-up that did not bring a permit: a waiter woken to compete
+//! that lost, or a spurious poll).
 //!
-//! Usage: `cargo bench -p bulkhead-benches --bench polls -- run [REPS] [T] [P]`
+//! Usage: `cargo bench -p bulkhead-benches --bench polls -- run [REPS] [T] [P] [CRATE...]`
 //! (`INTERLEAVED_ENABLE_ALL=1` builds the runtime with its drivers).
+//! `CRATE` is any of `bulkhead`, `bulkhead_unfair`, `tokio`, `async_lock`,
+//! `fi_fair`, `fi_unfair`, `baseline`; without one, `bulkhead`, `tokio`,
+//! `fi_fair` and `baseline`.
 
 #[path = "common/contended.rs"]
 #[allow(dead_code, reason = "only the contenders and the round are used")]
@@ -45,6 +52,39 @@ struct Counts {
     migrations: AtomicU64,
     /// Polls by worker number (the `block_on` thread and the two workers).
     by_worker: [AtomicU64; 8],
+    /// Acquisitions whose future was ready at its first poll.
+    at_once: AtomicU64,
+    /// Polls of acquire futures after their first that returned `Pending`.
+    lost: AtomicU64,
+}
+
+/// An acquire future that counts its polls into `Counts`.
+struct CountedAcquire<'a, F> {
+    inner: F,
+    polls: u64,
+    counts: &'a Counts,
+}
+
+impl<F: Future> Future for CountedAcquire<'_, F> {
+    type Output = F::Output;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // SAFETY: as in `Counted`: `inner` is structurally pinned, never
+        // moved out, and the other fields are plain data.
+        let this = unsafe { self.get_unchecked_mut() };
+        this.polls += 1;
+        // SAFETY: see above.
+        let out = unsafe { Pin::new_unchecked(&mut this.inner) }.poll(cx);
+        match (&out, this.polls) {
+            (Poll::Ready(_), 1) => {
+                this.counts.at_once.fetch_add(1, Ordering::Relaxed);
+            }
+            (Poll::Pending, 2..) => {
+                this.counts.lost.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        out
+    }
 }
 
 /// A future that counts its polls and the polls that ran on another worker
@@ -79,9 +119,15 @@ async fn round<S: Contender>(sem: &Arc<S>, tasks: usize, per_task: usize, counts
     let mut handles = Vec::with_capacity(tasks);
     for _ in 0..tasks {
         let sem = sem.clone();
+        let c = counts.clone();
         let fut = async move {
             for _ in 0..per_task {
-                let permit = sem.acquire().await;
+                let permit = CountedAcquire {
+                    inner: sem.acquire(),
+                    polls: 0,
+                    counts: &c,
+                }
+                .await;
                 tokio::task::yield_now().await;
                 drop(permit);
             }
@@ -104,8 +150,9 @@ async fn round<S: Contender>(sem: &Arc<S>, tasks: usize, per_task: usize, counts
     }
 }
 
-/// Time, polls, migrations, and the share of polls the busiest worker ran.
-type Sample = (Duration, u64, u64, f64);
+/// Time, polls, migrations, the share of polls the busiest worker ran,
+/// acquisitions ready at once, acquire polls pending after the first.
+type Sample = (Duration, u64, u64, f64, u64, u64);
 
 fn sample<S: Contender>(rt: &tokio::runtime::Runtime, sem: &Arc<S>, tasks: usize) -> Sample {
     let counts = Arc::new(Counts::default());
@@ -126,13 +173,17 @@ fn sample<S: Contender>(rt: &tokio::runtime::Runtime, sem: &Arc<S>, tasks: usize
         polls,
         counts.migrations.load(Ordering::Relaxed),
         busiest as f64 / polls.max(1) as f64,
+        counts.at_once.load(Ordering::Relaxed),
+        counts.lost.load(Ordering::Relaxed),
     )
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(at) = args.iter().position(|a| a == "run") else {
-        println!("usage: cargo bench -p bulkhead-benches --bench polls -- run [REPS] [T] [P]");
+        println!(
+            "usage: cargo bench -p bulkhead-benches --bench polls -- run [REPS] [T] [P] [CRATE...]"
+        );
         return;
     };
     let arg = |k: usize, d: usize| args.get(at + k).and_then(|n| n.parse().ok()).unwrap_or(d);
@@ -148,15 +199,29 @@ fn main() {
         let sem = Arc::new(sem);
         Box::new(move |rt, tasks| sample(rt, &sem, tasks))
     }
-    let crates: Vec<(&str, Run)> = vec![
-        ("bulkhead", run(bulkhead::Semaphore::new(permits))),
-        ("tokio", run(tokio::sync::Semaphore::new(permits))),
-        (
-            "fi_fair",
-            run(futures_intrusive::sync::Semaphore::new(true, permits)),
-        ),
-        ("baseline", run(Baseline)),
-    ];
+    let names: Vec<&str> = match args.get(at + 4..) {
+        Some(rest) if !rest.is_empty() => rest.iter().map(String::as_str).collect(),
+        _ => vec!["bulkhead", "tokio", "fi_fair", "baseline"],
+    };
+    let crates: Vec<(&str, Run)> = names
+        .iter()
+        .map(|&name| {
+            let r = match name {
+                "bulkhead" => run(bulkhead::Semaphore::new(permits)),
+                "bulkhead_unfair" => run(bulkhead::Semaphore::new_unfair(permits)),
+                "tokio" => run(tokio::sync::Semaphore::new(permits)),
+                "async_lock" => run(async_lock::Semaphore::new(permits)),
+                "fi_fair" => run(futures_intrusive::sync::Semaphore::new(true, permits)),
+                "fi_unfair" => run(futures_intrusive::sync::Semaphore::new(false, permits)),
+                "baseline" => run(Baseline),
+                other => {
+                    eprintln!("unknown crate {other:?}");
+                    std::process::exit(2);
+                }
+            };
+            (name, r)
+        })
+        .collect();
     let mut results: Vec<Vec<Sample>> = vec![Vec::new(); crates.len()];
     for (_, f) in &crates {
         f(&rt, tasks);
@@ -171,8 +236,10 @@ fn main() {
     println!(
         "T = {tasks}, P = {permits}, {reps} samples of {TOTAL_ACQUIRES} acquisitions (medians per acquisition):\n"
     );
-    println!("| crate | ns | polls | migrations | busiest worker's share of polls |");
-    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| crate | ns | polls | migrations | busiest worker's share of polls | ready at once | lost wake-ups |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for (i, (name, _)) in crates.iter().enumerate() {
         let med = |f: &dyn Fn(&Sample) -> f64| {
             let mut v: Vec<f64> = results[i].iter().map(f).collect();
@@ -180,11 +247,13 @@ fn main() {
             v[v.len() / 2]
         };
         println!(
-            "| {name} | {:.0} | {:.2} | {:.3} | {:.2} |",
+            "| {name} | {:.0} | {:.2} | {:.3} | {:.2} | {:.3} | {:.3} |",
             med(&|r| r.0.as_nanos() as f64 / per),
             med(&|r| r.1 as f64 / per),
             med(&|r| r.2 as f64 / per),
             med(&|r| r.3),
+            med(&|r| r.4 as f64 / per),
+            med(&|r| r.5 as f64 / per),
         );
     }
 }
