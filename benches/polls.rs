@@ -9,13 +9,16 @@
 //! their first poll (took the permit at once, barging in unfair mode), and
 //! how many of the acquire futures' polls returned `Pending` after their
 //! first (a wake-up that did not bring a permit: a waiter woken to compete
-//! that lost, or a spurious poll).
+//! that lost, or a spurious poll), and how many times the runtime's workers
+//! parked (each park of an idle worker is later an unpark: a wake-up of its
+//! thread).
 //!
 //! Usage: `cargo bench -p bulkhead-benches --bench polls -- run [REPS] [T] [P] [CRATE...]`
 //! (`INTERLEAVED_ENABLE_ALL=1` builds the runtime with its drivers).
 //! `CRATE` is any of `bulkhead`, `bulkhead_unfair`, `tokio`, `async_lock`,
 //! `fi_fair`, `fi_unfair`, `baseline`; without one, `bulkhead`, `tokio`,
-//! `fi_fair` and `baseline`.
+//! `fi_fair` and `baseline`. With `POLLS_SAMPLES=1` it also prints every
+//! sample's time and worker parks per acquisition on standard error.
 
 #[path = "common/contended.rs"]
 #[allow(dead_code, reason = "only the contenders and the round are used")]
@@ -151,16 +154,25 @@ async fn round<S: Contender>(sem: &Arc<S>, tasks: usize, per_task: usize, counts
 }
 
 /// Time, polls, migrations, the share of polls the busiest worker ran,
-/// acquisitions ready at once, acquire polls pending after the first.
-type Sample = (Duration, u64, u64, f64, u64, u64);
+/// acquisitions ready at once, acquire polls pending after the first, and
+/// how many times the workers parked (tokio's `worker_park_count`, summed).
+type Sample = (Duration, u64, u64, f64, u64, u64, u64);
+
+/// Times the runtime's workers have parked so far, summed over workers.
+fn parks(rt: &tokio::runtime::Runtime) -> u64 {
+    let m = rt.metrics();
+    (0..m.num_workers()).map(|w| m.worker_park_count(w)).sum()
+}
 
 fn sample<S: Contender>(rt: &tokio::runtime::Runtime, sem: &Arc<S>, tasks: usize) -> Sample {
     let counts = Arc::new(Counts::default());
+    let parked = parks(rt);
     let took = rt.block_on(async {
         let start = Instant::now();
         round(sem, tasks, TOTAL_ACQUIRES / tasks, &counts).await;
         start.elapsed()
     });
+    let parked = parks(rt) - parked;
     let polls = counts.polls.load(Ordering::Relaxed);
     let busiest = counts
         .by_worker
@@ -175,6 +187,7 @@ fn sample<S: Contender>(rt: &tokio::runtime::Runtime, sem: &Arc<S>, tasks: usize
         busiest as f64 / polls.max(1) as f64,
         counts.at_once.load(Ordering::Relaxed),
         counts.lost.load(Ordering::Relaxed),
+        parked,
     )
 }
 
@@ -233,13 +246,25 @@ fn main() {
         }
     }
     let per = TOTAL_ACQUIRES as f64;
+    if std::env::var_os("POLLS_SAMPLES").is_some() {
+        // Every sample: crate, ns and worker parks per acquisition.
+        for (i, (name, _)) in crates.iter().enumerate() {
+            for r in &results[i] {
+                eprintln!(
+                    "sample {name} {:.0} {:.4}",
+                    r.0.as_nanos() as f64 / per,
+                    r.6 as f64 / per
+                );
+            }
+        }
+    }
     println!(
         "T = {tasks}, P = {permits}, {reps} samples of {TOTAL_ACQUIRES} acquisitions (medians per acquisition):\n"
     );
     println!(
-        "| crate | ns | polls | migrations | busiest worker's share of polls | ready at once | lost wake-ups |"
+        "| crate | ns | polls | migrations | busiest worker's share of polls | ready at once | lost wake-ups | worker parks |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for (i, (name, _)) in crates.iter().enumerate() {
         let med = |f: &dyn Fn(&Sample) -> f64| {
             let mut v: Vec<f64> = results[i].iter().map(f).collect();
@@ -247,13 +272,14 @@ fn main() {
             v[v.len() / 2]
         };
         println!(
-            "| {name} | {:.0} | {:.2} | {:.3} | {:.2} | {:.3} | {:.3} |",
+            "| {name} | {:.0} | {:.2} | {:.3} | {:.2} | {:.3} | {:.3} | {:.4} |",
             med(&|r| r.0.as_nanos() as f64 / per),
             med(&|r| r.1 as f64 / per),
             med(&|r| r.2 as f64 / per),
             med(&|r| r.3),
             med(&|r| r.4 as f64 / per),
             med(&|r| r.5 as f64 / per),
+            med(&|r| r.6 as f64 / per),
         );
     }
 }
