@@ -169,7 +169,18 @@ fn sample<S: Contender>(rt: &tokio::runtime::Runtime, sem: &Arc<S>, tasks: usize
     let parked = parks(rt);
     let took = rt.block_on(async {
         let start = Instant::now();
-        round(sem, tasks, TOTAL_ACQUIRES / tasks, &counts).await;
+        // The `block_on` future's polls: one per wake-up of the thread that
+        // awaits the tasks' handles in spawn order.
+        let main = Arc::new(Counts::default());
+        Counted {
+            inner: round(sem, tasks, TOTAL_ACQUIRES / tasks, &counts),
+            last: 0,
+            counts: main.clone(),
+        }
+        .await;
+        if std::env::var_os("POLLS_SAMPLES").is_some() {
+            eprintln!("main polls {}", main.polls.load(Ordering::Relaxed));
+        }
         start.elapsed()
     });
     let parked = parks(rt) - parked;
