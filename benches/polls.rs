@@ -5,10 +5,20 @@
 //! future wrapped in a counter, and reports per acquisition: nanoseconds,
 //! task polls, polls on a different worker thread than the task's previous
 //! poll (migrations: the task's memory moves between the cores' caches),
-//! and the tasks' polls split by what the poll ended in.
+//! and the acquire futures' own polls: how many acquisitions were ready at
+//! their first poll (took the permit at once, barging in unfair mode), and
+//! how many of the acquire futures' polls returned `Pending` after their
+//! first (a wake-up that did not bring a permit: a waiter woken to compete
+//! that lost, or a spurious poll), and how many times the runtime's workers
+//! parked (each park of an idle worker is later an unpark: a wake-up of its
+//! thread).
 //!
-//! Usage: `cargo bench -p bulkhead-benches --bench polls -- run [REPS] [T] [P]`
+//! Usage: `cargo bench -p bulkhead-benches --bench polls -- run [REPS] [T] [P] [CRATE...]`
 //! (`INTERLEAVED_ENABLE_ALL=1` builds the runtime with its drivers).
+//! `CRATE` is any of `bulkhead`, `bulkhead_unfair`, `tokio`, `async_lock`,
+//! `fi_fair`, `fi_unfair`, `baseline`; without one, `bulkhead`, `tokio`,
+//! `fi_fair` and `baseline`. With `POLLS_SAMPLES=1` it also prints every
+//! sample's time and worker parks per acquisition on standard error.
 
 #[path = "common/contended.rs"]
 #[allow(dead_code, reason = "only the contenders and the round are used")]
@@ -45,6 +55,39 @@ struct Counts {
     migrations: AtomicU64,
     /// Polls by worker number (the `block_on` thread and the two workers).
     by_worker: [AtomicU64; 8],
+    /// Acquisitions whose future was ready at its first poll.
+    at_once: AtomicU64,
+    /// Polls of acquire futures after their first that returned `Pending`.
+    lost: AtomicU64,
+}
+
+/// An acquire future that counts its polls into `Counts`.
+struct CountedAcquire<'a, F> {
+    inner: F,
+    polls: u64,
+    counts: &'a Counts,
+}
+
+impl<F: Future> Future for CountedAcquire<'_, F> {
+    type Output = F::Output;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // SAFETY: as in `Counted`: `inner` is structurally pinned, never
+        // moved out, and the other fields are plain data.
+        let this = unsafe { self.get_unchecked_mut() };
+        this.polls += 1;
+        // SAFETY: see above.
+        let out = unsafe { Pin::new_unchecked(&mut this.inner) }.poll(cx);
+        match (&out, this.polls) {
+            (Poll::Ready(_), 1) => {
+                this.counts.at_once.fetch_add(1, Ordering::Relaxed);
+            }
+            (Poll::Pending, 2..) => {
+                this.counts.lost.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        out
+    }
 }
 
 /// A future that counts its polls and the polls that ran on another worker
@@ -79,9 +122,15 @@ async fn round<S: Contender>(sem: &Arc<S>, tasks: usize, per_task: usize, counts
     let mut handles = Vec::with_capacity(tasks);
     for _ in 0..tasks {
         let sem = sem.clone();
+        let c = counts.clone();
         let fut = async move {
             for _ in 0..per_task {
-                let permit = sem.acquire().await;
+                let permit = CountedAcquire {
+                    inner: sem.acquire(),
+                    polls: 0,
+                    counts: &c,
+                }
+                .await;
                 tokio::task::yield_now().await;
                 drop(permit);
             }
@@ -104,16 +153,37 @@ async fn round<S: Contender>(sem: &Arc<S>, tasks: usize, per_task: usize, counts
     }
 }
 
-/// Time, polls, migrations, and the share of polls the busiest worker ran.
-type Sample = (Duration, u64, u64, f64);
+/// Time, polls, migrations, the share of polls the busiest worker ran,
+/// acquisitions ready at once, acquire polls pending after the first, and
+/// how many times the workers parked (tokio's `worker_park_count`, summed).
+type Sample = (Duration, u64, u64, f64, u64, u64, u64);
+
+/// Times the runtime's workers have parked so far, summed over workers.
+fn parks(rt: &tokio::runtime::Runtime) -> u64 {
+    let m = rt.metrics();
+    (0..m.num_workers()).map(|w| m.worker_park_count(w)).sum()
+}
 
 fn sample<S: Contender>(rt: &tokio::runtime::Runtime, sem: &Arc<S>, tasks: usize) -> Sample {
     let counts = Arc::new(Counts::default());
+    let parked = parks(rt);
     let took = rt.block_on(async {
         let start = Instant::now();
-        round(sem, tasks, TOTAL_ACQUIRES / tasks, &counts).await;
+        // The `block_on` future's polls: one per wake-up of the thread that
+        // awaits the tasks' handles in spawn order.
+        let main = Arc::new(Counts::default());
+        Counted {
+            inner: round(sem, tasks, TOTAL_ACQUIRES / tasks, &counts),
+            last: 0,
+            counts: main.clone(),
+        }
+        .await;
+        if std::env::var_os("POLLS_SAMPLES").is_some() {
+            eprintln!("main polls {}", main.polls.load(Ordering::Relaxed));
+        }
         start.elapsed()
     });
+    let parked = parks(rt) - parked;
     let polls = counts.polls.load(Ordering::Relaxed);
     let busiest = counts
         .by_worker
@@ -126,13 +196,18 @@ fn sample<S: Contender>(rt: &tokio::runtime::Runtime, sem: &Arc<S>, tasks: usize
         polls,
         counts.migrations.load(Ordering::Relaxed),
         busiest as f64 / polls.max(1) as f64,
+        counts.at_once.load(Ordering::Relaxed),
+        counts.lost.load(Ordering::Relaxed),
+        parked,
     )
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(at) = args.iter().position(|a| a == "run") else {
-        println!("usage: cargo bench -p bulkhead-benches --bench polls -- run [REPS] [T] [P]");
+        println!(
+            "usage: cargo bench -p bulkhead-benches --bench polls -- run [REPS] [T] [P] [CRATE...]"
+        );
         return;
     };
     let arg = |k: usize, d: usize| args.get(at + k).and_then(|n| n.parse().ok()).unwrap_or(d);
@@ -148,15 +223,29 @@ fn main() {
         let sem = Arc::new(sem);
         Box::new(move |rt, tasks| sample(rt, &sem, tasks))
     }
-    let crates: Vec<(&str, Run)> = vec![
-        ("bulkhead", run(bulkhead::Semaphore::new(permits))),
-        ("tokio", run(tokio::sync::Semaphore::new(permits))),
-        (
-            "fi_fair",
-            run(futures_intrusive::sync::Semaphore::new(true, permits)),
-        ),
-        ("baseline", run(Baseline)),
-    ];
+    let names: Vec<&str> = match args.get(at + 4..) {
+        Some(rest) if !rest.is_empty() => rest.iter().map(String::as_str).collect(),
+        _ => vec!["bulkhead", "tokio", "fi_fair", "baseline"],
+    };
+    let crates: Vec<(&str, Run)> = names
+        .iter()
+        .map(|&name| {
+            let r = match name {
+                "bulkhead" => run(bulkhead::Semaphore::new(permits)),
+                "bulkhead_unfair" => run(bulkhead::Semaphore::new_unfair(permits)),
+                "tokio" => run(tokio::sync::Semaphore::new(permits)),
+                "async_lock" => run(async_lock::Semaphore::new(permits)),
+                "fi_fair" => run(futures_intrusive::sync::Semaphore::new(true, permits)),
+                "fi_unfair" => run(futures_intrusive::sync::Semaphore::new(false, permits)),
+                "baseline" => run(Baseline),
+                other => {
+                    eprintln!("unknown crate {other:?}");
+                    std::process::exit(2);
+                }
+            };
+            (name, r)
+        })
+        .collect();
     let mut results: Vec<Vec<Sample>> = vec![Vec::new(); crates.len()];
     for (_, f) in &crates {
         f(&rt, tasks);
@@ -168,11 +257,25 @@ fn main() {
         }
     }
     let per = TOTAL_ACQUIRES as f64;
+    if std::env::var_os("POLLS_SAMPLES").is_some() {
+        // Every sample: crate, ns and worker parks per acquisition.
+        for (i, (name, _)) in crates.iter().enumerate() {
+            for r in &results[i] {
+                eprintln!(
+                    "sample {name} {:.0} {:.4}",
+                    r.0.as_nanos() as f64 / per,
+                    r.6 as f64 / per
+                );
+            }
+        }
+    }
     println!(
         "T = {tasks}, P = {permits}, {reps} samples of {TOTAL_ACQUIRES} acquisitions (medians per acquisition):\n"
     );
-    println!("| crate | ns | polls | migrations | busiest worker's share of polls |");
-    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| crate | ns | polls | migrations | busiest worker's share of polls | ready at once | lost wake-ups | worker parks |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for (i, (name, _)) in crates.iter().enumerate() {
         let med = |f: &dyn Fn(&Sample) -> f64| {
             let mut v: Vec<f64> = results[i].iter().map(f).collect();
@@ -180,11 +283,14 @@ fn main() {
             v[v.len() / 2]
         };
         println!(
-            "| {name} | {:.0} | {:.2} | {:.3} | {:.2} |",
+            "| {name} | {:.0} | {:.2} | {:.3} | {:.2} | {:.3} | {:.3} | {:.4} |",
             med(&|r| r.0.as_nanos() as f64 / per),
             med(&|r| r.1 as f64 / per),
             med(&|r| r.2 as f64 / per),
             med(&|r| r.3),
+            med(&|r| r.4 as f64 / per),
+            med(&|r| r.5 as f64 / per),
+            med(&|r| r.6 as f64 / per),
         );
     }
 }
