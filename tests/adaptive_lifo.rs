@@ -72,6 +72,27 @@ impl Observer for Hooks {
 /// An acquire future of a bulkhead, pinned.
 type Waiting<'a> = Pin<Box<dyn Future<Output = Result<BulkheadPermit, Rejected>> + 'a>>;
 
+/// With the line empty (not standing), two waiters behind a held permit
+/// are served oldest first, as FIFO.
+#[track_caller]
+fn assert_oldest_first(bh: &Bulkhead, kind: &str) {
+    let held = bh.try_acquire().unwrap();
+    let (mut e, mut f) = (Box::pin(bh.acquire()), Box::pin(bh.acquire()));
+    assert!(poll_once(e.as_mut()).is_pending(), "{kind}");
+    assert!(poll_once(f.as_mut()).is_pending(), "{kind}");
+    drop(held);
+    assert!(poll_once(f.as_mut()).is_pending(), "{kind}: FIFO again");
+    assert!(
+        matches!(poll_once(e.as_mut()), Poll::Ready(Ok(_))),
+        "{kind}"
+    );
+    drop(e);
+    assert!(
+        matches!(poll_once(f.as_mut()), Poll::Ready(Ok(_))),
+        "{kind}"
+    );
+}
+
 /// Makes the line stand: a waiter waits past the target and is served
 /// (its permit is returned, to hold while others queue), with another
 /// (`oldest`, returned, which joined just before) still in line, so that
@@ -201,21 +222,7 @@ async fn a_waiter_dropped_at_any_point_passes_its_permit_on_in_the_current_order
         assert_eq!(m.rejected(), 0, "{kind}");
         assert_eq!(hooks.in_flight.load(Ordering::SeqCst), 0, "{kind}");
         // The line emptied: the oldest is served first again.
-        let held = bh.try_acquire().unwrap();
-        let (mut e, mut f) = (Box::pin(bh.acquire()), Box::pin(bh.acquire()));
-        assert!(poll_once(e.as_mut()).is_pending(), "{kind}");
-        assert!(poll_once(f.as_mut()).is_pending(), "{kind}");
-        drop(held);
-        assert!(poll_once(f.as_mut()).is_pending(), "{kind}: FIFO again");
-        assert!(
-            matches!(poll_once(e.as_mut()), Poll::Ready(Ok(_))),
-            "{kind}"
-        );
-        drop(e);
-        assert!(
-            matches!(poll_once(f.as_mut()), Poll::Ready(Ok(_))),
-            "{kind}"
-        );
+        assert_oldest_first(&bh, kind);
     }
 }
 
@@ -307,16 +314,7 @@ async fn an_observer_that_panics_on_this_path_loses_no_permit() {
         assert_eq!(m.rejected_queue_delay(), 1, "{kind}");
         assert_eq!(hooks.in_flight.load(Ordering::SeqCst), 0, "{kind}");
         // The line emptied: the oldest first again.
-        let held = bh.try_acquire().unwrap();
-        let (mut e, mut f) = (Box::pin(bh.acquire()), Box::pin(bh.acquire()));
-        assert!(poll_once(e.as_mut()).is_pending(), "{kind}");
-        assert!(poll_once(f.as_mut()).is_pending(), "{kind}");
-        drop(held);
-        assert!(poll_once(f.as_mut()).is_pending(), "{kind}: FIFO again");
-        assert!(
-            matches!(poll_once(e.as_mut()), Poll::Ready(Ok(_))),
-            "{kind}"
-        );
+        assert_oldest_first(&bh, kind);
     }
 }
 
