@@ -377,12 +377,14 @@ async fn is_lost_turns_true_at_the_deadline_with_no_task_running() {
         granted - asked
     );
     let left = deadline.saturating_duration_since(Instant::now());
+    // The sleep may overshoot on a loaded machine (CI once woke more than
+    // 2 ms late), so nothing is asserted of the first read by itself.
     std::thread::sleep(left.saturating_sub(Duration::from_millis(2)));
-    assert!(!permit.is_lost(), "lost before the deadline");
     // `is_lost()` reads the clock: false only when read before the
     // deadline, true only when read at or after it. Each read is
     // bracketed by two clock reads, so a thread preempted in between (a
     // loaded machine) cannot make the check flaky.
+    let mut false_reads = 0u32;
     let first_true = loop {
         let before = Instant::now();
         let lost = permit.is_lost();
@@ -396,7 +398,9 @@ async fn is_lost_turns_true_at_the_deadline_with_no_task_running() {
             "is_lost() false {:?} after the deadline",
             before - deadline
         );
+        false_reads += 1;
     };
+    eprintln!("{false_reads} reads of is_lost() were false before the deadline");
     let lag = first_true - deadline;
     assert_eq!(permit.lost_reason(), Some(LostReason::Stalled));
     assert_eq!(permit.lost().now_or_never(), Some(LostReason::Stalled));
