@@ -176,6 +176,25 @@ pub struct Semaphore {
     newest: AtomicBool,
 }
 
+/// The body of `Semaphore::with_fairness`, which is `const` but for
+/// loom, whose primitives are not.
+macro_rules! new_semaphore {
+    ($permits:expr, $fair:expr) => {{
+        assert!(
+            $permits <= Semaphore::MAX_PERMITS,
+            "a semaphore cannot hold more than MAX_PERMITS permits"
+        );
+        Semaphore {
+            state: AtomicUsize::new(units($permits)),
+            waiters: Mutex::new(List::new()),
+            queued: AtomicUsize::new(0),
+            notified: AtomicUsize::new(0),
+            fair: $fair,
+            newest: AtomicBool::new(false),
+        }
+    }};
+}
+
 impl Semaphore {
     /// The most permits a semaphore can hold available at once, and the most
     /// a single acquire can ask for.
@@ -223,18 +242,7 @@ impl Semaphore {
 
     #[cfg(not(loom))]
     const fn with_fairness(permits: usize, fair: bool) -> Semaphore {
-        assert!(
-            permits <= Self::MAX_PERMITS,
-            "a semaphore cannot hold more than MAX_PERMITS permits"
-        );
-        Semaphore {
-            state: AtomicUsize::new(units(permits)),
-            waiters: Mutex::new(List::new()),
-            queued: AtomicUsize::new(0),
-            notified: AtomicUsize::new(0),
-            fair,
-            newest: AtomicBool::new(false),
-        }
+        new_semaphore!(permits, fair)
     }
 
     /// Loom's primitives are not `const`.
@@ -251,18 +259,7 @@ impl Semaphore {
 
     #[cfg(loom)]
     fn with_fairness(permits: usize, fair: bool) -> Semaphore {
-        assert!(
-            permits <= Self::MAX_PERMITS,
-            "a semaphore cannot hold more than MAX_PERMITS permits"
-        );
-        Semaphore {
-            state: AtomicUsize::new(units(permits)),
-            waiters: Mutex::new(List::new()),
-            queued: AtomicUsize::new(0),
-            notified: AtomicUsize::new(0),
-            fair,
-            newest: AtomicBool::new(false),
-        }
+        new_semaphore!(permits, fair)
     }
 
     /// Whether this semaphore is strictly FIFO (made with [`new`](Self::new)).
