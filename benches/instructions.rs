@@ -28,7 +28,10 @@
 //! plain `cargo bench`) it prints this usage and exits.
 
 #[path = "common/contended.rs"]
-#[allow(dead_code, reason = "try_acquire and the joins serve the other benches")]
+#[allow(
+    dead_code,
+    reason = "try_acquire and the joins serve the other benches"
+)]
 mod contended;
 
 use std::hint::black_box;
