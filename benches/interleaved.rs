@@ -34,6 +34,11 @@
 //! before issue 13's fourth round), which wakes that thread once per task a
 //! FIFO semaphore finishes in order. Every crate, the `baseline` too, runs
 //! the same join; the report's first line names it.
+//!
+//! `python3 benches/interleaved_report.py REPORT.md...` sums up one or
+//! several reports like for like (the fair semaphore against the fair
+//! peers, the unfair one against the unfair ones). A whole grid at `run 21`
+//! takes 30 to 60 seconds on two cores.
 
 #[path = "common/contended.rs"]
 #[allow(
