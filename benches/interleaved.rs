@@ -25,15 +25,32 @@
 //! and exits. It prints a markdown report on standard output. With
 //! `INTERLEAVED_ENABLE_ALL=1` the runtimes have their I/O and time drivers,
 //! as `#[tokio::main]` builds them.
+//!
+//! The round waits for its tasks with a shared countdown that the last task
+//! to finish its loop brings to zero, waking the `block_on` thread once
+//! (`contended::Join::Countdown`), so no crate is charged for the order its
+//! tasks finish in. `INTERLEAVED_JOIN=spawn` awaits the handles in spawn
+//! order instead (`for handle in handles { handle.await }`, the harness
+//! before issue 13's fourth round), which wakes that thread once per task a
+//! FIFO semaphore finishes in order. Every crate, the `baseline` too, runs
+//! the same join; the report's first line names it.
+//!
+//! `python3 benches/interleaved_report.py REPORT.md...` sums up one or
+//! several reports like for like (the fair semaphore against the fair
+//! peers, the unfair one against the unfair ones). A whole grid at `run 21`
+//! takes 30 to 60 seconds on two cores.
 
 #[path = "common/contended.rs"]
-#[allow(dead_code, reason = "try_acquire serves the criterion bench only")]
+#[allow(
+    dead_code,
+    reason = "try_acquire, BareCas and round serve the other benches"
+)]
 mod contended;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use contended::{Baseline, Contender, TOTAL_ACQUIRES, round};
+use contended::{Baseline, Contender, Join, TOTAL_ACQUIRES, round_joined};
 use tokio::runtime::{Builder, Runtime};
 
 const TASKS: [usize; 4] = [2, 16, 256, 4096];
@@ -45,15 +62,15 @@ const DEFAULT_REPS: usize = 15;
 const COMPETITORS: [&str; 5] = ["tokio", "async_lock", "fi_fair", "fi_unfair", "maitake"];
 
 /// One sample of one crate's workload: `ROUNDS_PER_SAMPLE` rounds on `rt`.
-type Sampler = Box<dyn Fn(&Runtime, usize) -> Duration>;
+type Sampler = Box<dyn Fn(&Runtime, usize, Join) -> Duration>;
 
 fn sampler<S: Contender>(sem: S) -> Sampler {
     let sem = Arc::new(sem);
-    Box::new(move |rt, tasks| {
+    Box::new(move |rt, tasks, join| {
         rt.block_on(async {
             let start = Instant::now();
             for _ in 0..ROUNDS_PER_SAMPLE {
-                round(&sem, tasks, TOTAL_ACQUIRES / tasks).await;
+                round_joined(&sem, tasks, TOTAL_ACQUIRES / tasks, join).await;
             }
             start.elapsed()
         })
@@ -89,11 +106,17 @@ struct Cell {
     times: Vec<Vec<Duration>>,
 }
 
-fn measure(rt: &Runtime, name: String, tasks: usize, permits: usize, reps: usize) -> Cell {
+fn measure(
+    rt: &Runtime,
+    name: String,
+    (tasks, permits): (usize, usize),
+    reps: usize,
+    join: Join,
+) -> Cell {
     let crates = contenders(permits);
     // Warm up every crate (allocator, runtime, caches) before measuring.
     for (_, sample) in &crates {
-        sample(rt, tasks);
+        sample(rt, tasks, join);
     }
     let mut times = vec![Vec::with_capacity(reps); crates.len()];
     for rep in 0..reps {
@@ -101,7 +124,7 @@ fn measure(rt: &Runtime, name: String, tasks: usize, permits: usize, reps: usize
         // the same neighbour.
         for k in 0..crates.len() {
             let i = (rep + k) % crates.len();
-            times[i].push((crates[i].1)(rt, tasks));
+            times[i].push((crates[i].1)(rt, tasks, join));
         }
     }
     Cell {
@@ -169,7 +192,12 @@ fn table(cells: &[Cell], columns: &[&str], value: impl Fn(&Cell, &str) -> String
     }
 }
 
-fn report(cells: &[Cell], reps: usize) {
+fn report(cells: &[Cell], reps: usize, join: Join, drivers: bool) {
+    println!(
+        "Join: `{}`; runtimes {} the I/O and time drivers.\n",
+        join.name(),
+        if drivers { "with" } else { "without" }
+    );
     println!(
         "Median ns per acquire/yield/release cycle, {reps} interleaved repetitions of \
          {ROUNDS_PER_SAMPLE} rounds of {TOTAL_ACQUIRES} acquisitions per crate and cell:\n"
@@ -188,6 +216,31 @@ fn report(cells: &[Cell], reps: usize) {
             let mark = if wins * 2 < reps { " **lost**" } else { "" };
             format!("{ratio:.2} ({wins}/{reps}){mark}")
         });
+        // The geometric mean of those medians per runtime.
+        for group in ["contended_mt", "contended_ct"] {
+            let group_cells: Vec<&Cell> = cells
+                .iter()
+                .filter(|c| c.name.starts_with(&format!("{group}/")))
+                .collect();
+            if group_cells.is_empty() {
+                continue;
+            }
+            let means: Vec<String> = COMPETITORS
+                .iter()
+                .map(|other| {
+                    let logs: f64 = group_cells
+                        .iter()
+                        .map(|c| c.paired(ours, other).0.ln())
+                        .sum();
+                    format!("`{other}` {:.2}", (logs / group_cells.len() as f64).exp())
+                })
+                .collect();
+            println!(
+                "\nGeometric mean over the {} `{group}` cells: {}",
+                group_cells.len(),
+                means.join(", ")
+            );
+        }
     }
 }
 
@@ -218,6 +271,7 @@ fn main() {
     // the I/O driver and waking it is a system call (issue 13 measured
     // that way).
     let drivers = std::env::var_os("INTERLEAVED_ENABLE_ALL").is_some();
+    let join = Join::from_env();
     let with_drivers = |b: &mut Builder| {
         if drivers {
             b.enable_all();
@@ -244,7 +298,7 @@ fn main() {
                     continue;
                 }
                 eprintln!("measuring {name}");
-                cells.push(measure(rt, name, tasks, permits, reps));
+                cells.push(measure(rt, name, (tasks, permits), reps, join));
             }
         }
     }
@@ -252,5 +306,5 @@ fn main() {
         eprintln!("no cell matches {filters:?}");
         std::process::exit(2);
     }
-    report(&cells, reps);
+    report(&cells, reps, join, drivers);
 }

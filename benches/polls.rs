@@ -14,14 +14,19 @@
 //! thread).
 //!
 //! Usage: `cargo bench -p bulkhead-benches --bench polls -- run [REPS] [T] [P] [CRATE...]`
-//! (`INTERLEAVED_ENABLE_ALL=1` builds the runtime with its drivers).
+//! (`INTERLEAVED_ENABLE_ALL=1` builds the runtime with its drivers). The
+//! round joins its tasks as `benches/interleaved.rs`'s does: a countdown the
+//! last task wakes the `block_on` thread with, or with `INTERLEAVED_JOIN=spawn`
+//! the handles awaited in spawn order; the `main polls` column counts the
+//! `block_on` future's polls per round (each one a wake-up of that thread
+//! but the first).
 //! `CRATE` is any of `bulkhead`, `bulkhead_unfair`, `tokio`, `async_lock`,
-//! `fi_fair`, `fi_unfair`, `baseline`; without one, `bulkhead`, `tokio`,
+//! `fi_fair`, `fi_unfair`, `maitake`, `baseline`; without one, `bulkhead`, `tokio`,
 //! `fi_fair` and `baseline`. With `POLLS_SAMPLES=1` it also prints every
 //! sample's time and worker parks per acquisition on standard error.
 
 #[path = "common/contended.rs"]
-#[allow(dead_code, reason = "only the contenders and the round are used")]
+#[allow(dead_code, reason = "only the contenders and the join are used")]
 mod contended;
 
 use std::cell::Cell;
@@ -32,7 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use contended::{Baseline, Contender, TOTAL_ACQUIRES};
+use contended::{Baseline, Contender, Join, TOTAL_ACQUIRES, spawn_and_join};
 
 thread_local! {
     /// A number for the worker thread, assigned on first use.
@@ -118,12 +123,18 @@ impl<F: Future> Future for Counted<F> {
     }
 }
 
-async fn round<S: Contender>(sem: &Arc<S>, tasks: usize, per_task: usize, counts: &Arc<Counts>) {
-    let mut handles = Vec::with_capacity(tasks);
-    for _ in 0..tasks {
+async fn round<S: Contender>(
+    sem: &Arc<S>,
+    (tasks, per_task): (usize, usize),
+    join: Join,
+    counts: &Arc<Counts>,
+) {
+    let mut first = true;
+    spawn_and_join(tasks, join, |finish| {
         let sem = sem.clone();
         let c = counts.clone();
         let fut = async move {
+            let _finish = finish;
             for _ in 0..per_task {
                 let permit = CountedAcquire {
                     inner: sem.acquire(),
@@ -135,28 +146,28 @@ async fn round<S: Contender>(sem: &Arc<S>, tasks: usize, per_task: usize, counts
                 drop(permit);
             }
         };
-        if std::env::var_os("POLLS_SIZES").is_some() && handles.is_empty() {
+        if std::env::var_os("POLLS_SIZES").is_some() && first {
             eprintln!(
                 "{}: task future {} bytes",
                 std::any::type_name::<S>(),
                 size_of_val(&fut)
             );
         }
-        handles.push(tokio::spawn(Counted {
+        first = false;
+        tokio::spawn(Counted {
             inner: fut,
             last: 0,
             counts: counts.clone(),
-        }));
-    }
-    for handle in handles {
-        handle.await.expect("a benchmark task panicked");
-    }
+        })
+    })
+    .await;
 }
 
 /// Time, polls, migrations, the share of polls the busiest worker ran,
-/// acquisitions ready at once, acquire polls pending after the first, and
-/// how many times the workers parked (tokio's `worker_park_count`, summed).
-type Sample = (Duration, u64, u64, f64, u64, u64, u64);
+/// acquisitions ready at once, acquire polls pending after the first, how
+/// many times the workers parked (tokio's `worker_park_count`, summed), and
+/// the `block_on` future's polls.
+type Sample = (Duration, u64, u64, f64, u64, u64, u64, u64);
 
 /// Times the runtime's workers have parked so far, summed over workers.
 fn parks(rt: &tokio::runtime::Runtime) -> u64 {
@@ -164,25 +175,31 @@ fn parks(rt: &tokio::runtime::Runtime) -> u64 {
     (0..m.num_workers()).map(|w| m.worker_park_count(w)).sum()
 }
 
-fn sample<S: Contender>(rt: &tokio::runtime::Runtime, sem: &Arc<S>, tasks: usize) -> Sample {
+fn sample<S: Contender>(
+    rt: &tokio::runtime::Runtime,
+    sem: &Arc<S>,
+    tasks: usize,
+    join: Join,
+) -> Sample {
     let counts = Arc::new(Counts::default());
     let parked = parks(rt);
+    // The `block_on` future's polls: the first, and one per wake-up of the
+    // thread that joins the tasks.
+    let main = Arc::new(Counts::default());
     let took = rt.block_on(async {
         let start = Instant::now();
-        // The `block_on` future's polls: one per wake-up of the thread that
-        // awaits the tasks' handles in spawn order.
-        let main = Arc::new(Counts::default());
         Counted {
-            inner: round(sem, tasks, TOTAL_ACQUIRES / tasks, &counts),
+            inner: round(sem, (tasks, TOTAL_ACQUIRES / tasks), join, &counts),
             last: 0,
             counts: main.clone(),
         }
         .await;
-        if std::env::var_os("POLLS_SAMPLES").is_some() {
-            eprintln!("main polls {}", main.polls.load(Ordering::Relaxed));
-        }
         start.elapsed()
     });
+    let main_polls = main.polls.load(Ordering::Relaxed);
+    if std::env::var_os("POLLS_SAMPLES").is_some() {
+        eprintln!("main polls {main_polls}");
+    }
     let parked = parks(rt) - parked;
     let polls = counts.polls.load(Ordering::Relaxed);
     let busiest = counts
@@ -199,6 +216,7 @@ fn sample<S: Contender>(rt: &tokio::runtime::Runtime, sem: &Arc<S>, tasks: usize
         counts.at_once.load(Ordering::Relaxed),
         counts.lost.load(Ordering::Relaxed),
         parked,
+        main_polls,
     )
 }
 
@@ -218,10 +236,11 @@ fn main() {
         builder.enable_all();
     }
     let rt = builder.build().unwrap();
-    type Run = Box<dyn Fn(&tokio::runtime::Runtime, usize) -> Sample>;
+    let join = Join::from_env();
+    type Run = Box<dyn Fn(&tokio::runtime::Runtime, usize, Join) -> Sample>;
     fn run<S: Contender>(sem: S) -> Run {
         let sem = Arc::new(sem);
-        Box::new(move |rt, tasks| sample(rt, &sem, tasks))
+        Box::new(move |rt, tasks, join| sample(rt, &sem, tasks, join))
     }
     let names: Vec<&str> = match args.get(at + 4..) {
         Some(rest) if !rest.is_empty() => rest.iter().map(String::as_str).collect(),
@@ -237,6 +256,7 @@ fn main() {
                 "async_lock" => run(async_lock::Semaphore::new(permits)),
                 "fi_fair" => run(futures_intrusive::sync::Semaphore::new(true, permits)),
                 "fi_unfair" => run(futures_intrusive::sync::Semaphore::new(false, permits)),
+                "maitake" => run(maitake_sync::Semaphore::new(permits)),
                 "baseline" => run(Baseline),
                 other => {
                     eprintln!("unknown crate {other:?}");
@@ -248,12 +268,12 @@ fn main() {
         .collect();
     let mut results: Vec<Vec<Sample>> = vec![Vec::new(); crates.len()];
     for (_, f) in &crates {
-        f(&rt, tasks);
+        f(&rt, tasks, join);
     }
     for rep in 0..reps {
         for k in 0..crates.len() {
             let i = (rep + k) % crates.len();
-            results[i].push((crates[i].1)(&rt, tasks));
+            results[i].push((crates[i].1)(&rt, tasks, join));
         }
     }
     let per = TOTAL_ACQUIRES as f64;
@@ -270,12 +290,14 @@ fn main() {
         }
     }
     println!(
-        "T = {tasks}, P = {permits}, {reps} samples of {TOTAL_ACQUIRES} acquisitions (medians per acquisition):\n"
+        "T = {tasks}, P = {permits}, join `{}`, {reps} samples of {TOTAL_ACQUIRES} acquisitions \
+         (medians per acquisition; main polls per round):\n",
+        join.name()
     );
     println!(
-        "| crate | ns | polls | migrations | busiest worker's share of polls | ready at once | lost wake-ups | worker parks |"
+        "| crate | ns | polls | migrations | busiest worker's share of polls | ready at once | lost wake-ups | worker parks | main polls |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (i, (name, _)) in crates.iter().enumerate() {
         let med = |f: &dyn Fn(&Sample) -> f64| {
             let mut v: Vec<f64> = results[i].iter().map(f).collect();
@@ -283,7 +305,7 @@ fn main() {
             v[v.len() / 2]
         };
         println!(
-            "| {name} | {:.0} | {:.2} | {:.3} | {:.2} | {:.3} | {:.3} | {:.4} |",
+            "| {name} | {:.0} | {:.2} | {:.3} | {:.2} | {:.3} | {:.3} | {:.4} | {:.0} |",
             med(&|r| r.0.as_nanos() as f64 / per),
             med(&|r| r.1 as f64 / per),
             med(&|r| r.2 as f64 / per),
@@ -291,6 +313,7 @@ fn main() {
             med(&|r| r.4 as f64 / per),
             med(&|r| r.5 as f64 / per),
             med(&|r| r.6 as f64 / per),
+            med(&|r| r.7 as f64),
         );
     }
 }

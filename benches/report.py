@@ -28,10 +28,13 @@ import time
 from pathlib import Path
 
 # Report order; anything else found is appended.
-CRATES = ["bulkhead", "bulkhead_unfair", "tokio", "async_lock", "fi_fair", "fi_unfair", "baseline"]
+CRATES = ["bulkhead", "bulkhead_unfair", "tokio", "async_lock", "fi_fair", "fi_unfair", "baseline",
+          "bare_cas"]
 GROUPS = ["uncontended_acquire", "uncontended_try_acquire", "contended_mt", "contended_ct"]
 REFERENCE = "bulkhead"
-NOT_COMPARED = {"bulkhead", "baseline"}
+# `bare_cas` is not a semaphore (a compare-and-swap loop, uncontended groups
+# only): the floor of issue 13's 1.2x target, reported on its own below.
+NOT_COMPARED = {"bulkhead", "baseline", "bare_cas"}
 
 
 def criterion_dirs():
@@ -140,6 +143,21 @@ def main():
             else:
                 cells.append(f"{fmt_ns(row[c])} ({row[c] / ref:.2f})")
         print(f"| {label(key)} | " + " | ".join(cells) + " |")
+
+    # Against the bare compare-and-swap loop (issue 13: at most 1.2x).
+    floors = [k for k in keys if "bare_cas" in results[k]]
+    if floors:
+        print()
+        print("Against `bare_cas` (a bare compare-and-swap loop; issue 13's target: at most "
+              "1.2x), each crate's time divided by its:")
+        print()
+        shown = [c for c in crates if c not in ("baseline", "bare_cas")]
+        print("| scenario | " + " | ".join(f"`{c}`" for c in shown) + " |")
+        print("|---|" + "---:|" * len(shown))
+        for key in floors:
+            row = results[key]
+            print(f"| {label(key)} | " + " | ".join(
+                f"{row[c] / row['bare_cas']:.2f}" if c in row else "-" for c in shown) + " |")
 
     # Geometric mean of the ratios per group, per competitor.
     competitors = [c for c in crates if c not in NOT_COMPARED]

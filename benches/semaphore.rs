@@ -12,11 +12,17 @@
 //! | `fi_fair`         | `futures_intrusive::sync::Semaphore::new(true, n)`  |
 //! | `fi_unfair`       | `futures_intrusive::sync::Semaphore::new(false, n)` |
 //! | `baseline`        | no semaphore: what the harness costs on its own     |
+//! | `bare_cas`        | not a semaphore: a counter taken by a load and a    |
+//! |                   | `compare_exchange_weak` loop, returned by one       |
+//! |                   | `fetch_add` (`contended::BareCas`); uncontended     |
+//! |                   | groups only, the floor of issue 13's 1.2x target    |
 //!
 //! Groups:
 //!
 //! - `uncontended_acquire/<name>`: create `acquire()`, poll it once with
-//!   `Waker::noop()` (it is ready at once), drop the permit and the future.
+//!   `Waker::noop()` (it is ready at once), drop the permit and the future
+//!   (`contended::acquire_ready`). `bare_cas` runs the same: its `acquire()`
+//!   is a future whose poll does the compare-and-swap loop.
 //! - `uncontended_try_acquire/<name>`: `try_acquire()` and drop the permit.
 //! - `contended_mt/t<T>_p<P>/<name>` and `contended_ct/t<T>_p<P>/<name>`:
 //!   `T` tokio tasks share `P` permits on a multi-thread runtime with two
@@ -32,16 +38,19 @@
 //! and sizes into the tables in `docs/benchmarks.md`.
 
 #[path = "common/contended.rs"]
+#[allow(
+    dead_code,
+    reason = "the joins serve benches/interleaved.rs and benches/polls.rs"
+)]
 mod contended;
 
 use std::hint::black_box;
 use std::path::PathBuf;
-use std::pin::pin;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
-use contended::{Baseline, Contender, TOTAL_ACQUIRES, round};
+use contended::{BareCas, Baseline, Contender, TOTAL_ACQUIRES, acquire_ready, round};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tokio::runtime::{Builder, Runtime};
 
@@ -85,6 +94,14 @@ fn contenders(permits: usize) -> Vec<(&'static str, MakeRunner)> {
     ]
 }
 
+/// The uncontended groups' contenders: every crate with one permit, and the
+/// bare compare-and-swap loop.
+fn uncontended_contenders() -> Vec<(&'static str, MakeRunner)> {
+    let mut all = contenders(1);
+    all.push(("bare_cas", Box::new(|| Runner::new(BareCas::new(1)))));
+    all
+}
+
 /// A type-erased contender: the benchmark loops, monomorphised for it.
 struct Runner {
     uncontended_acquire: Box<dyn Fn(&mut criterion::Bencher<'_>)>,
@@ -112,13 +129,7 @@ impl Runner {
 
 fn uncontended_acquire<S: Contender>(b: &mut criterion::Bencher<'_>, sem: &S) {
     let mut cx = Context::from_waker(Waker::noop());
-    b.iter(|| {
-        let mut fut = pin!(sem.acquire());
-        match fut.as_mut().poll(&mut cx) {
-            Poll::Ready(permit) => drop(black_box(permit)),
-            Poll::Pending => panic!("an uncontended acquire must be ready at once"),
-        }
-    });
+    b.iter(|| acquire_ready(sem, &mut cx));
 }
 
 fn uncontended_try_acquire<S: Contender>(b: &mut criterion::Bencher<'_>, sem: &S) {
@@ -199,7 +210,7 @@ fn bench_uncontended(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(1));
     group.throughput(Throughput::Elements(1));
-    for (name, make) in contenders(1) {
+    for (name, make) in uncontended_contenders() {
         let runner = make();
         group.bench_function(name, |b| (runner.uncontended_acquire)(b));
     }
@@ -210,7 +221,7 @@ fn bench_uncontended(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(1));
     group.throughput(Throughput::Elements(1));
-    for (name, make) in contenders(1) {
+    for (name, make) in uncontended_contenders() {
         let runner = make();
         group.bench_function(name, |b| (runner.uncontended_try_acquire)(b));
     }
