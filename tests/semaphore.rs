@@ -1324,6 +1324,29 @@ fn add_permits_past_max_panics_and_leaves_the_balance_unchanged() {
     assert_state(&sem, MAX as isize, 0);
 }
 
+/// Dropping a permit that would take the balance past `MAX_PERMITS` (the
+/// count was raised to the maximum while it was held) panics and leaves the
+/// balance at the maximum, one below it is fine, and the semaphore keeps
+/// working.
+#[test]
+fn a_release_past_max_panics_and_leaves_the_balance_unchanged() {
+    for sem in [Semaphore::new(MAX), Semaphore::new_unfair(MAX)] {
+        let held = sem.try_acquire_many(2).unwrap();
+        let one = sem.try_acquire().unwrap();
+        sem.add_permits(2);
+        assert_state(&sem, MAX as isize - 1, 0);
+        drop(one); // exactly the maximum
+        assert_state(&sem, MAX as isize, 0);
+        assert_panics("MAX_PERMITS", || drop(held));
+        assert_state(&sem, MAX as isize, 0);
+        drop(
+            sem.try_acquire_many(MAX)
+                .expect("still usable after the panic"),
+        );
+        assert_state(&sem, MAX as isize, 0);
+    }
+}
+
 /// `add_permits` of more than `MAX_PERMITS` while someone waits (a fair
 /// semaphore then adds under the lock, as the head is not owed exactly `n`)
 /// panics the same way and leaves the balance and the line as they were;

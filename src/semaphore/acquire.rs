@@ -7,8 +7,6 @@ use core::ptr::NonNull;
 use core::task::{Context, Poll, Waker};
 use std::sync::Arc;
 
-use pin_project_lite::pin_project;
-
 use super::wake_list::WakeList;
 use super::{OwnedPermit, Permit, Semaphore};
 use crate::error::{AcquireError, TryAcquireError};
@@ -362,7 +360,7 @@ impl Semaphore {
         // balance read below; one ordered after it sees `WAITERS` and runs
         // `distribute` itself.
         self.state.fetch_or(super::WAITERS, Ordering::AcqRel);
-        if !self.fair {
+        if !self.fair() {
             // Alone in line: take the permits ourselves rather than be woken
             // to take them.
             if self.try_take(n).is_err() {
@@ -591,54 +589,54 @@ impl Drop for PassOn<'_> {
     }
 }
 
-pin_project! {
-    /// The future returned by [`Semaphore::acquire`] and
-    /// [`Semaphore::acquire_many`].
-    ///
-    /// It resolves to a [`Permit`] once the permits are granted, or to
-    /// [`AcquireError`] if the semaphore is closed first. The node that
-    /// queues it is stored inside the future, so waiting allocates nothing.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping it at any point gives up its place in line and nothing else:
-    /// permits it had already been handed go to the next waiters or back to
-    /// the semaphore.
-    ///
-    /// # Panics
-    ///
-    /// Polling it again after it returned `Ready` panics. A poll or a drop
-    /// also panics if a waker it runs panics, after finishing its work; see
-    /// [Wakers that panic](Semaphore#wakers-that-panic).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use bulkhead::{Semaphore, futures::Acquire};
-    ///
-    /// struct Waiting<'a> {
-    ///     fut: Acquire<'a>, // a nameable type that can be stored
-    /// }
-    /// let sem = Semaphore::new(1);
-    /// let w = Waiting { fut: sem.acquire() };
-    /// let permit = futures::executor::block_on(w.fut).unwrap();
-    /// # drop(permit);
-    /// ```
-    #[must_use = "futures do nothing unless polled; dropping this one gives up its place in line"]
-    pub struct Acquire<'a> {
-        sem: &'a Semaphore,
-        #[pin]
-        waiter: Waiter,
-        permits: usize,
-        phase: Phase,
-    }
+/// The future returned by [`Semaphore::acquire`] and
+/// [`Semaphore::acquire_many`].
+///
+/// It resolves to a [`Permit`] once the permits are granted, or to
+/// [`AcquireError`] if the semaphore is closed first. The node that
+/// queues it is stored inside the future, so waiting allocates nothing.
+///
+/// # Cancel safety
+///
+/// Dropping it at any point gives up its place in line and nothing else:
+/// permits it had already been handed go to the next waiters or back to
+/// the semaphore.
+///
+/// # Panics
+///
+/// Polling it again after it returned `Ready` panics. A poll or a drop
+/// also panics if a waker it runs panics, after finishing its work; see
+/// [Wakers that panic](Semaphore#wakers-that-panic).
+///
+/// # Examples
+///
+/// ```
+/// use bulkhead::{Semaphore, futures::Acquire};
+///
+/// struct Waiting<'a> {
+///     fut: Acquire<'a>, // a nameable type that can be stored
+/// }
+/// let sem = Semaphore::new(1);
+/// let w = Waiting { fut: sem.acquire() };
+/// let permit = futures::executor::block_on(w.fut).unwrap();
+/// # drop(permit);
+/// ```
+#[must_use = "futures do nothing unless polled; dropping this one gives up its place in line"]
+pub struct Acquire<'a> {
+    sem: &'a Semaphore,
+    /// Structurally pinned (see `project`); `Waiter` is `!Unpin`, so
+    /// `Acquire` is too.
+    waiter: Waiter,
+    permits: usize,
+    phase: Phase,
+}
 
-    impl<'a> PinnedDrop for Acquire<'a> {
-        fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            this.sem.cancel(this.waiter.into_ref(), *this.permits, this.phase);
-        }
-    }
+/// `Acquire`'s fields, the waiter pinned.
+struct AcquireFields<'p, 'a> {
+    sem: &'a Semaphore,
+    waiter: Pin<&'p Waiter>,
+    permits: usize,
+    phase: &'p mut Phase,
 }
 
 impl<'a> Acquire<'a> {
@@ -652,6 +650,27 @@ impl<'a> Acquire<'a> {
         }
     }
 
+    /// The pinned projection, written by hand rather than by
+    /// `pin_project!` so that the drop below can be `#[inline]`: the
+    /// macro's drop calls an inner function of its own, which is not
+    /// inlined into other crates, and that call was a fifth of an
+    /// uncontended acquire's time (docs/benchmarks.md).
+    #[inline]
+    fn project<'p>(self: Pin<&'p mut Self>) -> AcquireFields<'p, 'a> {
+        // SAFETY: the waiter is structurally pinned: no method moves it
+        // out of a pinned `Acquire` or hands out `&mut` to it, and the
+        // drop below uses it in place; the other fields are not pinned
+        // (they are copied or mutated in place, never pinned).
+        let this = unsafe { self.get_unchecked_mut() };
+        AcquireFields {
+            sem: this.sem,
+            // SAFETY: as above.
+            waiter: unsafe { Pin::new_unchecked(&this.waiter) },
+            permits: this.permits,
+            phase: &mut this.phase,
+        }
+    }
+
     /// Leaves the line now, as dropping the future would: permits it was
     /// handed but did not deliver move on. The future is done afterwards
     /// (for a caller that owns it inline and cannot drop it yet).
@@ -659,9 +678,21 @@ impl<'a> Acquire<'a> {
     #[inline]
     pub(crate) fn cancel(self: Pin<&mut Self>) {
         let this = self.project();
-        this.sem
-            .cancel(this.waiter.into_ref(), *this.permits, this.phase);
+        this.sem.cancel(this.waiter, this.permits, this.phase);
         *this.phase = Phase::Done;
+    }
+}
+
+impl Drop for Acquire<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if self.phase == Phase::Queued {
+            // SAFETY: `Queued` means the future was polled, so pinned, and
+            // it has not moved since (pinned values stay put until dropped);
+            // this is the last use of the waiter.
+            let waiter = unsafe { Pin::new_unchecked(&self.waiter) };
+            self.sem.cancel(waiter, self.permits, &mut self.phase);
+        }
     }
 }
 
@@ -672,8 +703,8 @@ impl<'a> Future for Acquire<'a> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let sem: &'a Semaphore = this.sem;
-        let n = *this.permits;
-        match sem.poll_acquire(this.waiter.into_ref(), n, this.phase, cx) {
+        let n = this.permits;
+        match sem.poll_acquire(this.waiter, n, this.phase, cx) {
             Poll::Ready(Ok(())) => Poll::Ready(Ok(Permit::new(sem, n))),
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => Poll::Pending,
@@ -696,55 +727,44 @@ impl fmt::Debug for Acquire<'_> {
     }
 }
 
-pin_project! {
-    /// The future returned by [`Semaphore::acquire_owned`] and
-    /// [`Semaphore::acquire_many_owned`]: like [`Acquire`], but it holds an
-    /// `Arc` of the semaphore, so it and its [`OwnedPermit`] are `'static`.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Acquire`].
-    ///
-    /// # Panics
-    ///
-    /// Polling it again after it returned `Ready` panics. A poll or a drop
-    /// also panics if a waker it runs panics, after finishing its work; see
-    /// [Wakers that panic](Semaphore#wakers-that-panic).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use bulkhead::Semaphore;
-    ///
-    /// # futures::executor::block_on(async {
-    /// let sem = Arc::new(Semaphore::new(1));
-    /// let fut = sem.acquire_owned();
-    /// let handle = std::thread::spawn(move || futures::executor::block_on(fut));
-    /// let permit = handle.join().unwrap().unwrap();
-    /// assert_eq!(sem.available_permits(), 0);
-    /// # drop(permit);
-    /// # });
-    /// ```
-    #[must_use = "futures do nothing unless polled; dropping this one gives up its place in line"]
-    pub struct AcquireOwned {
-        // `None` once the permits were granted: the `Arc` moved into the
-        // permit.
-        sem: Option<Arc<Semaphore>>,
-        #[pin]
-        waiter: Waiter,
-        permits: usize,
-        phase: Phase,
-    }
-
-    impl PinnedDrop for AcquireOwned {
-        fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            if let Some(sem) = this.sem {
-                sem.cancel(this.waiter.into_ref(), *this.permits, this.phase);
-            }
-        }
-    }
+/// The future returned by [`Semaphore::acquire_owned`] and
+/// [`Semaphore::acquire_many_owned`]: like [`Acquire`], but it holds an
+/// `Arc` of the semaphore, so it and its [`OwnedPermit`] are `'static`.
+///
+/// # Cancel safety
+///
+/// As [`Acquire`].
+///
+/// # Panics
+///
+/// Polling it again after it returned `Ready` panics. A poll or a drop
+/// also panics if a waker it runs panics, after finishing its work; see
+/// [Wakers that panic](Semaphore#wakers-that-panic).
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use bulkhead::Semaphore;
+///
+/// # futures::executor::block_on(async {
+/// let sem = Arc::new(Semaphore::new(1));
+/// let fut = sem.acquire_owned();
+/// let handle = std::thread::spawn(move || futures::executor::block_on(fut));
+/// let permit = handle.join().unwrap().unwrap();
+/// assert_eq!(sem.available_permits(), 0);
+/// # drop(permit);
+/// # });
+/// ```
+#[must_use = "futures do nothing unless polled; dropping this one gives up its place in line"]
+pub struct AcquireOwned {
+    // `None` once the permits were granted: the `Arc` moved into the
+    // permit.
+    sem: Option<Arc<Semaphore>>,
+    /// Structurally pinned, as [`Acquire`]'s.
+    waiter: Waiter,
+    permits: usize,
+    phase: Phase,
 }
 
 impl AcquireOwned {
@@ -759,18 +779,37 @@ impl AcquireOwned {
     }
 }
 
+impl Drop for AcquireOwned {
+    #[inline]
+    fn drop(&mut self) {
+        if self.phase == Phase::Queued {
+            if let Some(sem) = &self.sem {
+                // SAFETY: as in `Acquire`'s drop: `Queued` means pinned,
+                // and not moved since.
+                let waiter = unsafe { Pin::new_unchecked(&self.waiter) };
+                sem.cancel(waiter, self.permits, &mut self.phase);
+            }
+        }
+    }
+}
+
 impl Future for AcquireOwned {
     type Output = Result<OwnedPermit, AcquireError>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let n = *this.permits;
+        // SAFETY: as in `Acquire::project`: the waiter is structurally
+        // pinned and never moved out; `sem`, `permits` and `phase` are not
+        // pinned (the `Arc` is moved into the permit).
+        let this = unsafe { self.get_unchecked_mut() };
+        let n = this.permits;
         let sem = this
             .sem
             .as_ref()
             .expect("acquire future polled after completion");
-        match sem.poll_acquire(this.waiter.into_ref(), n, this.phase, cx) {
+        // SAFETY: as above.
+        let waiter = unsafe { Pin::new_unchecked(&this.waiter) };
+        match sem.poll_acquire(waiter, n, &mut this.phase, cx) {
             Poll::Ready(Ok(())) => {
                 let sem = this.sem.take().expect("checked above");
                 Poll::Ready(Ok(OwnedPermit::new(sem, n)))

@@ -167,8 +167,10 @@ pub struct Semaphore {
     /// these, so one permit does not wake a crowd. Raised under the lock,
     /// lowered by the woken future without it.
     notified: AtomicUsize,
-    /// Whether newcomers must queue behind waiters.
-    fair: bool,
+    /// The state word's flags that stop a newcomer from taking permits
+    /// without the lock: `CLOSED`, and `WAITERS` too in fair mode (so the
+    /// fast path tests both with one instruction).
+    stops: usize,
     /// Fair mode: hand permits to the newest waiter first
     /// ([`set_serve_newest`](Self::set_serve_newest)). Read only by the
     /// hand-off, under the lock; written without it (either value keeps
@@ -189,7 +191,7 @@ macro_rules! new_semaphore {
             waiters: Mutex::new(List::new()),
             queued: AtomicUsize::new(0),
             notified: AtomicUsize::new(0),
-            fair: $fair,
+            stops: if $fair { CLOSED | WAITERS } else { CLOSED },
             newest: AtomicBool::new(false),
         }
     }};
@@ -264,7 +266,13 @@ impl Semaphore {
 
     /// Whether this semaphore is strictly FIFO (made with [`new`](Self::new)).
     pub fn is_fair(&self) -> bool {
-        self.fair
+        self.fair()
+    }
+
+    /// Whether newcomers must queue behind waiters.
+    #[inline]
+    pub(super) fn fair(&self) -> bool {
+        self.stops & WAITERS != 0
     }
 
     /// Serves the newest waiter first (`true`) or the oldest (`false`, the
@@ -654,7 +662,7 @@ impl Semaphore {
         }
         // Fair, with waiters: the permits go to them under the lock, as a
         // released permit does, without passing through the balance.
-        if self.fair && self.state.load(Ordering::Relaxed) & WAITERS != 0 {
+        if self.fair() && self.state.load(Ordering::Relaxed) & WAITERS != 0 {
             return self.add_to_waiters(n);
         }
         let prev = self.add_checked(n);
@@ -940,16 +948,10 @@ impl Semaphore {
     pub(crate) fn try_take(&self, n: usize) -> Result<(), TryAcquireError> {
         let mut cur = self.state.load(Ordering::Relaxed);
         loop {
-            if cur & CLOSED != 0 {
-                return Err(TryAcquireError::Closed);
-            }
-            if n == 0 {
-                // Nothing to take, so nothing to wait for, whatever the
-                // balance or the line.
-                return Ok(());
-            }
-            if (self.fair && cur & WAITERS != 0) || balance(cur) < n as isize {
-                return Err(TryAcquireError::NoPermits);
+            // One test for closed and, in fair mode, for waiters; which of
+            // the three stopped us is sorted out off the common path.
+            if cur & self.stops != 0 || balance(cur) < n as isize {
+                return Self::cannot_take(cur, n);
             }
             // AcqRel, not just Acquire: in unfair mode a woken waiter lowers
             // `notified` just before this, and a release whose `fetch_add`
@@ -967,6 +969,20 @@ impl Semaphore {
             }
         }
     }
+
+    /// Why `try_take` found no permits to take in state `cur`: closed, or
+    /// nothing to take (`n == 0` succeeds whatever the balance or the
+    /// line), or no permits for a newcomer.
+    #[cold]
+    fn cannot_take(cur: usize, n: usize) -> Result<(), TryAcquireError> {
+        if cur & CLOSED != 0 {
+            Err(TryAcquireError::Closed)
+        } else if n == 0 {
+            Ok(())
+        } else {
+            Err(TryAcquireError::NoPermits)
+        }
+    }
 }
 
 impl fmt::Debug for Semaphore {
@@ -974,7 +990,7 @@ impl fmt::Debug for Semaphore {
         f.debug_struct("Semaphore")
             .field("available_permits", &self.available_permits())
             .field("queue_len", &self.queue_len())
-            .field("fair", &self.fair)
+            .field("fair", &self.fair())
             .field("serves_newest", &self.serves_newest())
             .field("closed", &self.is_closed())
             .finish()

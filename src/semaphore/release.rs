@@ -37,20 +37,23 @@ impl Semaphore {
             if cur & WAITERS != 0 {
                 return self.release_to_waiters(n);
             }
-            if balance(cur) + n as isize > Self::MAX_PERMITS as isize {
+            // Wrapping: a negative balance is two's complement in the word.
+            let new = cur.wrapping_add(units(n));
+            // `balance(new) > MAX_PERMITS`, tested on the word itself (the
+            // flags are its two low bits; the field has room for the excess,
+            // see `state.rs`): one compare instead of a shift, an add and a
+            // compare.
+            if new as isize > (units(Self::MAX_PERMITS) | CLOSED | WAITERS) as isize {
                 self.overflow(n);
             }
             // SeqCst rather than Release: the bulkhead pairs this with a
             // SeqCst load of its idle-waiter count (a store-load handshake),
             // and on the common targets an RMW costs the same either way.
-            // Wrapping: a negative balance is two's complement in the word.
-            match self.state.compare_exchange_weak(
-                cur,
-                cur.wrapping_add(units(n)),
-                Ordering::SeqCst,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return balance(cur) + n as isize,
+            match self
+                .state
+                .compare_exchange_weak(cur, new, Ordering::SeqCst, Ordering::Relaxed)
+            {
+                Ok(_) => return balance(new),
                 Err(actual) => cur = actual,
             }
         }
@@ -79,7 +82,7 @@ impl Semaphore {
         let mut list = lock(&self.waiters);
         let cur = self.state.load(Ordering::Acquire);
         let reported = balance(cur) + n as isize;
-        let waker = if self.fair {
+        let waker = if self.fair() {
             // SAFETY: `list` is this semaphore's list, from our guard.
             match unsafe { self.grant_head_whole(&mut list, cur, n) } {
                 Some(waker) => waker,
@@ -173,7 +176,7 @@ impl Semaphore {
         cur: usize,
         n: usize,
     ) -> Option<Option<Waker>> {
-        if !self.fair || cur & (CLOSED | WAITERS) != WAITERS || balance(cur) < 0 {
+        if !self.fair() || cur & (CLOSED | WAITERS) != WAITERS || balance(cur) < 0 {
             return None;
         }
         let head = list.front()?;
@@ -232,7 +235,7 @@ impl Semaphore {
         mut cur: usize,
         n: usize,
     ) {
-        debug_assert!(self.fair, "an unfair release does not get here");
+        debug_assert!(self.fair(), "an unfair release does not get here");
         if cur & (CLOSED | WAITERS) != WAITERS {
             // Closed, or the line emptied before we got the lock.
             let added = self.add_balance(n);
@@ -456,7 +459,7 @@ impl Semaphore {
     /// Must be called with the lock held (`list` is its guard).
     #[inline]
     pub(super) fn distribute(&self, list: &mut List<Waiter>, wakers: &mut WakeList) -> bool {
-        if self.fair {
+        if self.fair() {
             self.hand_off(list, wakers)
         } else {
             self.notify_unfair(list, wakers)
