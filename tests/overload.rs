@@ -160,13 +160,17 @@ fn a_deadline_the_estimate_cannot_meet_is_rejected_at_once() {
         Poll::Ready(out) => rejected(out),
         Poll::Pending => panic!("expected a rejection at once"),
     };
+    // (Ready at the first poll is what "at once" means: no bound on the
+    // time it took, which a descheduled thread would break.)
     assert_eq!(r.reason(), RejectReason::WontMakeDeadline);
-    assert!(started.elapsed() < 50 * MS, "{:?}", started.elapsed());
     // With the same hint as any rejection would give (the average is
     // down to about 75 ms after the instant call above).
     let hint = r.retry_after().expect("a hold time is known");
     assert!(hint >= 60 * MS, "{hint:?}");
-    let r = block_on(bh.acquire_by(Instant::now() + 150 * MS)).unwrap_err();
+    let r = match poll_once(pin!(bh.acquire_by(Instant::now() + 150 * MS))) {
+        Poll::Ready(r) => r.unwrap_err(),
+        Poll::Pending => panic!("expected acquire_by's rejection at once"),
+    };
     assert_eq!(r.reason(), RejectReason::WontMakeDeadline);
     assert_eq!(bh.metrics().queued(), 0, "nobody waited");
     drop(held);
