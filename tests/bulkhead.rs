@@ -675,7 +675,11 @@ fn leak_detection_reports_permits_held_too_long() {
         .build()
         .unwrap();
     // Released in time: never reported, even after the threshold passes.
+    // (Held for as long as this thread took between the two clock reads: a
+    // thread descheduled for the threshold in between held it too long.)
+    let taken = std::time::Instant::now();
     drop(bh.try_acquire().unwrap());
+    let in_time = taken.elapsed() < Duration::from_millis(100);
     let leaked = bh.try_acquire().unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while leaks.0.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
@@ -683,10 +687,16 @@ fn leak_detection_reports_permits_held_too_long() {
     }
     std::thread::sleep(Duration::from_millis(200));
     let seen = leaks.0.lock().unwrap().clone();
-    assert_eq!(seen.len(), 1, "{seen:?}");
-    assert_eq!(seen[0].0, "pool");
-    assert!(seen[0].1 >= Duration::from_millis(100));
-    assert_eq!(bh.metrics().leaks_suspected(), 1);
+    // The leaked permit once (and, only if it was held too long, the
+    // first).
+    let reports = if in_time { 1..=1 } else { 1..=2 };
+    assert!(reports.contains(&seen.len()), "{seen:?}");
+    assert!(seen.iter().all(|(name, _)| name == "pool"), "{seen:?}");
+    assert!(
+        seen.iter()
+            .all(|&(_, held)| held >= Duration::from_millis(100))
+    );
+    assert_eq!(bh.metrics().leaks_suspected(), seen.len() as u64);
     drop(leaked);
     assert_eq!(
         Bulkhead::builder()

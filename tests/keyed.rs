@@ -190,9 +190,13 @@ async fn a_key_wait_times_out_after_max_wait() {
     assert_eq!((a.queued(), a.rejected_by_key()), (0, 1));
 }
 
+/// On the real clock (the keyed budget is read on it, not on the timer's:
+/// tokio's paused clock would not do). A budget of 1 s: the bound below
+/// leaves a late wake-up a third of it (with 400 ms, 133 ms was not
+/// always enough on a loaded machine).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_max_wait_budget_covers_both_limits() {
-    let budget = Duration::from_millis(400);
+    let budget = Duration::from_secs(1);
     let kb = KeyedBulkhead::<String>::builder()
         .max_concurrent_calls(1)
         .global_limit(1)
@@ -659,11 +663,19 @@ fn idle_keys_are_evicted_after_idle_timeout_and_come_back_fresh() {
         .idle_timeout(Duration::from_millis(100))
         .build()
         .unwrap();
+    let used = Instant::now();
     drop(kb.try_acquire("a").unwrap());
     drop(kb.try_acquire("a").unwrap());
     let busy = kb.try_acquire("busy").unwrap();
     assert_eq!(kb.metrics_for("a").unwrap().admitted(), 2);
-    assert_eq!(kb.evict_idle(), 0, "idle for less than idle_timeout");
+    let evicted = kb.evict_idle();
+    // Only if this thread was not descheduled for idle_timeout meanwhile
+    // (then "a" may have been idle long enough, and rightly evicted).
+    if used.elapsed() < Duration::from_millis(100) {
+        assert_eq!(evicted, 0, "idle for less than idle_timeout");
+    } else {
+        eprintln!("descheduled for {:?}: not checked", used.elapsed());
+    }
 
     std::thread::sleep(Duration::from_millis(150));
     // A new key sweeps out keys idle for idle_timeout; "busy" is in use.
@@ -1285,15 +1297,16 @@ async fn a_noisy_tenant_cannot_starve_a_quiet_one() {
     while kb.metrics_for("noisy").is_none_or(|m| m.queued() < 90) {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let start = Instant::now();
+    // Straight through: a global permit is free whenever the quiet tenant
+    // asks (the flood holds at most its key's two), so `try_acquire`
+    // succeeds every time, and calls go through. (Not a bound on how long
+    // the calls took, which a descheduled thread would break.)
     for _ in 0..5 {
+        let permit = kb.try_acquire("quiet").expect("a free global permit");
+        assert!(permit.has_global());
+        drop(permit);
         kb.call("quiet", async { Ok::<_, ()>(()) }).await.unwrap();
     }
-    assert!(
-        start.elapsed() < Duration::from_millis(500),
-        "the quiet tenant waited {:?}",
-        start.elapsed()
-    );
     assert!(kb.global_metrics().unwrap().in_flight() <= 2);
     for task in noisy {
         task.abort();

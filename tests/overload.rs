@@ -160,13 +160,17 @@ fn a_deadline_the_estimate_cannot_meet_is_rejected_at_once() {
         Poll::Ready(out) => rejected(out),
         Poll::Pending => panic!("expected a rejection at once"),
     };
+    // (Ready at the first poll is what "at once" means: no bound on the
+    // time it took, which a descheduled thread would break.)
     assert_eq!(r.reason(), RejectReason::WontMakeDeadline);
-    assert!(started.elapsed() < 50 * MS, "{:?}", started.elapsed());
     // With the same hint as any rejection would give (the average is
     // down to about 75 ms after the instant call above).
     let hint = r.retry_after().expect("a hold time is known");
     assert!(hint >= 60 * MS, "{hint:?}");
-    let r = block_on(bh.acquire_by(Instant::now() + 150 * MS)).unwrap_err();
+    let r = match poll_once(pin!(bh.acquire_by(Instant::now() + 150 * MS))) {
+        Poll::Ready(r) => r.unwrap_err(),
+        Poll::Pending => panic!("expected acquire_by's rejection at once"),
+    };
     assert_eq!(r.reason(), RejectReason::WontMakeDeadline);
     assert_eq!(bh.metrics().queued(), 0, "nobody waited");
     drop(held);
@@ -194,15 +198,30 @@ fn an_admitted_deadline_waits_at_most_until_it_could_still_finish() {
         let r = rejected(block_on(bh.call_by(by, async { Ok::<_, ()>(()) })));
         let waited = started.elapsed();
         assert_eq!(r.reason(), RejectReason::WontMakeDeadline, "{kind}");
-        // (At least 300: the 100 ms hold's sleep may have overrun on a
-        // loaded machine, which raises the average and so ends the wait
-        // sooner.)
-        assert!(waited >= 300 * MS, "{kind}: rejected after {waited:?}");
+        // Until the deadline less the hold average the bulkhead judged by
+        // (about 100 ms; more if the hold's sleep overran on a loaded
+        // machine, which ends the wait sooner): the retry hint, with
+        // nobody else waiting. Sooner only if rejected at once, rightly:
+        // one hold of waiting and one of work did not fit in what was left
+        // when it asked (an overrun of 150 ms or more, or this thread
+        // descheduled before it asked).
+        let judged = r.retry_after().expect("a hold time is known");
+        assert!(judged >= hold, "{kind}: {judged:?}");
+        let latest_start = (500 * MS).saturating_sub(judged);
+        let at_once_fits = judged * 2 + waited >= 500 * MS;
+        assert!(
+            waited + 10 * MS >= latest_start || at_once_fits,
+            "{kind}: rejected after {waited:?}, hold {judged:?}"
+        );
+        assert!(
+            r.waited() + 10 * MS >= latest_start || at_once_fits,
+            "{kind}: {:?}",
+            r.waited()
+        );
         assert!(
             waited < 500 * MS,
             "{kind}: rejected after {waited:?}, past the deadline"
         );
-        assert!(r.waited() >= 300 * MS, "{kind}: {:?}", r.waited());
         let r = block_on(bh.acquire_by(Instant::now() + 500 * MS)).unwrap_err();
         assert_eq!(r.reason(), RejectReason::WontMakeDeadline, "{kind}");
         drop(held);
@@ -265,7 +284,16 @@ fn a_deadline_without_max_wait_or_a_timer_of_its_own_still_ends() {
     ));
     assert_eq!(r.reason(), RejectReason::WontMakeDeadline);
     let waited = started.elapsed();
-    assert!(waited >= 300 * MS && waited < 500 * MS, "{waited:?}");
+    // As in `an_admitted_deadline_waits_at_most_until_it_could_still_finish`:
+    // until the deadline less the average the bulkhead judged by, sooner
+    // only if rightly rejected at once.
+    let judged = r.retry_after().expect("a hold time is known");
+    let at_once_fits = judged * 2 + waited >= 500 * MS;
+    assert!(
+        waited + 10 * MS >= (500 * MS).saturating_sub(judged) || at_once_fits,
+        "{waited:?}, hold {judged:?}"
+    );
+    assert!(waited < 500 * MS, "{waited:?}");
     drop(held);
 }
 
@@ -371,11 +399,13 @@ impl Observer for FirstCut {
 }
 
 /// One call of the standing-line scenario: when it arrived, and when it
-/// was admitted or how it was rejected.
+/// was admitted (its work began) and its work ended, or how it was
+/// rejected.
 #[derive(Debug, Clone, Copy)]
 struct Arrival {
     arrived: tokio::time::Instant,
     admitted: Option<tokio::time::Instant>,
+    done: Option<tokio::time::Instant>,
     rejected: Option<RejectReason>,
 }
 
@@ -406,18 +436,20 @@ async fn standing_line(
                 .call(async {
                     let admitted = tokio::time::Instant::now();
                     tokio::time::sleep(hold).await;
-                    Ok::<_, ()>(admitted)
+                    Ok::<_, ()>((admitted, tokio::time::Instant::now()))
                 })
                 .await;
             match out {
-                Ok(admitted) => Arrival {
+                Ok((admitted, done)) => Arrival {
                     arrived,
                     admitted: Some(admitted),
+                    done: Some(done),
                     rejected: None,
                 },
                 Err(e) => Arrival {
                     arrived,
                     admitted: None,
+                    done: None,
                     rejected: Some(e.rejected().expect("a rejection").reason()),
                 },
             }
@@ -440,13 +472,21 @@ async fn standing_line(
 /// With adaptive LIFO (`lifo`), all the same, and while the line stands
 /// the callers admitted are the newest: their median wait is a fraction
 /// of the target.
+///
+/// `late`: how much later than the guarantees say a cut may come, on top
+/// of `slack`: none on the paused clock, where they are checked exactly.
+/// On the real clock a thread descheduled on a loaded machine makes it
+/// later, and nothing can bracket that: the timer thread that cuts, or the
+/// runtime's that finds the line standing, asleep past the target; or the
+/// runtime's asleep so long that the timer cut every waiter, the line
+/// emptied (no longer standing) and the next waits were rightly long.
 async fn check_standing_line(
     kind: &str,
     timer: Option<Arc<dyn Timer>>,
     (fair, lifo): (bool, bool),
     target: Duration,
     interval: Duration,
-    slack: Duration,
+    (slack, late): (Duration, Duration),
 ) {
     let hold = 10 * MS;
     let mut builder = Bulkhead::builder()
@@ -469,7 +509,7 @@ async fn check_standing_line(
         .unwrap_or_else(|| panic!("{kind}: no wait reached the target"));
     let found = first_cut - first_long;
     assert!(
-        found >= interval.saturating_sub(slack) && found <= interval + hold + slack,
+        found >= interval.saturating_sub(slack) && found <= interval + hold + slack + late,
         "{kind}: found standing {found:?} after the first long wait"
     );
     // Before the cut the line stood well past the target...
@@ -482,14 +522,22 @@ async fn check_standing_line(
     assert!(longest_before >= 3 * target, "{kind}: {longest_before:?}");
     // ...and from the cut on, nobody was admitted having waited more than
     // the target. (The grant whose wait found the line standing is made
-    // at the cut; the next one a hold later.)
-    for c in calls
-        .iter()
-        .filter(|c| c.admitted.is_some_and(|at| at >= first_cut + hold / 2))
-    {
-        let w = waited(c).unwrap();
+    // at the cut; the next one a hold later.) Waited until it was handed
+    // the permit: when the call admitted before it ended its work (the
+    // permit is handed on as that call returns), not when its own work
+    // began, which a task run late (a loaded machine, on the real clock)
+    // puts later by as long as it was kept waiting for the thread.
+    let mut by_admission: Vec<&Arrival> = calls.iter().filter(|c| c.admitted.is_some()).collect();
+    by_admission.sort_by_key(|c| c.admitted);
+    for pair in by_admission.windows(2) {
+        let (before, c) = (pair[0], pair[1]);
+        if c.admitted.unwrap() < first_cut + hold / 2 {
+            continue;
+        }
+        let handed = before.done.unwrap().min(c.admitted.unwrap());
+        let w = handed.saturating_duration_since(c.arrived);
         assert!(
-            w <= target + slack,
+            w <= target + slack + late,
             "{kind}: admitted after waiting {w:?} at {:?}",
             c.admitted.unwrap() - first_cut
         );
@@ -555,7 +603,15 @@ async fn check_standing_line(
 async fn a_standing_line_is_cut_to_the_target_on_the_paused_clock() {
     // The default timer, on tokio's paused clock: the line timer, and
     // exact virtual times (tokio's timer rounds up to its 1 ms tick).
-    check_standing_line("paused", None, (true, false), 20 * MS, 100 * MS, 2 * MS).await;
+    check_standing_line(
+        "paused",
+        None,
+        (true, false),
+        20 * MS,
+        100 * MS,
+        (2 * MS, Duration::ZERO),
+    )
+    .await;
 }
 
 #[cfg(feature = "tokio")]
@@ -569,7 +625,7 @@ async fn a_standing_line_with_adaptive_lifo_is_cut_to_the_target_on_the_paused_c
         (true, true),
         20 * MS,
         100 * MS,
-        2 * MS,
+        (2 * MS, Duration::ZERO),
     )
     .await;
 }
@@ -585,7 +641,7 @@ async fn a_standing_line_is_cut_to_the_target_with_a_sleep_per_waiter_on_the_pau
         (false, false),
         20 * MS,
         100 * MS,
-        2 * MS,
+        (2 * MS, Duration::ZERO),
     )
     .await;
 }
@@ -593,7 +649,18 @@ async fn a_standing_line_is_cut_to_the_target_with_a_sleep_per_waiter_on_the_pau
 #[tokio::test(flavor = "current_thread")]
 async fn a_standing_line_is_cut_to_the_target() {
     for (kind, timer) in timers() {
-        check_standing_line(kind, Some(timer), (true, false), 30 * MS, 100 * MS, 25 * MS).await;
+        // 100 ms late at most: far under the waits of a line left standing
+        // (hundreds of milliseconds by the end), which is what the real
+        // clock's run is for; the bounds themselves are the paused runs'.
+        check_standing_line(
+            kind,
+            Some(timer),
+            (true, false),
+            30 * MS,
+            100 * MS,
+            (25 * MS, 100 * MS),
+        )
+        .await;
     }
 }
 

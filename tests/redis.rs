@@ -179,7 +179,17 @@ async fn a_waiting_bulkhead_caller_is_granted_in_two_script_calls() {
         .unwrap();
     let held = holder.acquire().await.unwrap();
     // Let the waiter's subscription settle: (re)subscribing wakes every
-    // waiter once, since messages may have been missed before it.
+    // waiter once, since messages may have been missed before it. Both
+    // handles' subscriptions are made in the background: waited for in
+    // Redis (a fixed sleep let a loaded machine subscribe after the
+    // waiter joined the line: one more attempt), then a moment for the
+    // subscriber to take in Redis's confirmation.
+    let subscribed = tokio::task::block_in_place(|| {
+        redis_server::eventually(Duration::from_secs(10), || {
+            redis_server::wake_subscribers(&server, "twice", false) == 2
+        })
+    });
+    assert!(subscribed, "both handles subscribe");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = server.script_calls();
     let waiting = tokio::spawn({

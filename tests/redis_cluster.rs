@@ -625,8 +625,9 @@ async fn the_limit_holds_across_a_forced_cluster_failover() {
     let after_kill = load.before_refusal(killed);
     eprintln!("grants after the kill, before the first refusal: {after_kill:?}");
     // No replica is elected before the node timeout (1 s) has passed: a
-    // grant returned in the first 500 ms may be the old primary's last,
-    // its answer read late.
+    // grant asked for in the first 500 ms may be the old primary's last.
+    // (Asked for, not answered: an answer read late by a descheduled task
+    // says nothing of which primary granted it.)
     let early = after_kill
         .iter()
         .filter(|&&t| t > Duration::from_millis(500))

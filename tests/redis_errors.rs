@@ -417,18 +417,22 @@ async fn a_black_hole_ends_at_the_outage_tolerance() {
         "expected Unavailable, got {got:?}"
     );
     eprintln!("black hole: acquire gave up after {took:?} (outage tolerance {TOLERANCE:?})");
+    // Not a response timeout (2 s) later: half of one is room enough for a
+    // loaded machine's late wake-up (300 ms was not always).
     assert!(
-        took >= TOLERANCE && took < TOLERANCE + Duration::from_millis(300),
+        took >= TOLERANCE && took < TOLERANCE + Duration::from_secs(1),
         "gave up after {took:?}, with an outage tolerance of {TOLERANCE:?}"
     );
 }
 
 /// The same black hole for `try_acquire`: one response timeout in all,
-/// not one per retry (with 2 retries of 300 ms and their back-offs it took
-/// about 1 s).
+/// not one per retry (with 2 retries and their back-offs that would be
+/// three response timeouts and more; with 300 ms it took about 1 s). A
+/// response timeout of 1 s, so that a bound under two of them leaves a
+/// loaded machine room.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_black_hole_costs_try_acquire_one_response_timeout() {
-    const RESPONSE: Duration = Duration::from_millis(300);
+    const RESPONSE: Duration = Duration::from_secs(1);
     let Some(server) = RedisServer::start_or_skip() else {
         return;
     };
@@ -451,7 +455,7 @@ async fn a_black_hole_costs_try_acquire_one_response_timeout() {
     );
     eprintln!("black hole: try_acquire gave up after {took:?} (response timeout {RESPONSE:?})");
     assert!(
-        took >= RESPONSE && took < RESPONSE + Duration::from_millis(250),
+        took >= RESPONSE && took < RESPONSE * 3 / 2,
         "try_acquire gave up after {took:?}, with a response timeout of {RESPONSE:?}"
     );
 }

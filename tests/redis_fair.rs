@@ -843,8 +843,10 @@ async fn the_line_is_not_served_during_a_quarantine() {
         }
     });
     until_in_line(&server, name, 1).await;
-    let _: String = server.cmd(&["SET", &key(name, "quarantine"), "1", "PX", "600"]);
+    // Read before the quarantine is set: it begins in Redis before the
+    // answer comes back.
     let quarantined = Instant::now();
+    let _: String = server.cmd(&["SET", &key(name, "quarantine"), "1", "PX", "600"]);
     held.release().await.unwrap();
     sleep(Duration::from_millis(200)).await;
     let leases: i64 = server.cmd(&["ZCARD", &key(name, "leases")]);

@@ -379,7 +379,9 @@ async fn three_sentinels_elect_a_new_primary_and_the_limit_holds() {
     let after_kill = load.before_refusal(killed);
     eprintln!("grants after the kill, before the first refusal: {after_kill:?}");
     // No new primary before `down-after-milliseconds` (300 ms): a grant
-    // returned in the first 200 ms may be the old one's last.
+    // asked for in the first 200 ms may be the old one's last. (Asked for,
+    // not answered: an answer read late by a descheduled task says nothing
+    // of which primary granted it.)
     let early = after_kill
         .iter()
         .filter(|&&t| t > Duration::from_millis(200))

@@ -305,17 +305,33 @@ fn dropped_sleeps_release_their_entries() {
 #[cfg_attr(miri, ignore = "real time and the timer thread")]
 fn a_sleep_wakes_the_last_waker_it_was_polled_with() {
     with_watchdog("waker change", WATCHDOG, || {
-        let (first, first_waker) = Flag::waker();
-        let (second, second_waker) = Flag::waker();
-        let start = Instant::now();
-        let mut sleep = ThreadSleep::new(ms(30));
-        for _ in 0..3 {
-            assert!(poll_with(Pin::new(&mut sleep), &first_waker).is_pending());
-        }
-        assert_eq!(Arc::strong_count(&first), 3, "one clone in the timer");
-        assert!(poll_with(Pin::new(&mut sleep), &second_waker).is_pending());
-        assert_eq!(Arc::strong_count(&first), 2, "the first clone released");
-        assert_eq!(Arc::strong_count(&second), 3, "the second one held");
+        // Everything up to the last poll must happen within the 30 ms: if
+        // this thread was descheduled past them (the last poll may have
+        // found the sleep ready, the timer may have woken the first
+        // waker), the round proves nothing and runs again, with new flags.
+        let (start, mut sleep, first, second, second_waker) = (0..100)
+            .find_map(|_| {
+                let (first, first_waker) = Flag::waker();
+                let (second, second_waker) = Flag::waker();
+                let start = Instant::now();
+                let mut sleep = ThreadSleep::new(ms(30));
+                let polls: Vec<bool> = (0..3)
+                    .map(|_| poll_with(Pin::new(&mut sleep), &first_waker).is_pending())
+                    .collect();
+                let held_first = Arc::strong_count(&first);
+                let pending = poll_with(Pin::new(&mut sleep), &second_waker).is_pending();
+                let counts = (Arc::strong_count(&first), Arc::strong_count(&second));
+                if start.elapsed() >= ms(30) {
+                    return None;
+                }
+                assert_eq!(polls, [true; 3], "pending before its deadline");
+                assert_eq!(held_first, 3, "one clone in the timer");
+                assert!(pending);
+                assert_eq!(counts.0, 2, "the first clone released");
+                assert_eq!(counts.1, 3, "the second one held");
+                Some((start, sleep, first, second, second_waker))
+            })
+            .expect("descheduled past a 30 ms sleep 100 times");
 
         wait_for_wake(&second, ms(30) + SLACK);
         assert_slept(ms(30), start.elapsed());
@@ -396,8 +412,17 @@ fn a_panicking_waker_does_not_stop_the_timer_thread() {
     }
     with_watchdog("panicking waker", WATCHDOG, || {
         let bomb = Waker::from(Arc::new(Bomb));
-        let mut doomed = ThreadSleep::new(ms(1));
-        assert!(poll_with(Pin::new(&mut doomed), &bomb).is_pending());
+        // Registered with the timer thread: pending at its first poll,
+        // which a thread descheduled for the millisecond between making
+        // and polling it would see ready (then it is made again).
+        let _doomed = (0..100)
+            .find_map(|_| {
+                let mut doomed = ThreadSleep::new(ms(1));
+                poll_with(Pin::new(&mut doomed), &bomb)
+                    .is_pending()
+                    .then_some(doomed)
+            })
+            .expect("a 1 ms sleep was ready at its first poll 100 times");
         std::thread::sleep(ms(20));
         for _ in 0..3 {
             block_on(timed_sleep(&ThreadTimer::new(), ms(10)));

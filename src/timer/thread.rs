@@ -1050,15 +1050,21 @@ mod tests {
         // Let the thread park until the late deadline.
         thread::sleep(Duration::from_millis(20));
 
-        let (early, early_waker) = counted();
-        let start = Instant::now();
-        let mut near =
-            ThreadSleep::with_driver(driver, start.checked_add(Duration::from_millis(10)));
-        assert!(
-            Pin::new(&mut near)
-                .poll(&mut Context::from_waker(&early_waker))
-                .is_pending()
-        );
+        // Pending at its first poll, so registered (made again if this
+        // thread was descheduled for the 10 ms before it: then the poll
+        // found it ready, and the thread was never asked).
+        let (early, start, _near) = (0..100)
+            .find_map(|_| {
+                let (early, early_waker) = counted();
+                let start = Instant::now();
+                let mut near =
+                    ThreadSleep::with_driver(driver, start.checked_add(Duration::from_millis(10)));
+                Pin::new(&mut near)
+                    .poll(&mut Context::from_waker(&early_waker))
+                    .is_pending()
+                    .then_some((early, start, near))
+            })
+            .expect("a 10 ms sleep was ready at its first poll 100 times");
         let give_up = start + Duration::from_secs(10);
         while early.0.load(Ordering::SeqCst) == 0 {
             assert!(
@@ -1078,22 +1084,32 @@ mod tests {
     #[cfg_attr(miri, ignore = "starts a timer thread that never ends")]
     fn a_new_waker_replaces_the_old_one() {
         let driver = private_driver();
-        let deadline = Instant::now() + Duration::from_millis(20);
-        let mut sleep = ThreadSleep::with_driver(driver, Some(deadline));
-        let (first, first_waker) = counted();
-        let (second, second_waker) = counted();
-        assert!(
-            Pin::new(&mut sleep)
-                .poll(&mut Context::from_waker(&first_waker))
-                .is_pending()
-        );
-        assert_eq!(Arc::strong_count(&first), 3, "the queue holds a clone");
-        assert!(
-            Pin::new(&mut sleep)
-                .poll(&mut Context::from_waker(&second_waker))
-                .is_pending()
-        );
-        assert_eq!(Arc::strong_count(&first), 2, "the old clone was dropped");
+        // Both polls before the deadline, or the round proves nothing (a
+        // thread descheduled for the 20 ms may find the sleep fired) and
+        // runs again.
+        let (deadline, mut sleep, first, second, second_waker) = (0..100)
+            .find_map(|_| {
+                let deadline = Instant::now() + Duration::from_millis(20);
+                let mut sleep = ThreadSleep::with_driver(driver, Some(deadline));
+                let (first, first_waker) = counted();
+                let (second, second_waker) = counted();
+                let polled = Pin::new(&mut sleep)
+                    .poll(&mut Context::from_waker(&first_waker))
+                    .is_pending();
+                let held = Arc::strong_count(&first);
+                let repolled = Pin::new(&mut sleep)
+                    .poll(&mut Context::from_waker(&second_waker))
+                    .is_pending();
+                let released = Arc::strong_count(&first);
+                if Instant::now() >= deadline {
+                    return None;
+                }
+                assert!(polled && repolled, "pending before its deadline");
+                assert_eq!(held, 3, "the queue holds a clone");
+                assert_eq!(released, 2, "the old clone was dropped");
+                Some((deadline, sleep, first, second, second_waker))
+            })
+            .expect("descheduled past a 20 ms sleep 100 times");
         let give_up = Instant::now() + Duration::from_secs(10);
         while second.0.load(Ordering::SeqCst) == 0 {
             assert!(Instant::now() < give_up, "the sleep was never woken");

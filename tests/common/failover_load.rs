@@ -17,6 +17,9 @@ struct Counts {
     max: AtomicUsize,
     grants: AtomicUsize,
     granted_at: Mutex<Vec<Instant>>,
+    /// For each grant, when its `try_acquire` was called: the grant was
+    /// made no sooner (its answer may be read much later).
+    asked_at: Mutex<Vec<Instant>>,
     quarantined: Mutex<Option<Instant>>,
     stop: AtomicBool,
 }
@@ -57,11 +60,13 @@ impl Load {
         let c = self.counts.clone();
         self.tasks.push(tokio::spawn(async move {
             while !c.stop.load(Ordering::SeqCst) {
+                let asked = Instant::now();
                 match sem.try_acquire().await {
                     Ok(permit) => {
                         c.enter();
                         c.grants.fetch_add(1, Ordering::SeqCst);
                         c.granted_at.lock().unwrap().push(Instant::now());
+                        c.asked_at.lock().unwrap().push(asked);
                         tokio::time::sleep(hold).await;
                         c.now.fetch_sub(1, Ordering::SeqCst);
                         // Lost in the switch (`Overrun`) or unanswered:
@@ -120,12 +125,14 @@ impl Load {
         }
     }
 
-    /// The grants after `since` and before the first refusal, as times
-    /// since `since`.
+    /// The grants asked for after `since` and before the first refusal,
+    /// as times since `since` of when they were asked for. (When asked,
+    /// not when answered: a grant asked for before `since`, its answer
+    /// read late by a descheduled task, is not one of them.)
     pub fn before_refusal(&self, since: Instant) -> Vec<Duration> {
         let refusal = self.first_refusal().expect("the promotion quarantined");
         self.counts
-            .granted_at
+            .asked_at
             .lock()
             .unwrap()
             .iter()
