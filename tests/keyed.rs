@@ -190,10 +190,57 @@ async fn a_key_wait_times_out_after_max_wait() {
     assert_eq!((a.queued(), a.rejected_by_key()), (0, 1));
 }
 
-/// On the real clock (the keyed budget is read on it, not on the timer's:
-/// tokio's paused clock would not do). A budget of 1 s: the bound below
-/// leaves a late wake-up a third of it (with 400 ms, 133 ms was not
-/// always enough on a loaded machine).
+/// The same on tokio's paused clock, where the budget is read as the waits
+/// are timed (it was read on the system's clock, so a paused runtime's
+/// second caller waited half a budget for its key and then a whole one
+/// for the global permit): exactly one budget, to tokio's millisecond.
+#[tokio::test(start_paused = true)]
+async fn one_max_wait_budget_covers_both_limits_on_a_paused_clock() {
+    let budget = Duration::from_secs(1);
+    let kb = KeyedBulkhead::<String>::builder()
+        .max_concurrent_calls(1)
+        .global_limit(1)
+        .max_wait(budget)
+        .build()
+        .unwrap();
+    let _b = kb.try_acquire("b").unwrap();
+    let first = {
+        let kb = kb.clone();
+        tokio::spawn(async move { kb.acquire("a").await.map(drop) })
+    };
+    while kb
+        .metrics_for("a")
+        .is_none_or(|m| m.waiting_for_global() == 0)
+    {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(budget / 2).await;
+    let start = tokio::time::Instant::now();
+    let second = kb.acquire("a").await.unwrap_err();
+    let elapsed = start.elapsed();
+    let first = first.await.unwrap().unwrap_err();
+    assert_eq!(first.reason(), KeyedRejectReason::GlobalTimeout);
+    assert_eq!(second.reason(), KeyedRejectReason::GlobalTimeout);
+    let ms = Duration::from_millis(2);
+    assert!(
+        elapsed >= budget && elapsed <= budget + ms,
+        "the two waits did not share one budget: {elapsed:?}"
+    );
+    assert!(
+        second.waited() >= budget && second.waited() <= budget + ms,
+        "waited {:?}",
+        second.waited()
+    );
+    assert!(
+        first.waited() >= budget && first.waited() <= budget + ms,
+        "waited {:?}",
+        first.waited()
+    );
+}
+
+/// On the real clock. A budget of 1 s: the bound below leaves a late
+/// wake-up a third of it (with 400 ms, 133 ms was not always enough on a
+/// loaded machine).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_max_wait_budget_covers_both_limits() {
     let budget = Duration::from_secs(1);

@@ -680,7 +680,7 @@ impl Policy {
     /// read (a paused tokio clock included), else the system's.
     #[inline]
     pub(crate) fn line_now(&self) -> Instant {
-        self.clock.as_ref().unwrap_or(&AUTO).now()
+        Clock::now_on(self.clock.as_ref())
     }
 
     /// `t` in nanoseconds since the policy's origin, at least 1 (0 stands

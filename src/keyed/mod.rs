@@ -971,7 +971,21 @@ where
     /// only if there is a global stage to spend the rest on.
     #[inline]
     fn budget_clock(&self) -> Option<Instant> {
-        self.global.as_ref().map(|_| Instant::now())
+        self.global.as_ref().map(|_| self.now())
+    }
+
+    /// The time now on the clock the waits are timed on (as the plain
+    /// bulkhead reads it: a paused tokio clock included), so that the
+    /// budget and the sleeps that enforce it agree.
+    #[inline]
+    fn now(&self) -> Instant {
+        Clock::now_on(self.clock.as_ref())
+    }
+
+    /// How long since `start`, on [`now`](Self::now)'s clock.
+    #[inline]
+    fn since(&self, start: Instant) -> Duration {
+        self.now().saturating_duration_since(start)
     }
 
     async fn acquire<Q>(&self, key: &Q) -> Result<KeyedPermit, KeyedRejected>
@@ -1088,10 +1102,10 @@ where
         start: Option<Instant>,
         now: impl FnOnce(Now) -> Option<Result<P, Rejected>>,
     ) -> Option<Result<P, KeyedRejected>> {
-        let waited = || start.map_or(Duration::ZERO, |start| start.elapsed());
+        let waited = || start.map_or(Duration::ZERO, |start| self.since(start));
         let spent = match (self.max_wait, start) {
             (Some(max_wait), _) if max_wait.is_zero() => Some(false),
-            (Some(max_wait), Some(start)) if start.elapsed() >= max_wait => Some(true),
+            (Some(max_wait), Some(start)) if self.since(start) >= max_wait => Some(true),
             _ => None,
         };
         let unwinding = GlobalStage::new(self.global.as_ref(), entry, &self.counters);
@@ -1166,7 +1180,7 @@ where
                 return Poll::Ready(acquired.map_err(GlobalFailure::Rejected));
             }
             waiting.get_or_insert_with(|| Counted::new(&entry.waiting_global));
-            let begun = *begun.get_or_insert_with(Instant::now);
+            let begun = *begun.get_or_insert_with(|| self.now());
             // `close` sets the flag, then closes `closing`, which wakes
             // every waiter on it and fails every later poll.
             if closing.as_mut().poll(cx).is_ready() {
@@ -1178,7 +1192,7 @@ where
             // What is left of the budget, read only to arm the deadline.
             let left = match deadline.is_armed() {
                 true => Duration::ZERO,
-                false => max_wait.saturating_sub(begun.elapsed()),
+                false => max_wait.saturating_sub(self.since(begun)),
             };
             deadline
                 .as_mut()
@@ -1189,7 +1203,7 @@ where
                 })
         })
         .await;
-        let waited = || begun.map_or(Duration::ZERO, |begun| begun.elapsed());
+        let waited = || begun.map_or(Duration::ZERO, |begun| self.since(begun));
         let reason = match outcome {
             Ok(permit) => return Ok(permit),
             Err(GlobalFailure::Rejected(r)) => {

@@ -141,6 +141,16 @@ impl Clock {
         std::time::Instant::now()
     }
 
+    /// The time now on `clock`, or on the default clock if none was set (a
+    /// tokio runtime's, paused or not, else the system's).
+    #[inline]
+    pub(crate) fn now_on(clock: Option<&Clock>) -> std::time::Instant {
+        match clock {
+            Some(clock) => clock.now(),
+            None => Clock::Auto.now(),
+        }
+    }
+
     /// What the builder's and the bulkhead's `Debug` show.
     pub(crate) fn describe(&self) -> &'static str {
         match self {
