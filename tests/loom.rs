@@ -38,6 +38,32 @@ fn release_racing_acquire() {
     });
 }
 
+/// A dropped permit reaches the lone waiter queueing for it, whether the
+/// drop comes before, during or after the queueing (a waiter that finds the
+/// balance empty as it publishes `WAITERS` leaves the hand-off to the
+/// release, which then hands to a line of one and clears `WAITERS`), and the
+/// line is empty afterwards: a newcomer takes the permit without the lock.
+#[test]
+fn a_dropped_permit_reaches_a_lone_waiter() {
+    loom::model(|| {
+        let sem = Arc::new(Semaphore::new(1));
+        let held = sem.try_acquire().unwrap();
+        let s = sem.clone();
+        let waiter = thread::spawn(move || {
+            let permit = block_on(s.acquire()).unwrap();
+            assert_eq!(permit.num_permits(), 1);
+        });
+        drop(held);
+        waiter.join().unwrap();
+        assert_eq!(sem.queue_len(), 0);
+        assert_eq!(sem.available_permits(), 1);
+        drop(
+            sem.try_acquire()
+                .expect("WAITERS is clear once the line is empty"),
+        );
+    });
+}
+
 /// The JDK 6u17 regression: two acquirers and two releasers on a semaphore
 /// with no permits; both acquirers must finish.
 #[test]

@@ -359,7 +359,7 @@ impl Semaphore {
         // balance has. A release ordered before this `fetch_or` is in the
         // balance read below; one ordered after it sees `WAITERS` and runs
         // `distribute` itself.
-        self.state.fetch_or(super::WAITERS, Ordering::AcqRel);
+        let prev = self.state.fetch_or(super::WAITERS, Ordering::AcqRel);
         if !self.fair() {
             // Alone in line: take the permits ourselves rather than be woken
             // to take them.
@@ -380,6 +380,14 @@ impl Semaphore {
             drop(own);
             *phase = Phase::Done;
             return Poll::Ready(Ok(()));
+        }
+        // Fair: nothing in the balance (the common case, every permit held),
+        // so `distribute` would hand out nothing; and whoever adds from here
+        // on sees `WAITERS` and serves us itself. Decided on the word the
+        // `fetch_or` replaced, without the call and its batch of wakers.
+        if prev & super::CLOSED == 0 && super::balance(prev) <= 0 {
+            drop(list);
+            return Poll::Pending;
         }
         self.distribute_and_unlock(list);
         match waiter.status() {

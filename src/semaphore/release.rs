@@ -149,9 +149,13 @@ impl Semaphore {
 
     /// The common fair hand-off, decided in a few compares: the semaphore
     /// is fair and open, serves the oldest first, has no deficit to repay,
-    /// and its head is owed exactly `n` with others behind it. Then the head
-    /// is unlinked and marked granted, and its waker returned (the outer
-    /// `Some`), to wake once the lock is released. `None` (nothing done) in
+    /// and its head is owed exactly `n`. Then the head is unlinked and
+    /// marked granted (and if it was the last waiter, `WAITERS` cleared, as
+    /// `distribute` clears it on an empty line), and its waker returned (the
+    /// outer `Some`), to wake once the lock is released. The last waiter is
+    /// the common case with few tasks (two tasks passing one permit back
+    /// and forth hand it to a line of one every time), which went through
+    /// `release_rest` and its batch until measured (docs/benchmarks.md). `None` (nothing done) in
     /// every other case, which [`release_rest`](Self::release_rest) or
     /// [`add_rest`](Self::add_rest) handles.
     ///
@@ -182,12 +186,17 @@ impl Semaphore {
         let head = list.front()?;
         // SAFETY: `head` is linked, so it is alive, and we hold the lock.
         let waiter = unsafe { head.as_ref() };
-        if waiter.remaining() != n || list.len() < 2 || self.newest.load(Ordering::Relaxed) {
+        if waiter.remaining() != n || self.newest.load(Ordering::Relaxed) {
             return None;
         }
         // SAFETY: our guard's list (the caller's contract), and `waiter`
         // its head.
-        Some(unsafe { self.grant_next(list, waiter) })
+        let waker = unsafe { self.grant_next(list, waiter) };
+        if list.is_empty() {
+            // Invariant W: the lock is held, and the line is now empty.
+            self.state.fetch_and(!WAITERS, Ordering::Relaxed);
+        }
+        Some(waker)
     }
 
     /// The common unfair release, after its permits went to the balance:
