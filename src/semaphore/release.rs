@@ -152,12 +152,13 @@ impl Semaphore {
     /// and its head is owed exactly `n`. Then the head is unlinked and
     /// marked granted (and if it was the last waiter, `WAITERS` cleared, as
     /// `distribute` clears it on an empty line), and its waker returned (the
-    /// outer `Some`), to wake once the lock is released. The last waiter is
-    /// the common case with few tasks (two tasks passing one permit back
-    /// and forth hand it to a line of one every time), which went through
-    /// `release_rest` and its batch until measured (docs/benchmarks.md). `None` (nothing done) in
-    /// every other case, which [`release_rest`](Self::release_rest) or
-    /// [`add_rest`](Self::add_rest) handles.
+    /// outer `Some`), to wake once the lock is released. `None` (nothing
+    /// done) in every other case, which [`release_rest`](Self::release_rest)
+    /// or [`add_rest`](Self::add_rest) handles. The last waiter is the
+    /// common case with few tasks (two tasks passing one permit back and
+    /// forth hand it to a line of one every time), which went through
+    /// `release_rest` and its batch until measured (docs/benchmarks.md, "A
+    /// line of one").
     ///
     /// The same as adding `n` to the balance and running `distribute`: with
     /// the lock held and `WAITERS` set, a fair balance is only above zero
