@@ -64,6 +64,113 @@ fn a_dropped_permit_reaches_a_lone_waiter() {
     });
 }
 
+/// A lone waiter queueing while a held permit is dropped and add_permits
+/// adds one: the waiter is served, one permit is left, WAITERS is clear.
+#[test]
+fn lone_waiter_release_and_add_permits() {
+    loom::model(|| {
+        let sem = Arc::new(Semaphore::new(1));
+        let held = sem.clone().try_acquire_owned().unwrap();
+        let s = sem.clone();
+        let waiter = thread::spawn(move || block_on(s.acquire()).unwrap().forget());
+        let s = sem.clone();
+        let adder = thread::spawn(move || s.add_permits(1));
+        drop(held);
+        adder.join().unwrap();
+        waiter.join().unwrap();
+        assert_eq!(sem.queue_len(), 0);
+        assert_eq!(sem.available_permits(), 1);
+        sem.try_acquire().expect("WAITERS clear").forget();
+    });
+}
+
+/// A lone waiter queueing while reduce_permits opens a deficit and the
+/// held permit comes back: afterwards one add_permits serves the waiter if
+/// it still waits; the balance is exact and WAITERS clear.
+#[test]
+fn lone_waiter_reduce_and_release() {
+    loom::model(|| {
+        let sem = Arc::new(Semaphore::new(1));
+        let held = sem.clone().try_acquire_owned().unwrap();
+        let mut fut = Box::pin(sem.clone().acquire_owned());
+        let s = sem.clone();
+        let releaser = thread::spawn(move || drop(held));
+        let reducer = thread::spawn({
+            let s = sem.clone();
+            move || s.reduce_permits(1)
+        });
+        let first = poll_once(fut.as_mut());
+        releaser.join().unwrap();
+        reducer.join().unwrap();
+        let got = match first {
+            Poll::Ready(p) => Some(p.unwrap()),
+            Poll::Pending => match poll_once(fut.as_mut()) {
+                Poll::Ready(p) => Some(p.unwrap()),
+                Poll::Pending => None,
+            },
+        };
+        match got {
+            Some(p) => {
+                // Served before the reduce: balance -1 while held.
+                assert_eq!(s.available_permits(), -1);
+                p.forget();
+            }
+            None => {
+                assert_eq!(s.available_permits(), 0);
+                s.add_permits(1);
+                let Poll::Ready(p) = poll_once(fut.as_mut()) else {
+                    panic!("the lone waiter was stranded");
+                };
+                p.unwrap().forget();
+            }
+        }
+        assert_eq!(s.queue_len(), 0);
+        s.add_permits((1 - s.available_permits()) as usize);
+        s.try_acquire().expect("WAITERS clear").forget();
+    });
+}
+
+/// A lone waiter that was granted by a release (and WAITERS cleared) is
+/// dropped unpolled while a second waiter queues: the permit reaches the
+/// second waiter or the balance.
+#[test]
+fn granted_lone_waiter_dropped_while_another_queues() {
+    loom::model(|| {
+        let sem = Arc::new(Semaphore::new(1));
+        let held = sem.clone().try_acquire_owned().unwrap();
+        let mut first = Box::pin(sem.clone().acquire_owned());
+        assert!(poll_once(first.as_mut()).is_pending());
+        let releaser = thread::spawn(move || drop(held));
+        let s = sem.clone();
+        let second = thread::spawn(move || block_on(s.acquire()).unwrap().forget());
+        let leaver = thread::spawn(move || drop(first));
+        releaser.join().unwrap();
+        leaver.join().unwrap();
+        second.join().unwrap();
+        assert_eq!(sem.queue_len(), 0);
+        assert_eq!(sem.available_permits(), 0);
+        sem.add_permits(1);
+        sem.try_acquire().expect("WAITERS clear").forget();
+    });
+}
+
+/// close racing a lone waiter's queueing and a release.
+#[test]
+fn lone_waiter_close_and_release() {
+    loom::model(|| {
+        let sem = Arc::new(Semaphore::new(1));
+        let held = sem.clone().try_acquire_owned().unwrap();
+        let s = sem.clone();
+        let waiter = thread::spawn(move || block_on(s.acquire()).map(|p| p.forget()).is_ok());
+        let releaser = thread::spawn(move || drop(held));
+        sem.close();
+        releaser.join().unwrap();
+        let ok = waiter.join().unwrap();
+        assert_eq!(sem.queue_len(), 0);
+        assert_eq!(sem.available_permits(), if ok { 0 } else { 1 });
+    });
+}
+
 /// The JDK 6u17 regression: two acquirers and two releasers on a semaphore
 /// with no permits; both acquirers must finish.
 #[test]
