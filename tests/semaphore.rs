@@ -2176,6 +2176,32 @@ fn returned_permit_that_wakes_one_panicking_waker_still_serves_it() {
     }
 }
 
+/// The same with a line of one: the release hands the permit to the last
+/// waiter and empties the line before it wakes it, so when that waker
+/// panics the waiter still has the permit, the line is empty (`WAITERS`
+/// clear: a newcomer takes the next permit without waiting) and the
+/// semaphore works on.
+#[test]
+fn returned_permit_to_a_lone_waiter_whose_waker_panics_still_serves_it() {
+    for fair in [true, false] {
+        let sem = semaphore(fair, 1);
+        let hold = sem.try_acquire().unwrap();
+        let waker = Rogue::new();
+        let mut a = Box::pin(sem.acquire());
+        assert!(waker.poll(a.as_mut()).unwrap().is_pending());
+        waker.arm(ON_WAKE);
+        assert_eq!(panicked(move || drop(hold)), rogue("wake"));
+        assert_eq!(waker.wakes(), 1);
+        assert_state(&sem, if fair { 0 } else { 1 }, 0);
+        let pa = Counted::new().ready(a.as_mut()).unwrap();
+        assert_state(&sem, 0, 0);
+        drop(pa);
+        drop(sem.try_acquire().expect("the line is empty"));
+        assert_state(&sem, 1, 0);
+        assert_line_works(&sem);
+    }
+}
+
 /// Fault 2 through `close`: a panicking waker (two of them, one in each
 /// batch) does not stop `close` from failing and waking every waiter,
 /// including those past the first batch of 32.

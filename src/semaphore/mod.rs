@@ -686,8 +686,9 @@ impl Semaphore {
 
     /// Adds `n` permits to the balance and returns the word it replaced, or
     /// leaves it alone if it would exceed `MAX_PERMITS`. A CAS loop rather
-    /// than [`release`](Self::release)'s add-then-check, so that a call
-    /// that would overflow never disturbs a concurrent legal one.
+    /// than [`add_balance`](Self::add_balance)'s add-then-check (the
+    /// releases' slow paths), so that a call that would overflow never
+    /// disturbs a concurrent legal one.
     #[inline]
     fn try_add_checked(&self, n: usize) -> Result<usize, Overflow> {
         let mut cur = self.state.load(Ordering::Relaxed);

@@ -147,8 +147,9 @@ impl Semaphore {
         self.distribute_and_unlock(list);
     }
 
-    /// The common fair hand-off, decided in a few compares: the semaphore
-    /// is fair and open, serves the oldest first, has no deficit to repay,
+    /// The common fair hand-off (the callers have checked fairness),
+    /// decided in a few compares: the semaphore is open, serves the oldest
+    /// first, has no deficit to repay,
     /// and its head is owed exactly `n`. Then the head is unlinked and
     /// marked granted (and if it was the last waiter, `WAITERS` cleared, as
     /// `distribute` clears it on an empty line), and its waker returned (the
@@ -173,7 +174,8 @@ impl Semaphore {
     /// # Safety
     ///
     /// `list` must be this semaphore's list, borrowed from its lock guard,
-    /// and `cur` a value of the state word read with the lock held.
+    /// and `cur` a value of the state word read with the lock held. Only
+    /// for a fair semaphore (both callers check it first).
     #[inline(always)]
     unsafe fn grant_head_whole(
         &self,
@@ -181,7 +183,8 @@ impl Semaphore {
         cur: usize,
         n: usize,
     ) -> Option<Option<Waker>> {
-        if !self.fair() || cur & (CLOSED | WAITERS) != WAITERS || balance(cur) < 0 {
+        debug_assert!(self.fair(), "only a fair semaphore hands off directly");
+        if cur & (CLOSED | WAITERS) != WAITERS || balance(cur) < 0 {
             return None;
         }
         let head = list.front()?;

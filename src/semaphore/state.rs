@@ -56,7 +56,8 @@ mod tests {
 
     #[test]
     fn field_has_room_for_an_unchecked_excess() {
-        // A release adds before it checks; twice the maximum must not wrap.
+        // `add_balance` (a release that passes waiters) adds before it
+        // checks; twice the maximum must not wrap.
         let state = units(MAX_PERMITS).wrapping_add(units(MAX_PERMITS));
         assert_eq!(balance(state), 2 * MAX_PERMITS as isize);
     }
