@@ -483,6 +483,29 @@ fn unfair_holder_retakes_its_permit_ahead_of_the_woken_waiter() {
     });
 }
 
+/// Unfair mode: a release to a lone waiter marks it notified and clears
+/// `WAITERS` in the same critical section (`notify_head_alone`, the common
+/// unfair hand-off with two tasks); a newcomer queueing meanwhile may take
+/// the permit first, and the notified waiter, back at the front after
+/// losing, is woken by the newcomer's release. Both acquires complete, the
+/// line is empty and the permit is back in the balance.
+#[test]
+fn unfair_lone_waiter_notified_while_a_newcomer_queues() {
+    loom::model(|| {
+        let sem = Arc::new(Semaphore::new_unfair(1));
+        let held = sem.clone().try_acquire_owned().unwrap();
+        let s = sem.clone();
+        let waiter = thread::spawn(move || block_on(s.acquire()).unwrap().num_permits());
+        let s = sem.clone();
+        let newcomer = thread::spawn(move || block_on(s.acquire()).unwrap().num_permits());
+        drop(held);
+        assert_eq!(waiter.join().unwrap(), 1);
+        assert_eq!(newcomer.join().unwrap(), 1);
+        assert_eq!(sem.available_permits(), 1);
+        assert_eq!(sem.queue_len(), 0);
+    });
+}
+
 /// Fair mode: two permits returned at once by two threads go straight to a
 /// waiter for both, in two parts, without passing through the balance.
 #[test]

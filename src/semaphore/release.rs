@@ -205,11 +205,14 @@ impl Semaphore {
 
     /// The common unfair release, after its permits went to the balance:
     /// the spare balance (less the permits promised to woken waiters) is
-    /// exactly the head's request, and others wait behind it. Then the head
-    /// alone is unlinked and marked notified, without a batch (`distribute`
-    /// would stop at the next one, with no spare left), and its waker
-    /// returned (the outer `Some`). `None`, nothing done, in every other
-    /// case: the caller runs `distribute`.
+    /// exactly the head's request. Then the head alone is unlinked and
+    /// marked notified, without a batch (`distribute` would stop at the
+    /// next one, with no spare left, or clear `WAITERS` on the empty line,
+    /// which this does too), and its waker returned (the outer `Some`).
+    /// `None`, nothing done, in every other case: the caller runs
+    /// `distribute`. The last waiter is the common case with two tasks on
+    /// one permit, which went through `distribute` and its batch until
+    /// measured (docs/benchmarks.md, "A line of one, unfair").
     ///
     /// If the spare grows after our reads (an `add_permits` without the
     /// lock, or a woken waiter lowering `notified`), that `add_permits`
@@ -228,12 +231,17 @@ impl Semaphore {
         let now = self.state.load(Ordering::Acquire);
         let spare = balance(now) - self.notified.load(Ordering::Relaxed) as isize;
         let need = waiter.remaining();
-        if now & CLOSED != 0 || need as isize != spare || list.len() < 2 {
+        if now & CLOSED != 0 || need as isize != spare {
             return None;
         }
         // SAFETY: our guard's list (the caller's contract), and `waiter`
         // its head.
-        Some(unsafe { self.notify_head(list, waiter, need) })
+        let waker = unsafe { self.notify_head(list, waiter, need) };
+        if list.is_empty() {
+            // Invariant W: the lock is held, and the line is now empty.
+            self.state.fetch_and(!WAITERS, Ordering::Relaxed);
+        }
+        Some(waker)
     }
 
     /// The rest of [`release_to_waiters`](Self::release_to_waiters), with
