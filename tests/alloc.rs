@@ -1,7 +1,8 @@
 //! No path of the in-process bulkhead allocates per call, with any bundled
 //! timer: admitted at once, admitted after waiting, rejected because full
 //! (failing fast, or the line is full), rejected after `max_wait`, and
-//! timed out by `call_timeout`.
+//! timed out by `call_timeout`. Nor does the semaphore under it: its
+//! uncontended acquire, hand-offs, unfair re-queue and cancellations.
 //!
 //! A counting global allocator counts the allocations made on the test's
 //! own thread while a call runs; each path runs a few times first (the
@@ -947,4 +948,116 @@ fn priority_class_paths_allocate_nothing() {
         let r = futures::executor::block_on(bh.acquire_as_by(1, passed));
         assert_eq!(r.unwrap_err().reason(), RejectReason::WontMakeDeadline);
     });
+}
+
+/// Counts its wake-ups; cloning it (an `Arc` count) allocates nothing.
+struct CountWakes(std::sync::atomic::AtomicUsize);
+
+impl Wake for CountWakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The semaphore's own paths allocate nothing, fair and unfair: the
+/// uncontended acquire, the hand-off to a lone waiter and to the head of a
+/// longer line (the inline common cases of the release), the unfair race
+/// a woken waiter loses and the re-queue at the front, `add_permits` to a
+/// waiter, and cancelling a queued acquire at the head and behind it. The
+/// waiters are polled with a real waker, which must be woken each time.
+#[test]
+fn semaphore_paths_allocate_nothing() {
+    use bulkhead::Semaphore;
+    let count = Arc::new(CountWakes(std::sync::atomic::AtomicUsize::new(0)));
+    let waker = Waker::from(count.clone());
+    let mut cx = Context::from_waker(&waker);
+    let woken = || count.0.load(std::sync::atomic::Ordering::Relaxed);
+    for fair in [true, false] {
+        let make = || {
+            if fair {
+                Semaphore::new(1)
+            } else {
+                Semaphore::new_unfair(1)
+            }
+        };
+        let mode = if fair { "fair" } else { "unfair" };
+        let sem = make();
+        assert_no_allocation(&format!("{mode}: uncontended acquire"), || {
+            let mut a = pin!(sem.acquire());
+            assert!(matches!(a.as_mut().poll(&mut cx), Poll::Ready(Ok(_))));
+        });
+        assert_no_allocation(&format!("{mode}: try_acquire"), || {
+            drop(sem.try_acquire().unwrap());
+        });
+        assert_no_allocation(&format!("{mode}: a release to a lone waiter"), || {
+            let held = sem.try_acquire().unwrap();
+            let before = woken();
+            let mut a = pin!(sem.acquire());
+            assert!(a.as_mut().poll(&mut cx).is_pending());
+            drop(held);
+            assert_eq!(woken(), before + 1, "the waiter is woken");
+            assert!(matches!(a.as_mut().poll(&mut cx), Poll::Ready(Ok(_))));
+        });
+        assert_no_allocation(&format!("{mode}: a release to the head of two"), || {
+            let held = sem.try_acquire().unwrap();
+            let mut a = pin!(sem.acquire());
+            let mut b = pin!(sem.acquire());
+            assert!(a.as_mut().poll(&mut cx).is_pending());
+            assert!(b.as_mut().poll(&mut cx).is_pending());
+            drop(held);
+            let pa = match a.as_mut().poll(&mut cx) {
+                Poll::Ready(Ok(p)) => p,
+                other => panic!("the head is served: {other:?}"),
+            };
+            assert!(b.as_mut().poll(&mut cx).is_pending());
+            drop(pa);
+            assert!(matches!(b.as_mut().poll(&mut cx), Poll::Ready(Ok(_))));
+        });
+        assert_no_allocation(&format!("{mode}: add_permits to a waiter"), || {
+            sem.try_acquire().unwrap().forget();
+            let mut a = pin!(sem.acquire());
+            assert!(a.as_mut().poll(&mut cx).is_pending());
+            sem.add_permits(1);
+            assert!(matches!(a.as_mut().poll(&mut cx), Poll::Ready(Ok(_))));
+        });
+        assert_no_allocation(
+            &format!("{mode}: cancelling at the head and behind it"),
+            || {
+                let held = sem.try_acquire().unwrap();
+                // Dropped in place while queued: one behind the head (line a, c,
+                // b), then the head.
+                let mut a = pin!(Some(sem.acquire()));
+                let mut b = pin!(sem.acquire());
+                let mut c = pin!(Some(sem.acquire()));
+                for fut in [a.as_mut(), c.as_mut()] {
+                    assert!(fut.as_pin_mut().unwrap().poll(&mut cx).is_pending());
+                }
+                assert!(b.as_mut().poll(&mut cx).is_pending());
+                assert_eq!(sem.queue_len(), 3);
+                c.set(None); // behind the head
+                a.set(None); // the head
+
+                assert_eq!(sem.queue_len(), 1);
+                drop(held);
+                assert!(matches!(b.as_mut().poll(&mut cx), Poll::Ready(Ok(_))));
+            },
+        );
+        assert_eq!(sem.available_permits(), 1);
+        assert_eq!(sem.queue_len(), 0);
+    }
+    let sem = Semaphore::new_unfair(1);
+    assert_no_allocation(
+        "unfair: a woken waiter loses the race and re-queues",
+        || {
+            let held = sem.try_acquire().unwrap();
+            let mut a = pin!(sem.acquire());
+            assert!(a.as_mut().poll(&mut cx).is_pending());
+            drop(held);
+            let barged = sem.try_acquire().expect("the releaser barges");
+            assert!(a.as_mut().poll(&mut cx).is_pending(), "lost, back in line");
+            assert_eq!(sem.queue_len(), 1);
+            drop(barged);
+            assert!(matches!(a.as_mut().poll(&mut cx), Poll::Ready(Ok(_))));
+        },
+    );
 }
