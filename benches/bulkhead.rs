@@ -8,7 +8,7 @@
 //! - `bulkhead_call/try_acquire`: `Bulkhead::try_acquire` and drop.
 //!
 //! Every future is polled once by hand with `Waker::noop()`, so no executor
-//! is measured. Run with `cargo bench -p bulkhead-benches --bench bulkhead`;
+//! is measured. Run with `cargo bench -p watertight-benches --bench bulkhead`;
 //! with `--features metrics` to include the metrics exporter's cost.
 
 use std::future::Future;
@@ -17,9 +17,9 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use bulkhead::observer::Observer;
-use bulkhead::{Bulkhead, Semaphore};
 use criterion::{Criterion, criterion_group, criterion_main};
+use watertight::observer::Observer;
+use watertight::{Bulkhead, Semaphore};
 
 /// Polls a future that must be ready at once.
 #[inline]

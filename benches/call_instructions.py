@@ -5,7 +5,7 @@ times, and the difference over 64,000 is one call, start-up excluded.
 
 Usage: python3 benches/call_instructions.py [PATH ...]
 
-Builds the workload with `cargo bench -p bulkhead-benches --no-run` (the
+Builds the workload with `cargo bench -p watertight-benches --no-run` (the
 bench profile) and needs valgrind on PATH. Standard library only.
 """
 
@@ -23,7 +23,7 @@ RUNS = (6_400, 70_400)
 
 def build():
     out = subprocess.run(
-        ["cargo", "bench", "-p", "bulkhead-benches", "--bench", "call_instructions",
+        ["cargo", "bench", "-p", "watertight-benches", "--bench", "call_instructions",
          "--no-run", "--message-format=json"],
         check=True, capture_output=True, text=True,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout

@@ -40,8 +40,8 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bulkhead::keyed::KeyedBulkhead;
-use bulkhead::{Bulkhead, BulkheadBuilder};
+use watertight::keyed::KeyedBulkhead;
+use watertight::{Bulkhead, BulkheadBuilder};
 
 #[inline]
 fn poll<F: Future>(fut: F) -> Poll<F::Output> {
@@ -117,7 +117,7 @@ fn call_queue_delay(calls: u64) {
 
 /// A keyed bulkhead with 1,000 tracked `u64` keys, with (`timed`) or
 /// without a global limit, `max_wait` and `call_timeout`.
-fn keyed(timed: bool) -> bulkhead::keyed::KeyedBulkheadBuilder<u64> {
+fn keyed(timed: bool) -> watertight::keyed::KeyedBulkheadBuilder<u64> {
     let builder = KeyedBulkhead::<u64>::builder()
         .name("bench")
         .max_concurrent_calls(8);

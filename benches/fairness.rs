@@ -5,7 +5,7 @@
 //! `WARM_UP`, the grants in the next `WINDOW` are counted, and the report is max/min over the tasks
 //! (1.00 is perfectly even; a strict FIFO hand-off should give about 1.00).
 //!
-//! Usage: `cargo bench -p bulkhead-benches --bench fairness -- run [RUNS]`
+//! Usage: `cargo bench -p watertight-benches --bench fairness -- run [RUNS]`
 //! (prints a markdown table; without `run` it prints this usage).
 //!
 //! `-- trace [WORKERS]` is the diagnosis behind the numbers: the same loop,
@@ -28,7 +28,7 @@ trait Fair: Send + Sync + 'static {
     fn grant(&self) -> impl Future<Output = impl Send + '_> + Send + '_;
 }
 
-impl Fair for bulkhead::Semaphore {
+impl Fair for watertight::Semaphore {
     fn grant(&self) -> impl Future<Output = impl Send + '_> + Send + '_ {
         self.acquire()
     }
@@ -239,7 +239,7 @@ fn cases() -> Vec<Case> {
     vec![
         (
             "bulkhead (fair)",
-            Box::new(|rt, log| counts(rt, bulkhead::Semaphore::new(1), log)),
+            Box::new(|rt, log| counts(rt, watertight::Semaphore::new(1), log)),
         ),
         (
             "tokio",
@@ -543,7 +543,7 @@ fn main() {
     }
     let Some(at) = args.iter().position(|a| a == "run") else {
         println!(
-            "usage: cargo bench -p bulkhead-benches --bench fairness -- run [RUNS] | trace [WORKERS]"
+            "usage: cargo bench -p watertight-benches --bench fairness -- run [RUNS] | trace [WORKERS]"
         );
         return;
     };

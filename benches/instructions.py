@@ -5,7 +5,7 @@ counted by callgrind: a deterministic complement to the criterion timings.
 Usage: python3 benches/instructions.py [--cells t16_p1,t256_p8,...] [--crates a,b]
        python3 benches/instructions.py --uncontended [--crates a,b]
 
-Builds `benches/instructions.rs` with `cargo bench -p bulkhead-benches
+Builds `benches/instructions.rs` with `cargo bench -p watertight-benches
 --no-run` (the bench profile, as criterion's benches), then runs every crate
 in every cell under `valgrind --tool=callgrind` twice, for 1 round and for 5
 rounds of 8192 acquisitions, and prints (instructions(5) - instructions(1)) / (4 * 8192):
@@ -50,7 +50,7 @@ ITERATIONS = (100_000, 1_100_000)
 
 def build():
     out = subprocess.run(
-        ["cargo", "bench", "-p", "bulkhead-benches", "--bench", "instructions", "--no-run",
+        ["cargo", "bench", "-p", "watertight-benches", "--bench", "instructions", "--no-run",
          "--message-format=json"],
         check=True, capture_output=True, text=True,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout

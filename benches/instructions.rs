@@ -73,8 +73,8 @@ fn main() {
             std::process::exit(2);
         };
         match krate.as_str() {
-            "bulkhead" => uncontended(bulkhead::Semaphore::new(1), n),
-            "bulkhead_unfair" => uncontended(bulkhead::Semaphore::new_unfair(1), n),
+            "bulkhead" => uncontended(watertight::Semaphore::new(1), n),
+            "bulkhead_unfair" => uncontended(watertight::Semaphore::new_unfair(1), n),
             "tokio" => uncontended(tokio::sync::Semaphore::new(1), n),
             "async_lock" => uncontended(async_lock::Semaphore::new(1), n),
             "fi_fair" => uncontended(futures_intrusive::sync::Semaphore::new(true, 1), n),
@@ -107,8 +107,8 @@ fn main() {
         return;
     };
     match krate {
-        "bulkhead" => run(bulkhead::Semaphore::new(permits), tasks, rounds),
-        "bulkhead_unfair" => run(bulkhead::Semaphore::new_unfair(permits), tasks, rounds),
+        "bulkhead" => run(watertight::Semaphore::new(permits), tasks, rounds),
+        "bulkhead_unfair" => run(watertight::Semaphore::new_unfair(permits), tasks, rounds),
         "tokio" => run(tokio::sync::Semaphore::new(permits), tasks, rounds),
         "async_lock" => run(async_lock::Semaphore::new(permits), tasks, rounds),
         "fi_fair" => run(

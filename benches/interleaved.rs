@@ -15,7 +15,7 @@
 //! Usage:
 //!
 //! ```text
-//! cargo bench -p bulkhead-benches --bench interleaved -- run [REPS] [CELL...]
+//! cargo bench -p watertight-benches --bench interleaved -- run [REPS] [CELL...]
 //! ```
 //!
 //! `CELL` filters by name, e.g. `mt/t4096_p1` or `ct/t16_` (a substring of
@@ -79,10 +79,10 @@ fn sampler<S: Contender>(sem: S) -> Sampler {
 
 fn contenders(permits: usize) -> Vec<(&'static str, Sampler)> {
     vec![
-        ("bulkhead", sampler(bulkhead::Semaphore::new(permits))),
+        ("bulkhead", sampler(watertight::Semaphore::new(permits))),
         (
             "bulkhead_unfair",
-            sampler(bulkhead::Semaphore::new_unfair(permits)),
+            sampler(watertight::Semaphore::new_unfair(permits)),
         ),
         ("tokio", sampler(tokio::sync::Semaphore::new(permits))),
         ("async_lock", sampler(async_lock::Semaphore::new(permits))),
@@ -251,7 +251,7 @@ fn main() {
         .collect();
     if args.first().map(String::as_str) != Some("run") {
         println!(
-            "usage: cargo bench -p bulkhead-benches --bench interleaved -- run [REPS] [CELL...]"
+            "usage: cargo bench -p watertight-benches --bench interleaved -- run [REPS] [CELL...]"
         );
         return;
     }

@@ -4,7 +4,7 @@
 Usage: python3 benches/interleaved_report.py REPORT.md...
 
 Each REPORT is the standard output of one
-`cargo bench -p bulkhead-benches --bench interleaved -- run ...`. For every
+`cargo bench -p watertight-benches --bench interleaved -- run ...`. For every
 cell found, it prints the fair `bulkhead` against the fair peers (`tokio`,
 `fi_fair`, `maitake`) and `bulkhead_unfair` against the unfair ones
 (`async_lock`, `fi_unfair`): the median over the reports of the paired

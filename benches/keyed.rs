@@ -30,7 +30,7 @@
 //!   admission at the key's stage (a clock reading, the estimate).
 //!
 //! Every future is polled once by hand with `Waker::noop()`, so no executor
-//! is measured. Run with `cargo bench -p bulkhead-benches --bench keyed`;
+//! is measured. Run with `cargo bench -p watertight-benches --bench keyed`;
 //! the ratios of the keyed lines to their plain bulkhead are printed at the
 //! end.
 
@@ -40,9 +40,9 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bulkhead::Bulkhead;
-use bulkhead::keyed::KeyedBulkhead;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use watertight::Bulkhead;
+use watertight::keyed::KeyedBulkhead;
 
 /// Polls a future that must be ready at once. Always inlined: a future
 /// passed by value to a call is copied whole (hundreds of bytes), which

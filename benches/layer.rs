@@ -8,9 +8,9 @@
 //!
 //! | name | what |
 //! |---|---|
-//! | `bulkhead` | `Bulkhead::call` (in the `tower` cell: `bulkhead::tower::BulkheadLayer`) |
+//! | `bulkhead` | `Bulkhead::call` (in the `tower` cell: `watertight::tower::BulkheadLayer`) |
 //! | `bulkhead_try_acquire` | `Bulkhead::try_acquire` (`reject_full` only) |
-//! | `bulkhead_tower` | `bulkhead::tower::BulkheadLayer`, driven like the tower stacks |
+//! | `bulkhead_tower` | `watertight::tower::BulkheadLayer`, driven like the tower stacks |
 //! | `tokio` | a hand-rolled bulkhead: `Arc<tokio::sync::Semaphore>`, `try_acquire` to fail fast, `tokio::time::timeout` around the acquire (`max_wait`) and around the call (`call_timeout`) |
 //! | `tokio_try_acquire` | a bare `tokio::sync::Semaphore::try_acquire` (`reject_full` only) |
 //! | `tower` | tower 0.5: `ConcurrencyLimit`, with `Timeout` inside it for `call_timeout` and `LoadShed` in front to fail fast (`reject_full`); `max_wait` is a `tokio::time::timeout` around `ready()` |
@@ -68,7 +68,7 @@
 //! Run it with
 //!
 //! ```sh
-//! CARGO_TARGET_DIR=/work/target-bench cargo bench -p bulkhead-benches --bench layer --features tokio,tower
+//! CARGO_TARGET_DIR=/work/target-bench cargo bench -p watertight-benches --bench layer --features tokio,tower
 //! CARGO_TARGET_DIR=/work/target-bench python3 benches/layer_report.py
 //! ```
 
@@ -82,8 +82,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bulkhead::tower::BulkheadLayer;
-use bulkhead::{Bulkhead, BulkheadError};
 use criterion::measurement::WallTime;
 use criterion::{
     Bencher, BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
@@ -94,6 +92,8 @@ use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::timeout::TimeoutLayer;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_resilience_bulkhead::{BulkheadHandle, BulkheadServiceError};
+use watertight::tower::BulkheadLayer;
+use watertight::{Bulkhead, BulkheadError};
 
 /// Permits in every cell.
 const LIMIT: usize = 8;
@@ -411,10 +411,10 @@ impl Classify for Infallible {
 
 impl Classify for BoxError {
     fn classify(&self) -> Outcome {
-        if self.is::<tower::load_shed::error::Overloaded>() || self.is::<bulkhead::Rejected>() {
+        if self.is::<tower::load_shed::error::Overloaded>() || self.is::<watertight::Rejected>() {
             Outcome::Rejected
         } else if self.is::<tower::timeout::error::Elapsed>()
-            || self.is::<bulkhead::tower::CallTimeout>()
+            || self.is::<watertight::tower::CallTimeout>()
         {
             Outcome::CallTimeout
         } else {

@@ -121,7 +121,7 @@ def main():
         results, mtimes = load(root)
         if not results:
             sys.exit(f"no criterion results of the layer bench under {root} "
-                     "(cargo bench -p bulkhead-benches --bench layer --features tokio,tower)")
+                     "(cargo bench -p watertight-benches --bench layer --features tokio,tower)")
         runs.append(results)
         spans.append(f"{root}: {time.strftime('%Y-%m-%d %H:%M', time.localtime(min(mtimes)))} to "
                      f"{time.strftime('%H:%M', time.localtime(max(mtimes)))}")

@@ -12,13 +12,13 @@
 //! Not a criterion bench (it measures a distribution, not a cost):
 //!
 //! ```sh
-//! cargo bench -p bulkhead-benches --bench max_wait_margin --features tokio
+//! cargo bench -p watertight-benches --bench max_wait_margin --features tokio
 //! ```
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bulkhead::Bulkhead;
+use watertight::Bulkhead;
 
 const CALLERS: u64 = 1_000;
 const MAX_WAIT: Duration = Duration::from_millis(50);

@@ -13,7 +13,7 @@
 //! parked (each park of an idle worker is later an unpark: a wake-up of its
 //! thread).
 //!
-//! Usage: `cargo bench -p bulkhead-benches --bench polls -- run [REPS] [T] [P] [CRATE...]`
+//! Usage: `cargo bench -p watertight-benches --bench polls -- run [REPS] [T] [P] [CRATE...]`
 //! (`INTERLEAVED_ENABLE_ALL=1` builds the runtime with its drivers). The
 //! round joins its tasks as `benches/interleaved.rs`'s does: a countdown the
 //! last task wakes the `block_on` thread with, or with `INTERLEAVED_JOIN=spawn`
@@ -224,7 +224,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(at) = args.iter().position(|a| a == "run") else {
         println!(
-            "usage: cargo bench -p bulkhead-benches --bench polls -- run [REPS] [T] [P] [CRATE...]"
+            "usage: cargo bench -p watertight-benches --bench polls -- run [REPS] [T] [P] [CRATE...]"
         );
         return;
     };
@@ -250,8 +250,8 @@ fn main() {
         .iter()
         .map(|&name| {
             let r = match name {
-                "bulkhead" => run(bulkhead::Semaphore::new(permits)),
-                "bulkhead_unfair" => run(bulkhead::Semaphore::new_unfair(permits)),
+                "bulkhead" => run(watertight::Semaphore::new(permits)),
+                "bulkhead_unfair" => run(watertight::Semaphore::new_unfair(permits)),
                 "tokio" => run(tokio::sync::Semaphore::new(permits)),
                 "async_lock" => run(async_lock::Semaphore::new(permits)),
                 "fi_fair" => run(futures_intrusive::sync::Semaphore::new(true, permits)),

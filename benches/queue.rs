@@ -28,7 +28,7 @@
 //! The crates are interleaved, one sample each in turn, and the median per
 //! operation over the samples is reported.
 //!
-//! Usage: `cargo bench -p bulkhead-benches --bench queue -- run [REPS]`
+//! Usage: `cargo bench -p watertight-benches --bench queue -- run [REPS]`
 //! (markdown on stdout; without `run` it prints this usage).
 
 use std::collections::VecDeque;
@@ -251,7 +251,7 @@ fn leak<T>(t: T) -> &'static T {
 }
 
 fn queues(n: usize) -> Vec<(&'static str, Box<dyn Sampled>)> {
-    let bh = leak(bulkhead::Semaphore::new(0));
+    let bh = leak(watertight::Semaphore::new(0));
     let tokio = leak(tokio::sync::Semaphore::new(0));
     let fi = leak(futures_intrusive::sync::Semaphore::new(true, 0));
     let maitake = leak(maitake_sync::Semaphore::new(0));
@@ -305,14 +305,14 @@ fn median(mut v: Vec<Duration>) -> Duration {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(at) = args.iter().position(|a| a == "run") else {
-        println!("usage: cargo bench -p bulkhead-benches --bench queue -- run [REPS]");
+        println!("usage: cargo bench -p watertight-benches --bench queue -- run [REPS]");
         return;
     };
     fn size<F>(_: &dyn Fn() -> F) -> usize {
         std::mem::size_of::<Option<F>>()
     }
     if std::env::var_os("QUEUE_SIZES").is_some() {
-        let bh = leak(bulkhead::Semaphore::new(0));
+        let bh = leak(watertight::Semaphore::new(0));
         let tokio = leak(tokio::sync::Semaphore::new(0));
         let fi = leak(futures_intrusive::sync::Semaphore::new(true, 0));
         let maitake = leak(maitake_sync::Semaphore::new(0));

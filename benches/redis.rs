@@ -2,9 +2,9 @@
 //! `redis-benchmark` against the same server, in one run.
 //!
 //! The bench starts its own `redis-server` on a free port of 127.0.0.1 with
-//! persistence off (`BULKHEAD_REDIS_SERVER` overrides the binary) and kills
+//! persistence off (`WATERTIGHT_REDIS_SERVER` overrides the binary) and kills
 //! it at the end. Run it with
-//! `cargo bench -p bulkhead-benches --bench redis --features redis,tokio`,
+//! `cargo bench -p watertight-benches --bench redis --features redis,tokio`,
 //! or through `benches/redis_report.py`, which also prints the table of
 //! `docs/benchmarks.md`.
 //!
@@ -40,7 +40,7 @@
 //! the script calls per cycle (waiters that lose a race call again) and the
 //! server's own time per script call.
 //!
-//! After the criterion cases, `redis-benchmark` (`BULKHEAD_REDIS_BENCHMARK`
+//! After the criterion cases, `redis-benchmark` (`WATERTIGHT_REDIS_BENCHMARK`
 //! overrides the binary) runs against the same server: `PING` with one
 //! connection (the round-trip floor), and `EVALSHA` of
 //! [`COMPARABLE_SCRIPT`] (loaded with `SCRIPT LOAD`) with one connection and
@@ -60,10 +60,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bulkhead::redis::RedisSemaphore;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::runtime::{Builder, Runtime};
+use watertight::redis::RedisSemaphore;
 
 /// Tasks and limit of the contended case.
 const TASKS: usize = 16;
@@ -513,7 +513,7 @@ fn parse_rb(out: &str) -> Option<(f64, Option<f64>)> {
 /// of one.
 fn run_redis_benchmark(server: &Server, requests: u64, repeats: usize) -> Vec<RbRun> {
     let bin =
-        std::env::var("BULKHEAD_REDIS_BENCHMARK").unwrap_or_else(|_| "redis-benchmark".into());
+        std::env::var("WATERTIGHT_REDIS_BENCHMARK").unwrap_or_else(|_| "redis-benchmark".into());
     let sha: String = server.query(redis::cmd("SCRIPT").arg("LOAD").arg(COMPARABLE_SCRIPT));
     let evalsha = ["EVALSHA", &sha, "1", COMPARABLE_KEY, COMPARABLE_MEMBER].map(String::from);
     let configs: [(&'static str, &[&str], &[String]); 4] = [
@@ -550,7 +550,9 @@ fn run_redis_benchmark(server: &Server, requests: u64, repeats: usize) -> Vec<Rb
             {
                 Ok(output) => output,
                 Err(e) => {
-                    eprintln!("could not run {bin:?} (set BULKHEAD_REDIS_BENCHMARK): {e}; skipped");
+                    eprintln!(
+                        "could not run {bin:?} (set WATERTIGHT_REDIS_BENCHMARK): {e}; skipped"
+                    );
                     return Vec::new();
                 }
             };
@@ -700,7 +702,7 @@ fn bench(c: &mut Criterion) {
     if has("--list") {
         return;
     }
-    // `cargo test -p bulkhead-benches --benches` runs each case once: keep redis-benchmark short too.
+    // `cargo test -p watertight-benches --benches` runs each case once: keep redis-benchmark short too.
     let (requests, repeats) = if has("--test") {
         (1_000, 1)
     } else {

@@ -10,7 +10,7 @@ Usage: python3 benches/redis_client.py [CASE ...]
 
 CASEs: ours, bare_ours, bare_cmp, and with a cluster the same with a
 `cluster_` prefix (default: all six). Builds the bench with
-`cargo bench -p bulkhead-benches --bench redis_client --features
+`cargo bench -p watertight-benches --bench redis_client --features
 redis-cluster,tokio --no-run` and needs valgrind on PATH. Standard library
 only. With `strace` on PATH, also the client's system calls per cycle
 (`strace -f -c`, the same difference of two runs).
@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def build():
     out = subprocess.run(
-        ["cargo", "bench", "-p", "bulkhead-benches", "--bench", "redis_client",
+        ["cargo", "bench", "-p", "watertight-benches", "--bench", "redis_client",
          "--features", "redis-cluster,tokio", "--no-run", "--message-format=json"],
         check=True, capture_output=True, text=True, cwd=ROOT).stdout
     for line in out.splitlines():

@@ -3,7 +3,7 @@
 //! with the cases interleaved in one run (issue 11's 1.05x target).
 //!
 //! ```sh
-//! cargo bench -p bulkhead-benches --bench redis_client --features redis-cluster,tokio -- run [SAMPLES] [CYCLES]
+//! cargo bench -p watertight-benches --bench redis_client --features redis-cluster,tokio -- run [SAMPLES] [CYCLES]
 //! python3 benches/redis_client.py      # the instruction counts, under callgrind
 //! ```
 //!
@@ -41,9 +41,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bulkhead::redis::RedisSemaphore;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::runtime::{Builder, Runtime};
+use watertight::redis::RedisSemaphore;
 
 #[path = "common/redis_server.rs"]
 mod redis_server;
@@ -223,12 +223,12 @@ fn build_cases(rt: &Runtime, servers: &Servers, only: Option<&str>) -> Vec<Case>
                 || redis::cluster::ClusterClient::new(cluster.urls("?protocol=3")).unwrap();
             // The bare connections configured like the semaphore's
             // (`conn/cluster.rs`: both timeouts at the default 2 s;
-            // BULKHEAD_BENCH_PUSHES=1 adds a push sender, as ours has).
+            // WATERTIGHT_BENCH_PUSHES=1 adds a push sender, as ours has).
             let bare_conn = || async {
                 let config = redis::cluster::ClusterConfig::new()
                     .set_connection_timeout(Duration::from_secs(2))
                     .set_response_timeout(Duration::from_secs(2));
-                let config = match std::env::var_os("BULKHEAD_BENCH_PUSHES") {
+                let config = match std::env::var_os("WATERTIGHT_BENCH_PUSHES") {
                     Some(_) => config.set_push_sender(|_: redis::PushInfo| {
                         Ok::<(), core::convert::Infallible>(())
                     }),

@@ -3,7 +3,7 @@
 //! against ten on the same server, in one run.
 //!
 //! Run it with
-//! `cargo bench -p bulkhead-benches --bench redis_procs --features redis,tokio`.
+//! `cargo bench -p watertight-benches --bench redis_procs --features redis,tokio`.
 //! It starts its own `redis-server` (see `common/redis_server.rs`), then for
 //! each setup runs [`WAITERS`] tasks in all, spread over one process or over
 //! [`PROCS`] processes (this binary again, as children), every task looping
@@ -37,7 +37,7 @@ use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bulkhead::redis::RedisSemaphore;
+use watertight::redis::RedisSemaphore;
 
 #[path = "common/redis_server.rs"]
 mod redis_server;
@@ -60,7 +60,7 @@ const SETTLE: Duration = Duration::from_millis(1500);
 
 /// The environment variable that makes this binary a child, and what it
 /// carries: `url|name|fair|tasks|start_unix_ms|warm_up_ms|window_ms`.
-const CHILD: &str = "BULKHEAD_REDIS_PROCS_CHILD";
+const CHILD: &str = "WATERTIGHT_REDIS_PROCS_CHILD";
 
 fn unix_ms() -> u64 {
     SystemTime::now()

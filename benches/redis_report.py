@@ -4,7 +4,7 @@
 Usage: python3 benches/redis_report.py [--no-run] [CRITERION_DIR] [-- BENCH_ARGS...]
 
 Without --no-run, first runs (from the repository root)
-`cargo bench -p bulkhead-benches --bench redis --features redis-cluster,tokio -- BENCH_ARGS...`
+`cargo bench -p watertight-benches --bench redis --features redis-cluster,tokio -- BENCH_ARGS...`
 (its output goes to stderr), then reads what that run wrote: criterion's
 estimates for the group `redis`, and `redis_extra.json` (redis-benchmark's
 results and the server's script counts) from the same directory.
@@ -71,7 +71,7 @@ def criterion_dir(given):
 
 
 def run_bench(bench_args):
-    cmd = ["cargo", "bench", "-p", "bulkhead-benches", "--bench", "redis", "--features", "redis-cluster,tokio", "--"] + bench_args
+    cmd = ["cargo", "bench", "-p", "watertight-benches", "--bench", "redis", "--features", "redis-cluster,tokio", "--"] + bench_args
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     # The bench's own output (criterion's and the summary) goes to stderr so
     # that stdout holds only the markdown.
@@ -107,7 +107,7 @@ def main():
     root = criterion_dir(given)
     extra_path = root / "redis_extra.json"
     if not extra_path.exists():
-        sys.exit(f"{extra_path} not found: run `cargo bench -p bulkhead-benches --bench redis --features redis-cluster,tokio` first")
+        sys.exit(f"{extra_path} not found: run `cargo bench -p watertight-benches --bench redis --features redis-cluster,tokio` first")
     extra = json.loads(extra_path.read_text())
     rb = {r["label"]: r for r in extra["redis_benchmark"]}
     stats = {c["name"]: c for c in extra["cases"]}

@@ -5,7 +5,7 @@ Usage: python3 benches/redis_script_cost.py [--calls N] [--repeat R] [SCRIPTS_RS
 
 Reads the Lua of src/redis/scripts.rs (or of each SCRIPTS_RS: give another
 checkout's too, to compare; the runs go round robin), starts its own `redis-server` (free port, persistence off,
-`BULKHEAD_REDIS_SERVER` overrides the binary) and drives the scripts with
+`WATERTIGHT_REDIS_SERVER` overrides the binary) and drives the scripts with
 `redis-cli` exactly as the client would send them (the same keys and
 arguments), one call at a time, N times per path (default 2000), R runs
 (default 3):
@@ -174,7 +174,7 @@ def main():
             repeat = value
     files = args or [str(ROOT / "src/redis/scripts.rs")]
     port = free_port()
-    server = os.environ.get("BULKHEAD_REDIS_SERVER", "redis-server")
+    server = os.environ.get("WATERTIGHT_REDIS_SERVER", "redis-server")
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.Popen(
             [server, "--port", str(port), "--save", "", "--appendonly", "no",

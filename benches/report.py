@@ -6,7 +6,7 @@ Usage: python3 benches/report.py [CRITERION_DIR...]
 CRITERION_DIR defaults to $CRITERION_HOME, else $CARGO_TARGET_DIR/criterion,
 else the workspace's target/criterion (the places criterion itself writes
 to). The script reads every `new/benchmark.json` + `new/estimates.json` pair
-written by `cargo bench -p bulkhead-benches --bench semaphore`, and
+written by `cargo bench -p watertight-benches --bench semaphore`, and
 `sizes.json` written by the same bench.
 
 Times are criterion's median, divided by the benchmark's throughput (so they

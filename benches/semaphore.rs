@@ -1,12 +1,12 @@
-//! `bulkhead::Semaphore` against the semaphores a user would otherwise pick,
+//! `watertight::Semaphore` against the semaphores a user would otherwise pick,
 //! all in one run so the ratios between them are meaningful.
 //!
 //! Contenders (the last part of every benchmark name):
 //!
 //! | name              | type                                                |
 //! |-------------------|-----------------------------------------------------|
-//! | `bulkhead`        | `bulkhead::Semaphore::new` (fair)                   |
-//! | `bulkhead_unfair` | `bulkhead::Semaphore::new_unfair`                   |
+//! | `bulkhead`        | `watertight::Semaphore::new` (fair)                   |
+//! | `bulkhead_unfair` | `watertight::Semaphore::new_unfair`                   |
 //! | `tokio`           | `tokio::sync::Semaphore` (fair)                     |
 //! | `async_lock`      | `async_lock::Semaphore` (unfair)                    |
 //! | `fi_fair`         | `futures_intrusive::sync::Semaphore::new(true, n)`  |
@@ -68,11 +68,11 @@ fn contenders(permits: usize) -> Vec<(&'static str, MakeRunner)> {
     vec![
         (
             "bulkhead",
-            Box::new(move || Runner::new(bulkhead::Semaphore::new(permits))),
+            Box::new(move || Runner::new(watertight::Semaphore::new(permits))),
         ),
         (
             "bulkhead_unfair",
-            Box::new(move || Runner::new(bulkhead::Semaphore::new_unfair(permits))),
+            Box::new(move || Runner::new(watertight::Semaphore::new_unfair(permits))),
         ),
         (
             "tokio",
@@ -277,7 +277,7 @@ fn bench_contended_ct(c: &mut Criterion) {
 fn record_sizes(_: &mut Criterion) {
     use std::mem::{size_of, size_of_val};
 
-    let b = Arc::new(bulkhead::Semaphore::new(1));
+    let b = Arc::new(watertight::Semaphore::new(1));
     let t = Arc::new(tokio::sync::Semaphore::new(1));
     let a = Arc::new(async_lock::Semaphore::new(1));
     let f = futures_intrusive::sync::Semaphore::new(true, 1);
@@ -287,9 +287,9 @@ fn record_sizes(_: &mut Criterion) {
         Sizes {
             name: "bulkhead",
             acquire: size_of_val(&b.acquire()),
-            permit: size_of::<bulkhead::Permit<'_>>(),
+            permit: size_of::<watertight::Permit<'_>>(),
             acquire_owned: size_of_val(&b.acquire_owned()),
-            permit_owned: size_of::<bulkhead::OwnedPermit>(),
+            permit_owned: size_of::<watertight::OwnedPermit>(),
         },
         Sizes {
             name: "tokio",

@@ -54,8 +54,8 @@
 //!   thread (they must, with `ThreadSleep`). This runs last: it ends
 //!   futures-timer's thread.
 //!
-//! Run with `cargo bench -p bulkhead-benches --bench timers` (about two and a half minutes);
-//! `cargo test -p bulkhead-benches --bench timers` runs every cell once and the measurements
+//! Run with `cargo bench -p watertight-benches --bench timers` (about two and a half minutes);
+//! `cargo test -p watertight-benches --bench timers` runs every cell once and the measurements
 //! with small counts, checks included.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -71,8 +71,8 @@ use std::task::{Context, Wake, Waker};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
-use bulkhead::timer::{ThreadSleep, ThreadTimer, Timer};
 use criterion::{Criterion, criterion_group, criterion_main};
+use watertight::timer::{ThreadSleep, ThreadTimer, Timer};
 
 // ---------------------------------------------------------------------------
 // Counting allocator
@@ -229,9 +229,9 @@ struct Boxed;
 impl Contender for Boxed {
     const NAME: &'static str = "thread_timer_boxed";
     const THREAD: &'static str = "bulkhead-timer";
-    type Sleep = bulkhead::timer::Sleep;
+    type Sleep = watertight::timer::Sleep;
     #[inline(always)]
-    fn sleep(duration: Duration) -> bulkhead::timer::Sleep {
+    fn sleep(duration: Duration) -> watertight::timer::Sleep {
         ThreadTimer::new().sleep(duration)
     }
 }
@@ -476,7 +476,7 @@ impl Threads {
 // Measurements
 
 /// The counts of the measurements: full in `cargo bench`, small under
-/// `cargo test -p bulkhead-benches --bench timers`, which only checks them.
+/// `cargo test -p watertight-benches --bench timers`, which only checks them.
 struct Sizes {
     rounds: usize,
     cycles: usize,

@@ -6,7 +6,7 @@
 //! Five strategies run the same traffic: AIMD and the gradient, both
 //! starting at 10, and fixed limits of 5, 20 and 100. Everything runs in
 //! virtual time with seeded random numbers, so every run prints the same
-//! table, in about a second (`bulkhead::adaptive::sim` has the model).
+//! table, in about a second (`watertight::adaptive::sim` has the model).
 //!
 //! ```text
 //! cargo run --release --example adaptive_sim
@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::{env, fs, process};
 
-use bulkhead::adaptive::sim::{Bucket, Report, Scenario, run, standard_strategies};
+use watertight::adaptive::sim::{Bucket, Report, Scenario, run, standard_strategies};
 
 fn main() {
     let (svg, csv) = parse_args();

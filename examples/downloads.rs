@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use bulkhead::Semaphore;
+use watertight::Semaphore;
 
 /// What one run observed.
 #[derive(Debug)]

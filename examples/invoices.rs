@@ -30,7 +30,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bulkhead::{Bulkhead, BulkheadError, Metrics, RejectReason};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::client::conn::http1::SendRequest;
@@ -39,6 +38,7 @@ use hyper_util::rt::TokioIo;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
+use watertight::{Bulkhead, BulkheadError, Metrics, RejectReason};
 
 /// Connections the provider's contract allows at once.
 const PROVIDER_CONNECTIONS: usize = 5;

@@ -9,8 +9,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bulkhead::observer::{LeakSuspected, Observer};
-use bulkhead::{Bulkhead, BulkheadPermit};
+use watertight::observer::{LeakSuspected, Observer};
+use watertight::{Bulkhead, BulkheadPermit};
 
 /// Prints every suspected leak, as a pool's leak detector logs it.
 #[derive(Debug)]

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use bulkhead::{Bulkhead, BulkheadError, Metrics, RejectReason, Rejected};
+use watertight::{Bulkhead, BulkheadError, Metrics, RejectReason, Rejected};
 
 /// Images the GPU reads at once.
 const GPU_SLOTS: usize = 3;

@@ -42,8 +42,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bulkhead::tower::{BoxError, BulkheadLayer};
-use bulkhead::{Bulkhead, Metrics, Rejected};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode, header};
@@ -51,6 +49,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tower::{ServiceBuilder, ServiceExt};
+use watertight::tower::{BoxError, BulkheadLayer};
+use watertight::{Bulkhead, Metrics, Rejected};
 
 /// Requests the handler works on at once.
 const LIMIT: usize = 4;

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use bulkhead::keyed::{KeyedBulkhead, KeyedError, KeyedStats};
-use bulkhead::{Bulkhead, BulkheadError};
+use watertight::keyed::{KeyedBulkhead, KeyedError, KeyedStats};
+use watertight::{Bulkhead, BulkheadError};
 
 /// Reports per tenant at once.
 const PER_TENANT: usize = 4;

@@ -13,7 +13,7 @@
 //!
 //! The stack, outermost first:
 //!
-//! 1. `map_result`: a rejection (a `bulkhead::Rejected` inside the
+//! 1. `map_result`: a rejection (a `watertight::Rejected` inside the
 //!    `BoxError`) becomes a 503 with the reason; without it, hyper would
 //!    close the connection on the error.
 //! 2. `BulkheadLayer`: a permit per request, under the bulkhead's policy.
@@ -28,14 +28,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use bulkhead::tower::{BoxError, BulkheadLayer};
-use bulkhead::{Bulkhead, Rejected};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode, header};
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tower::{ServiceBuilder, ServiceExt};
+use watertight::tower::{BoxError, BulkheadLayer};
+use watertight::{Bulkhead, Rejected};
 
 /// Requests the checkout works on at once.
 const LIMIT: usize = 4;

@@ -22,7 +22,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use bulkhead::Bulkhead;
+//! use watertight::Bulkhead;
 //!
 //! # futures::executor::block_on(async {
 //! let provider = Bulkhead::builder()
@@ -32,13 +32,13 @@
 //!     .build()?;
 //! let number = provider.call(async { Ok::<_, std::io::Error>(1042) }).await.unwrap();
 //! assert_eq!(number, 1042);
-//! # Ok::<(), bulkhead::BuildError>(())
+//! # Ok::<(), watertight::BuildError>(())
 //! # }).unwrap();
 //! ```
 //!
 //! ```
 //! use std::sync::Arc;
-//! use bulkhead::Semaphore;
+//! use watertight::Semaphore;
 //!
 //! # futures::executor::block_on(async {
 //! // At most three requests to the downstream service at once.
@@ -83,7 +83,7 @@
 //!
 //! Three features share permits between processes:
 //!
-//! - `redis`: `bulkhead::redis`, a semaphore whose permits are leases in
+//! - `redis`: `watertight::redis`, a semaphore whose permits are leases in
 //!   Redis (renewed while held, with fencing tokens) and a bulkhead over it.
 //!   Needs `tokio` or `smol` as well, for the `redis` crate's connections
 //!   and the background renewals (without either, the build stops with an
@@ -100,7 +100,7 @@
 //!
 //! And one puts a bulkhead in a tower stack:
 //!
-//! - `tower`: `bulkhead::tower`, a `BulkheadLayer` for tower, hyper, tonic
+//! - `tower`: `watertight::tower`, a `BulkheadLayer` for tower, hyper, tonic
 //!   and axum stacks, which takes a permit per request (never in
 //!   `poll_ready`).
 //! - `http` (implies `tower`): the layer's ready-made deadline readers

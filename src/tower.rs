@@ -12,8 +12,8 @@
 //!
 //! ```
 //! use std::convert::Infallible;
-//! use bulkhead::Bulkhead;
-//! use bulkhead::tower::BulkheadLayer;
+//! use watertight::Bulkhead;
+//! use watertight::tower::BulkheadLayer;
 //! use tower::{ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -61,8 +61,8 @@
 //! ```
 //! use std::convert::Infallible;
 //! use std::time::{Duration, Instant};
-//! use bulkhead::Bulkhead;
-//! use bulkhead::tower::BulkheadLayer;
+//! use watertight::Bulkhead;
+//! use watertight::tower::BulkheadLayer;
 //! use tower::{ServiceBuilder, ServiceExt};
 //!
 //! /// A request that says how long its caller waits for the answer.
@@ -99,8 +99,8 @@
 //!
 //! ```
 //! # #[cfg(feature = "http")] {
-//! use bulkhead::Bulkhead;
-//! use bulkhead::tower::{BulkheadLayer, DeadlineExtension, Earliest, GrpcTimeout};
+//! use watertight::Bulkhead;
+//! use watertight::tower::{BulkheadLayer, DeadlineExtension, Earliest, GrpcTimeout};
 //!
 //! let bh = Bulkhead::builder().name("search").max_concurrent_calls(8).build().unwrap();
 //! let layer = BulkheadLayer::new(bh).deadline_from(Earliest(GrpcTimeout, DeadlineExtension));
@@ -133,8 +133,8 @@
 //! ```
 //! use std::convert::Infallible;
 //! use std::time::Duration;
-//! use bulkhead::{Bulkhead, RejectReason, Rejected};
-//! use bulkhead::tower::BulkheadLayer;
+//! use watertight::{Bulkhead, RejectReason, Rejected};
+//! use watertight::tower::BulkheadLayer;
 //! use tower::{ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -230,8 +230,8 @@ pub type BoxError = Box<dyn Error + Send + Sync>;
 ///
 /// ```
 /// use std::time::Duration;
-/// use bulkhead::Bulkhead;
-/// use bulkhead::tower::BulkheadLayer;
+/// use watertight::Bulkhead;
+/// use watertight::tower::BulkheadLayer;
 /// use tower::ServiceBuilder;
 /// use tower::limit::ConcurrencyLimitLayer;
 ///
@@ -262,8 +262,8 @@ impl BulkheadLayer {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
-    /// use bulkhead::tower::BulkheadLayer;
+    /// use watertight::Bulkhead;
+    /// use watertight::tower::BulkheadLayer;
     ///
     /// let bh = Bulkhead::builder().name("db").max_concurrent_calls(10).build().unwrap();
     /// let layer = BulkheadLayer::new(bh.clone());
@@ -309,8 +309,8 @@ impl<D, P> BulkheadLayer<D, P> {
     /// ```
     /// use std::convert::Infallible;
     /// use std::time::{Duration, Instant};
-    /// use bulkhead::{Bulkhead, RejectReason, Rejected};
-    /// use bulkhead::tower::BulkheadLayer;
+    /// use watertight::{Bulkhead, RejectReason, Rejected};
+    /// use watertight::tower::BulkheadLayer;
     /// use tower::{ServiceBuilder, ServiceExt};
     ///
     /// // (deadline in ms from now, body); an HTTP server would read a
@@ -371,8 +371,8 @@ impl<D, P> BulkheadLayer<D, P> {
     ///
     /// ```
     /// use std::convert::Infallible;
-    /// use bulkhead::Bulkhead;
-    /// use bulkhead::tower::BulkheadLayer;
+    /// use watertight::Bulkhead;
+    /// use watertight::tower::BulkheadLayer;
     /// use tower::{ServiceBuilder, ServiceExt};
     ///
     /// // (class, body); an HTTP server would read a header instead.
@@ -440,7 +440,7 @@ impl<S, D: Clone, P: Clone> Layer<S> for BulkheadLayer<D, P> {
 /// # Examples
 ///
 /// ```
-/// use bulkhead::tower::RequestPriority;
+/// use watertight::tower::RequestPriority;
 ///
 /// #[derive(Clone)]
 /// struct ByTier;
@@ -476,7 +476,7 @@ where
 /// # Examples
 ///
 /// ```
-/// use bulkhead::tower::{NoPriority, RequestPriority};
+/// use watertight::tower::{NoPriority, RequestPriority};
 ///
 /// assert_eq!(NoPriority.priority(&"any request"), None);
 /// ```
@@ -501,7 +501,7 @@ impl<Req> RequestPriority<Req> for NoPriority {
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use bulkhead::tower::RequestDeadline;
+/// use watertight::tower::RequestDeadline;
 ///
 /// /// A job that says how long it may take in all.
 /// struct Job {
@@ -543,7 +543,7 @@ where
 /// # Examples
 ///
 /// ```
-/// use bulkhead::tower::{NoDeadline, RequestDeadline};
+/// use watertight::tower::{NoDeadline, RequestDeadline};
 ///
 /// assert_eq!(NoDeadline.deadline(&"any request"), None);
 /// ```
@@ -577,8 +577,8 @@ impl<Req> RequestDeadline<Req> for NoDeadline {
 ///
 /// ```
 /// use std::convert::Infallible;
-/// use bulkhead::Bulkhead;
-/// use bulkhead::tower::BulkheadService;
+/// use watertight::Bulkhead;
+/// use watertight::tower::BulkheadService;
 /// use tower::{Service, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -625,8 +625,8 @@ impl<S, D, P> BulkheadService<S, D, P> {
     /// ```
     /// use std::convert::Infallible;
     /// use std::time::Instant;
-    /// use bulkhead::{Bulkhead, RejectReason, Rejected};
-    /// use bulkhead::tower::BulkheadService;
+    /// use watertight::{Bulkhead, RejectReason, Rejected};
+    /// use watertight::tower::BulkheadService;
     /// use tower::{ServiceExt, service_fn};
     ///
     /// # futures::executor::block_on(async {
@@ -656,8 +656,8 @@ impl<S, D, P> BulkheadService<S, D, P> {
     ///
     /// ```
     /// use std::convert::Infallible;
-    /// use bulkhead::Bulkhead;
-    /// use bulkhead::tower::BulkheadService;
+    /// use watertight::Bulkhead;
+    /// use watertight::tower::BulkheadService;
     /// use tower::{ServiceExt, service_fn};
     ///
     /// # futures::executor::block_on(async {
@@ -768,8 +768,8 @@ pin_project! {
     ///
     /// ```
     /// use std::convert::Infallible;
-    /// use bulkhead::Bulkhead;
-    /// use bulkhead::tower::{BulkheadService, ResponseFuture};
+    /// use watertight::Bulkhead;
+    /// use watertight::tower::{BulkheadService, ResponseFuture};
     /// use tower::{Service, service_fn};
     ///
     /// # futures::executor::block_on(async {
@@ -913,8 +913,8 @@ where
 ///
 /// ```
 /// use std::time::Duration;
-/// use bulkhead::Bulkhead;
-/// use bulkhead::tower::{BulkheadLayer, CallTimeout};
+/// use watertight::Bulkhead;
+/// use watertight::tower::{BulkheadLayer, CallTimeout};
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")]

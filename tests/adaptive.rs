@@ -7,10 +7,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::Duration;
 
-use bulkhead::adaptive::sim::{Fixed, Report, Scenario, run, standard_strategies};
-use bulkhead::adaptive::{self, AdaptiveLimiter, Aimd, Gradient, LimitAlgorithm, Sample, Verdict};
-use bulkhead::{Bulkhead, CallOutcome};
 use futures::executor::block_on;
+use watertight::adaptive::sim::{Fixed, Report, Scenario, run, standard_strategies};
+use watertight::adaptive::{
+    self, AdaptiveLimiter, Aimd, Gradient, LimitAlgorithm, Sample, Verdict,
+};
+use watertight::{Bulkhead, CallOutcome};
 
 /// The example, for its plot: `docs/adaptive.svg` must be what it draws.
 #[allow(dead_code)]
@@ -624,7 +626,7 @@ async fn aimd_drives_a_real_bulkhead_on_tokio() {
     }
     let mut shed = 0;
     for call in calls {
-        if let Err(bulkhead::BulkheadError::Inner(_)) = call.await.unwrap() {
+        if let Err(watertight::BulkheadError::Inner(_)) = call.await.unwrap() {
             shed += 1;
         }
     }

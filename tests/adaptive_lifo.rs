@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bulkhead::observer::{Finished, Observer, Permitted, Rejection};
-use bulkhead::{BuildErrorKind, Bulkhead, BulkheadBuilder, BulkheadPermit, Rejected};
+use watertight::observer::{Finished, Observer, Permitted, Rejection};
+use watertight::{BuildErrorKind, Bulkhead, BulkheadBuilder, BulkheadPermit, Rejected};
 
 const MS: Duration = Duration::from_millis(1);
 /// The target wait; the interval is zero, so the line stands at the first

@@ -22,10 +22,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use bulkhead::futures::Call;
-use bulkhead::keyed::{KeyedBulkhead, KeyedBulkheadBuilder, KeyedError, KeyedRejectReason};
-use bulkhead::timer::{ThreadSleep, ThreadTimer, Timer};
-use bulkhead::{Bulkhead, BulkheadBuilder, BulkheadError, RejectReason};
+use watertight::futures::Call;
+use watertight::keyed::{KeyedBulkhead, KeyedBulkheadBuilder, KeyedError, KeyedRejectReason};
+use watertight::timer::{ThreadSleep, ThreadTimer, Timer};
+use watertight::{Bulkhead, BulkheadBuilder, BulkheadError, RejectReason};
 
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
@@ -244,7 +244,7 @@ fn deadline_paths(timer: &str, make: &dyn Fn(BulkheadBuilder) -> Bulkhead, drive
     // An observer, so that every hold time is measured (without one,
     // only a sample is), and the estimate below learns the 20 ms hold.
     struct Quiet;
-    impl bulkhead::Observer for Quiet {}
+    impl watertight::Observer for Quiet {}
     let bh = make(
         Bulkhead::builder()
             .max_concurrent_calls(1)
@@ -464,7 +464,7 @@ fn tokio_runtime() -> &'static tokio::runtime::Runtime {
 #[test]
 fn tokio_timer_paths_allocate_nothing() {
     let rt = tokio_runtime();
-    let timer: Arc<dyn Timer> = Arc::new(bulkhead::timer::TokioTimer::new(rt.handle().clone()));
+    let timer: Arc<dyn Timer> = Arc::new(watertight::timer::TokioTimer::new(rt.handle().clone()));
     every_path(
         "TokioTimer",
         &|b| b.timer(timer.clone()).build().unwrap(),
@@ -485,7 +485,7 @@ fn default_timer_in_tokio_allocates_nothing() {
 #[cfg(feature = "async-io")]
 #[test]
 fn async_io_timer_paths_allocate_nothing() {
-    let timer: Arc<dyn Timer> = Arc::new(bulkhead::timer::AsyncIoTimer::new());
+    let timer: Arc<dyn Timer> = Arc::new(watertight::timer::AsyncIoTimer::new());
     // Not `async_io::block_on`: it makes a parker (an allocation) per call.
     every_path(
         "AsyncIoTimer",
@@ -507,7 +507,7 @@ fn tower_layer_allocates_nothing_per_request() {
     use std::convert::Infallible;
     use std::future::ready;
 
-    use bulkhead::tower::{BoxError, BulkheadService};
+    use watertight::tower::{BoxError, BulkheadService};
 
     let timer: Arc<dyn Timer> = Arc::new(ThreadTimer::new());
     let double = tower::service_fn(|n: u32| ready(Ok::<_, Infallible>(n * 2)));
@@ -591,7 +591,7 @@ fn tower_layer_allocates_nothing_per_request() {
     assert_allocations("tower: call timed out", boxed + 1, || {
         let out = futures::executor::block_on(request(&mut stuck, ()));
         let err = out.unwrap_err();
-        assert!(err.is::<bulkhead::tower::CallTimeout>(), "{err}");
+        assert!(err.is::<watertight::tower::CallTimeout>(), "{err}");
     });
     for b in [&bh, &fail_fast, &short] {
         assert_eq!(b.metrics().in_flight(), 0);
@@ -608,12 +608,14 @@ fn request<S: tower::Service<R>, R>(service: &mut S, request: R) -> S::Future {
 
 #[cfg(feature = "tower")]
 fn assert_tower_rejected<T: std::fmt::Debug>(
-    out: Poll<Result<T, bulkhead::tower::BoxError>>,
+    out: Poll<Result<T, watertight::tower::BoxError>>,
     reason: RejectReason,
 ) {
     match out {
         Poll::Ready(Err(e)) => {
-            let rejected = e.downcast_ref::<bulkhead::Rejected>().expect("a rejection");
+            let rejected = e
+                .downcast_ref::<watertight::Rejected>()
+                .expect("a rejection");
             assert_eq!(rejected.reason(), reason);
         }
         other => panic!("expected {reason:?}, got {other:?}"),
@@ -839,7 +841,7 @@ thread_local! {
 #[test]
 fn keyed_tokio_timer_paths_allocate_nothing() {
     let handle = OWN_RUNTIME.with(|rt| rt.handle().clone());
-    let timer: Arc<dyn Timer> = Arc::new(bulkhead::timer::TokioTimer::new(handle));
+    let timer: Arc<dyn Timer> = Arc::new(watertight::timer::TokioTimer::new(handle));
     keyed_every_path(
         "TokioTimer",
         &|b| b.timer(timer.clone()).build().unwrap(),
@@ -862,7 +864,7 @@ fn keyed_default_timer_in_tokio_allocates_nothing() {
 #[cfg(feature = "async-io")]
 #[test]
 fn keyed_async_io_timer_paths_allocate_nothing() {
-    let timer: Arc<dyn Timer> = Arc::new(bulkhead::timer::AsyncIoTimer::new());
+    let timer: Arc<dyn Timer> = Arc::new(watertight::timer::AsyncIoTimer::new());
     keyed_every_path(
         "AsyncIoTimer",
         &|b| b.timer(timer.clone()).build().unwrap(),
@@ -967,7 +969,7 @@ impl Wake for CountWakes {
 /// waiters are polled with a real waker, which must be woken each time.
 #[test]
 fn semaphore_paths_allocate_nothing() {
-    use bulkhead::Semaphore;
+    use watertight::Semaphore;
     let count = Arc::new(CountWakes(std::sync::atomic::AtomicUsize::new(0)));
     let waker = Waker::from(count.clone());
     let mut cx = Context::from_waker(&waker);

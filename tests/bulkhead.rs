@@ -14,11 +14,11 @@ mod common;
 
 use std::error::Error;
 
-use bulkhead::observer::{Finished, Observer, Permitted, Rejection};
-use bulkhead::{
+use futures::executor::block_on;
+use watertight::observer::{Finished, Observer, Permitted, Rejection};
+use watertight::{
     BuildErrorKind, Bulkhead, BulkheadError, CallOutcome, Metrics, RejectReason, Rejected,
 };
-use futures::executor::block_on;
 
 fn poll_noop<F: Future>(fut: std::pin::Pin<&mut F>) -> Poll<F::Output> {
     fut.poll(&mut Context::from_waker(Waker::noop()))
@@ -80,14 +80,14 @@ fn observed(limit: usize) -> (Bulkhead, Arc<Recorder>) {
 /// Bad configurations are errors with a kind and a message, not panics.
 #[test]
 fn bad_configurations_are_build_errors() {
-    let kind = |b: bulkhead::BulkheadBuilder| b.build().unwrap_err().kind();
+    let kind = |b: watertight::BulkheadBuilder| b.build().unwrap_err().kind();
     assert_eq!(kind(Bulkhead::builder()), BuildErrorKind::MissingLimit);
     assert_eq!(
         kind(Bulkhead::builder().max_concurrent_calls(0)),
         BuildErrorKind::ZeroLimit
     );
     assert_eq!(
-        kind(Bulkhead::builder().max_concurrent_calls(bulkhead::Semaphore::MAX_PERMITS + 1)),
+        kind(Bulkhead::builder().max_concurrent_calls(watertight::Semaphore::MAX_PERMITS + 1)),
         BuildErrorKind::LimitTooLarge
     );
     assert_eq!(
@@ -560,19 +560,19 @@ fn traits() {
     send_sync_clone::<Bulkhead>();
     send_sync_clone::<Rejected>();
     send_sync_clone::<BulkheadError<std::io::ErrorKind>>();
-    send_sync_clone::<bulkhead::BuildError>();
+    send_sync_clone::<watertight::BuildError>();
     fn send<T: Send + 'static>() {}
-    send::<bulkhead::BulkheadPermit>();
+    send::<watertight::BulkheadPermit>();
     fn error<T: std::error::Error + Send + Sync + 'static>() {}
     error::<Rejected>();
-    error::<bulkhead::BuildError>();
+    error::<watertight::BuildError>();
     error::<BulkheadError<std::io::Error>>();
     let bh = bulkhead(1);
     let fut = bh.call(async { Ok::<_, ()>(()) });
     fn is_send<T: Send>(_: &T) {}
     is_send(&fut);
     let by = std::time::Instant::now() + std::time::Duration::from_secs(1);
-    let fut: bulkhead::futures::CallBy<'_, _> = bh.call_by(by, async { Ok::<_, ()>(()) });
+    let fut: watertight::futures::CallBy<'_, _> = bh.call_by(by, async { Ok::<_, ()>(()) });
     is_send(&fut);
     assert!(format!("{fut:?}").starts_with("CallBy"));
     is_send(&bh.acquire_by(by));
@@ -656,8 +656,8 @@ fn rejections_carry_a_retry_hint_from_hold_times() {
 /// bulkhead; one released in time is not reported.
 #[test]
 fn leak_detection_reports_permits_held_too_long() {
-    use bulkhead::observer::{LeakSuspected, Observer};
     use std::sync::Mutex;
+    use watertight::observer::{LeakSuspected, Observer};
 
     #[derive(Default)]
     struct Leaks(Mutex<Vec<(String, Duration)>>);
@@ -705,7 +705,7 @@ fn leak_detection_reports_permits_held_too_long() {
             .build()
             .unwrap_err()
             .kind(),
-        bulkhead::BuildErrorKind::ZeroLeakThreshold
+        watertight::BuildErrorKind::ZeroLeakThreshold
     );
 }
 
@@ -717,8 +717,8 @@ struct GateTimer {
     made: AtomicUsize,
 }
 
-impl bulkhead::timer::Timer for GateTimer {
-    fn sleep(&self, _: Duration) -> bulkhead::timer::Sleep {
+impl watertight::timer::Timer for GateTimer {
+    fn sleep(&self, _: Duration) -> watertight::timer::Sleep {
         self.made.fetch_add(1, Ordering::SeqCst);
         let fire = self.fire.clone();
         Box::pin(std::future::poll_fn(move |_| {
@@ -737,7 +737,7 @@ impl bulkhead::timer::Timer for GateTimer {
 fn the_call_future_is_named_and_send() {
     fn send<T: Send>(_: &T) {}
     struct Stored<'a> {
-        fut: bulkhead::futures::Call<'a, std::future::Ready<Result<u8, ()>>>,
+        fut: watertight::futures::Call<'a, std::future::Ready<Result<u8, ()>>>,
     }
     let bh = bulkhead(1);
     let stored = Stored {
@@ -885,7 +885,7 @@ fn poll_with<F: Future>(fut: std::pin::Pin<&mut F>, flag: &Arc<Flag>) -> Poll<F:
 /// A bulkhead of one permit, held, whose callers wait a second at most (on
 /// the default timer: the line timer).
 #[cfg(feature = "tokio")]
-fn full_for_a_second() -> (Bulkhead, bulkhead::BulkheadPermit) {
+fn full_for_a_second() -> (Bulkhead, watertight::BulkheadPermit) {
     let bh = Bulkhead::builder()
         .max_concurrent_calls(1)
         .max_wait(Duration::from_secs(1))

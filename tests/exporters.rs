@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use bulkhead::{Bulkhead, RejectReason};
 use futures::executor::block_on;
+use watertight::{Bulkhead, RejectReason};
 
 /// With the `metrics` feature, every call is counted with bounded labels,
 /// and the in-flight gauge and wait/hold histograms are published.

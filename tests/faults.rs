@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bulkhead::Bulkhead;
-use bulkhead::observer::{Finished, LeakSuspected, Observer, Permitted, Rejection};
-use bulkhead::timer::{Sleep, Timer};
+use watertight::Bulkhead;
+use watertight::observer::{Finished, LeakSuspected, Observer, Permitted, Rejection};
+use watertight::timer::{Sleep, Timer};
 #[cfg(feature = "tokio")]
-use bulkhead::{BulkheadError, RejectReason};
+use watertight::{BulkheadError, RejectReason};
 
 fn poll_once<F: Future>(fut: std::pin::Pin<&mut F>) -> Poll<F::Output> {
     fut.poll(&mut Context::from_waker(Waker::noop()))
@@ -218,7 +218,7 @@ fn wait_idle_wakes_after_a_granted_waiter_is_cancelled() {
     let done = futures::executor::block_on(async {
         futures::future::select(
             idle,
-            Box::pin(bulkhead::timer::ThreadSleep::new(Duration::from_secs(5))),
+            Box::pin(watertight::timer::ThreadSleep::new(Duration::from_secs(5))),
         )
         .await
     });
@@ -321,7 +321,7 @@ fn a_tokio_timer_whose_runtime_is_gone_gives_typed_rejections() {
         .enable_all()
         .build()
         .unwrap();
-    let timer = Arc::new(bulkhead::timer::TokioTimer::new(rt.handle().clone()));
+    let timer = Arc::new(watertight::timer::TokioTimer::new(rt.handle().clone()));
     let bh = Bulkhead::builder()
         .max_concurrent_calls(1)
         .max_wait(Duration::from_secs(1))
@@ -375,9 +375,9 @@ fn a_runtime_without_a_time_driver_fails_at_build() {
             .build();
         assert_eq!(
             built.unwrap_err().kind(),
-            bulkhead::BuildErrorKind::TimerUnavailable
+            watertight::BuildErrorKind::TimerUnavailable
         );
-        let timer = Arc::new(bulkhead::timer::TokioTimer::try_current().unwrap());
+        let timer = Arc::new(watertight::timer::TokioTimer::try_current().unwrap());
         let built = Bulkhead::builder()
             .max_concurrent_calls(1)
             .call_timeout(Duration::from_secs(1))
@@ -385,7 +385,7 @@ fn a_runtime_without_a_time_driver_fails_at_build() {
             .build();
         assert_eq!(
             built.unwrap_err().kind(),
-            bulkhead::BuildErrorKind::TimerUnavailable
+            watertight::BuildErrorKind::TimerUnavailable
         );
         // Without a timer to need, it builds and works.
         let plain = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
@@ -480,7 +480,7 @@ fn a_panicking_leak_observer_harms_neither_the_timer_nor_the_permit() {
     let bh = Bulkhead::builder()
         .max_concurrent_calls(1)
         .leak_threshold(Duration::from_millis(5))
-        .timer(Arc::new(bulkhead::timer::ThreadTimer::new()))
+        .timer(Arc::new(watertight::timer::ThreadTimer::new()))
         .observer(bad.clone())
         .build()
         .unwrap();
@@ -493,7 +493,9 @@ fn a_panicking_leak_observer_harms_neither_the_timer_nor_the_permit() {
     assert_eq!(bad.leaks.load(Ordering::SeqCst), 1);
     drop(permit);
     // The timer thread still serves sleeps.
-    futures::executor::block_on(bulkhead::timer::ThreadSleep::new(Duration::from_millis(1)));
+    futures::executor::block_on(watertight::timer::ThreadSleep::new(Duration::from_millis(
+        1,
+    )));
     assert_eq!(bh.metrics().in_flight(), 0);
 }
 

@@ -13,8 +13,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bulkhead::observer::{Finished, Observer, Permitted, Rejection};
-use bulkhead::{Bulkhead, BulkheadError, CallOutcome, RejectReason};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::client::conn::http1::SendRequest;
@@ -23,6 +21,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
+use watertight::observer::{Finished, Observer, Permitted, Rejection};
+use watertight::{Bulkhead, BulkheadError, CallOutcome, RejectReason};
 
 /// Requests the server serves at once; past it, it answers 503.
 const N: usize = 8;

@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bulkhead::keyed::{KeyedBulkhead, KeyedError, KeyedPermit, KeyedRejectReason, KeyedRejected};
-use bulkhead::observer::{Observer, Permitted, Rejection};
-use bulkhead::{BuildErrorKind, Bulkhead, CallOutcome};
+use watertight::keyed::{KeyedBulkhead, KeyedError, KeyedPermit, KeyedRejectReason, KeyedRejected};
+use watertight::observer::{Observer, Permitted, Rejection};
+use watertight::{BuildErrorKind, Bulkhead, CallOutcome};
 
 fn fail_fast(limit: usize) -> KeyedBulkhead<String> {
     KeyedBulkhead::builder()
@@ -27,7 +27,7 @@ fn fail_fast(limit: usize) -> KeyedBulkhead<String> {
         .unwrap()
 }
 
-fn reason(result: Result<KeyedPermit, bulkhead::keyed::KeyedRejected>) -> KeyedRejectReason {
+fn reason(result: Result<KeyedPermit, watertight::keyed::KeyedRejected>) -> KeyedRejectReason {
     result.expect_err("expected a rejection").reason()
 }
 
@@ -184,7 +184,7 @@ async fn a_key_wait_times_out_after_max_wait() {
     assert!(rejected.reason().is_timeout() && !rejected.reason().is_global());
     assert_eq!(
         rejected.bulkhead_rejection().unwrap().reason(),
-        bulkhead::RejectReason::Timeout
+        watertight::RejectReason::Timeout
     );
     let a = kb.metrics_for("a").unwrap();
     assert_eq!((a.queued(), a.rejected_by_key()), (0, 1));
@@ -894,13 +894,16 @@ async fn a_keyed_call_error_returns_its_cause_from_source_without_repeating_it()
     assert_eq!(chain.len(), 3, "{chain:?}");
     let keyed = rejected.source().unwrap();
     assert_eq!(
-        keyed.downcast_ref::<bulkhead::keyed::KeyedRejected>(),
+        keyed.downcast_ref::<watertight::keyed::KeyedRejected>(),
         rejected.rejected()
     );
-    let inner = keyed.source().unwrap().downcast_ref::<bulkhead::Rejected>();
+    let inner = keyed
+        .source()
+        .unwrap()
+        .downcast_ref::<watertight::Rejected>();
     assert_eq!(
         inner.map(|r| r.reason()),
-        Some(bulkhead::RejectReason::Full)
+        Some(watertight::RejectReason::Full)
     );
     drop(held);
 
@@ -1029,7 +1032,7 @@ async fn close_rejects_waiters_of_keys_and_of_a_shared_global_limit() {
 
 #[test]
 fn build_errors() {
-    let kind = |b: bulkhead::keyed::KeyedBulkheadBuilder<u8>| b.build().unwrap_err().kind();
+    let kind = |b: watertight::keyed::KeyedBulkheadBuilder<u8>| b.build().unwrap_err().kind();
     assert_eq!(kind(KeyedBulkhead::builder()), BuildErrorKind::MissingLimit);
     assert_eq!(
         kind(KeyedBulkhead::builder().max_concurrent_calls(0)),
@@ -1073,9 +1076,10 @@ fn build_errors() {
 /// every setting they share fails the same way on both.
 #[test]
 fn keyed_and_plain_builders_reject_the_same_settings() {
-    type Tweak = fn(bulkhead::BulkheadBuilder) -> bulkhead::BulkheadBuilder;
-    type KeyedTweak =
-        fn(bulkhead::keyed::KeyedBulkheadBuilder<u8>) -> bulkhead::keyed::KeyedBulkheadBuilder<u8>;
+    type Tweak = fn(watertight::BulkheadBuilder) -> watertight::BulkheadBuilder;
+    type KeyedTweak = fn(
+        watertight::keyed::KeyedBulkheadBuilder<u8>,
+    ) -> watertight::keyed::KeyedBulkheadBuilder<u8>;
     let cases: [(Tweak, KeyedTweak); 5] = [
         (|b| b.max_concurrent_calls(0), |b| b.max_concurrent_calls(0)),
         (|b| b.name(""), |b| b.name("")),
@@ -1088,12 +1092,12 @@ fn keyed_and_plain_builders_reject_the_same_settings() {
             |b| b.leak_threshold(Duration::ZERO),
         ),
         (
-            |b| b.max_concurrent_calls(bulkhead::Semaphore::MAX_PERMITS + 1),
-            |b| b.max_concurrent_calls(bulkhead::Semaphore::MAX_PERMITS + 1),
+            |b| b.max_concurrent_calls(watertight::Semaphore::MAX_PERMITS + 1),
+            |b| b.max_concurrent_calls(watertight::Semaphore::MAX_PERMITS + 1),
         ),
     ];
     for (plain, keyed) in cases {
-        let plain = plain(bulkhead::Bulkhead::builder().max_concurrent_calls(1))
+        let plain = plain(watertight::Bulkhead::builder().max_concurrent_calls(1))
             .build()
             .unwrap_err()
             .kind();
@@ -1358,7 +1362,7 @@ fn permit_outcome_reaches_the_observers() {
     #[derive(Debug, Default)]
     struct Outcomes(Mutex<Vec<(String, CallOutcome)>>);
     impl Observer for Outcomes {
-        fn on_finished(&self, e: &bulkhead::observer::Finished<'_>) {
+        fn on_finished(&self, e: &watertight::observer::Finished<'_>) {
             self.0.lock().unwrap().push((e.name.to_owned(), e.outcome));
         }
     }
@@ -1489,10 +1493,10 @@ async fn below_half_full_every_key_is_evictable_once_idle_under_churn() {
 #[derive(Debug, Default)]
 struct CountingTimer(AtomicUsize);
 
-impl bulkhead::timer::Timer for CountingTimer {
-    fn sleep(&self, duration: Duration) -> bulkhead::timer::Sleep {
+impl watertight::timer::Timer for CountingTimer {
+    fn sleep(&self, duration: Duration) -> watertight::timer::Sleep {
         self.0.fetch_add(1, Ordering::SeqCst);
-        bulkhead::timer::ThreadTimer::new().sleep(duration)
+        watertight::timer::ThreadTimer::new().sleep(duration)
     }
 }
 

@@ -19,12 +19,12 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use bulkhead::keyed::{
+use common::poll_noop;
+use watertight::keyed::{
     KeyedBulkhead, KeyedBulkheadBuilder, KeyedPermit, KeyedRejectReason, KeyedRejected,
 };
-use bulkhead::observer::{Observer, Permitted, Rejection};
-use bulkhead::{BuildErrorKind, Bulkhead};
-use common::poll_noop;
+use watertight::observer::{Observer, Permitted, Rejection};
+use watertight::{BuildErrorKind, Bulkhead};
 
 type Acquiring<'a> = Pin<Box<dyn Future<Output = Result<KeyedPermit, KeyedRejected>> + 'a>>;
 

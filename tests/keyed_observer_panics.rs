@@ -15,9 +15,9 @@ use std::task::{Context, Poll, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use bulkhead::Bulkhead;
-use bulkhead::keyed::KeyedBulkhead;
-use bulkhead::observer::{Finished, Observer, Permitted, Rejection};
+use watertight::Bulkhead;
+use watertight::keyed::KeyedBulkhead;
+use watertight::observer::{Finished, Observer, Permitted, Rejection};
 
 const MS: Duration = Duration::from_millis(1);
 

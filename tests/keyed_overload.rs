@@ -17,9 +17,9 @@ use std::task::{Context, Poll, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use bulkhead::keyed::{KeyedBulkhead, KeyedError, KeyedRejectReason, KeyedRejected};
-use bulkhead::observer::{Observer, Rejection};
-use bulkhead::{BuildErrorKind, RejectReason};
+use watertight::keyed::{KeyedBulkhead, KeyedError, KeyedRejectReason, KeyedRejected};
+use watertight::observer::{Observer, Rejection};
+use watertight::{BuildErrorKind, RejectReason};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -154,7 +154,7 @@ fn assert_cut_to_target(calls: &[&Arrival], first_cut: tokio::time::Instant, hol
 }
 
 #[cfg(feature = "tokio")]
-fn delayed(limit: usize, seen: &Arc<Seen>) -> bulkhead::keyed::KeyedBulkheadBuilder<u32> {
+fn delayed(limit: usize, seen: &Arc<Seen>) -> watertight::keyed::KeyedBulkheadBuilder<u32> {
     KeyedBulkhead::<u32>::builder()
         .name("t")
         .max_concurrent_calls(limit)
@@ -612,7 +612,7 @@ struct Panicky {
 }
 
 impl Observer for Panicky {
-    fn on_permitted(&self, e: &bulkhead::observer::Permitted<'_>) {
+    fn on_permitted(&self, e: &watertight::observer::Permitted<'_>) {
         assert!(
             !self.on_permitted || e.name != "t.global",
             "on_permitted panics"

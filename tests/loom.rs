@@ -12,9 +12,9 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use bulkhead::Semaphore;
 use loom::future::block_on;
 use loom::thread;
+use watertight::Semaphore;
 
 /// Polls `fut` once with a waker that does nothing.
 fn poll_once<F: Future>(fut: std::pin::Pin<&mut F>) -> Poll<F::Output> {

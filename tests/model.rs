@@ -30,12 +30,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
-use bulkhead::futures::{Acquire, AcquireOwned};
-use bulkhead::{AcquireError, OwnedPermit, Permit, Semaphore, TryAcquireError};
 use futures::future::FusedFuture;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::TestCaseError;
+use watertight::futures::{Acquire, AcquireOwned};
+use watertight::{AcquireError, OwnedPermit, Permit, Semaphore, TryAcquireError};
 
 // ---------------------------------------------------------------------------
 // The operations

@@ -12,9 +12,9 @@ use std::task::{Context, Poll, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use bulkhead::observer::{Observer, Rejection};
-use bulkhead::timer::{Sleep, ThreadTimer, Timer};
-use bulkhead::{Bulkhead, BulkheadBuilder, BulkheadError, RejectReason, Rejected};
+use watertight::observer::{Observer, Rejection};
+use watertight::timer::{Sleep, ThreadTimer, Timer};
+use watertight::{Bulkhead, BulkheadBuilder, BulkheadError, RejectReason, Rejected};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -700,7 +700,7 @@ fn a_zero_target_is_refused() {
         .queue_delay(Duration::ZERO, 100 * MS)
         .build()
         .unwrap_err();
-    assert_eq!(err.kind(), bulkhead::BuildErrorKind::ZeroQueueDelayTarget);
+    assert_eq!(err.kind(), watertight::BuildErrorKind::ZeroQueueDelayTarget);
     let builder = Bulkhead::builder().queue_delay(5 * MS, 100 * MS);
     assert!(format!("{builder:?}").contains("queue_delay: Some((5ms, 100ms))"));
     assert_eq!(RejectReason::QueueDelay.as_str(), "queue_delay");

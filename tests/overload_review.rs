@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use bulkhead::{Bulkhead, BulkheadPermit, RejectReason, Rejected};
 use common::{Counted, poll_noop};
+use watertight::{Bulkhead, BulkheadPermit, RejectReason, Rejected};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -379,7 +379,7 @@ impl std::hash::Hash for Colliding {
 /// at all).
 #[test]
 fn a_key_whose_eq_panics_as_it_is_tracked_takes_no_place() {
-    use bulkhead::keyed::KeyedBulkhead;
+    use watertight::keyed::KeyedBulkhead;
     let kb = KeyedBulkhead::<Colliding>::builder()
         .max_concurrent_calls(1)
         .max_keys(2)
@@ -407,7 +407,7 @@ fn a_key_whose_eq_panics_as_it_is_tracked_takes_no_place() {
 #[derive(Default)]
 struct Quiet;
 
-impl bulkhead::observer::Observer for Quiet {}
+impl watertight::observer::Observer for Quiet {}
 
 /// A plain `call_by` / `acquire_by` on a bulkhead with classes finds its
 /// seat free (it never waits): its expected wait is zero, as without
@@ -453,10 +453,10 @@ fn a_plain_deadline_call_on_a_classed_bulkhead_counts_the_free_seats() {
 /// A timer whose clock the bulkhead cannot read: every waiter gets a sleep
 /// of its own (no line timer).
 #[derive(Debug)]
-struct OwnSleeps(bulkhead::timer::ThreadTimer);
+struct OwnSleeps(watertight::timer::ThreadTimer);
 
-impl bulkhead::timer::Timer for OwnSleeps {
-    fn sleep(&self, duration: Duration) -> bulkhead::timer::Sleep {
+impl watertight::timer::Timer for OwnSleeps {
+    fn sleep(&self, duration: Duration) -> watertight::timer::Sleep {
         self.0.sleep(duration)
     }
 }
@@ -473,10 +473,10 @@ fn a_huge_queue_delay_target_and_interval_are_a_line_that_never_stands() {
             ("own sleeps", false, true),
             ("classes", true, false),
         ] {
-            let timer: Arc<dyn bulkhead::timer::Timer> = if own_sleeps {
-                Arc::new(OwnSleeps(bulkhead::timer::ThreadTimer::new()))
+            let timer: Arc<dyn watertight::timer::Timer> = if own_sleeps {
+                Arc::new(OwnSleeps(watertight::timer::ThreadTimer::new()))
             } else {
-                Arc::new(bulkhead::timer::ThreadTimer::new())
+                Arc::new(watertight::timer::ThreadTimer::new())
             };
             let mut builder = Bulkhead::builder()
                 .max_concurrent_calls(1)
@@ -771,7 +771,7 @@ fn classes_with_wakers_that_panic_lose_nothing() {
 /// the end nothing is left and a free seat is taken at once.
 #[test]
 fn the_fair_line_under_random_load_and_limit_changes_loses_nothing() {
-    use bulkhead::keyed::{KeyedBulkhead, KeyedPermit, KeyedRejected};
+    use watertight::keyed::{KeyedBulkhead, KeyedPermit, KeyedRejected};
     type Acquiring<'a> = Pin<Box<dyn Future<Output = Result<KeyedPermit, KeyedRejected>> + 'a>>;
     let kb = KeyedBulkhead::<u32>::builder()
         .max_concurrent_calls(100)

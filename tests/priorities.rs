@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bulkhead::observer::{CallOutcome, Finished, Observer, Permitted, Rejection};
-use bulkhead::{
+use watertight::observer::{CallOutcome, Finished, Observer, Permitted, Rejection};
+use watertight::{
     BuildErrorKind, Bulkhead, BulkheadError, BulkheadPermit, ClassSeats, RejectReason, Rejected,
 };
 
@@ -684,8 +684,8 @@ impl Drop for Out<'_> {
 #[cfg(feature = "tower")]
 #[tokio::test]
 async fn the_tower_layer_picks_the_class_per_request() {
-    use bulkhead::tower::BulkheadLayer;
     use tower::{Service, ServiceBuilder, ServiceExt};
+    use watertight::tower::BulkheadLayer;
 
     let bh = Bulkhead::builder()
         .max_concurrent_calls(1)
@@ -758,9 +758,9 @@ async fn the_tower_layer_picks_the_class_per_request() {
 #[cfg(all(feature = "tower", feature = "tokio"))]
 #[tokio::test(start_paused = true)]
 async fn a_classed_deadline_counts_only_the_waiters_ahead() {
-    use bulkhead::tower::BulkheadLayer;
     use tokio::time::Instant;
     use tower::ServiceExt;
+    use watertight::tower::BulkheadLayer;
 
     let bh = Bulkhead::builder()
         .max_concurrent_calls(1)

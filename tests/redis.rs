@@ -9,9 +9,9 @@ mod redis_server;
 use std::error::Error;
 use std::time::Duration;
 
-use bulkhead::RejectReason;
-use bulkhead::redis::{ConfigError, LeaseError, RedisBulkhead, RedisSemaphore, ReleaseError};
 use redis_server::RedisServer;
+use watertight::RejectReason;
+use watertight::redis::{ConfigError, LeaseError, RedisBulkhead, RedisSemaphore, ReleaseError};
 
 async fn semaphore(server: &RedisServer, name: &str, limit: usize, ttl_ms: u64) -> RedisSemaphore {
     let client = redis::Client::open(server.url()).unwrap();

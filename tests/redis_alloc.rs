@@ -21,11 +21,11 @@ mod redis_bare;
 
 use std::time::Duration;
 
-use bulkhead::redis::RedisSemaphore;
 use counting_alloc::{Counting, count};
 use redis::aio::ConnectionManagerConfig;
 use redis_bare::Bare;
 use redis_server::RedisServer;
+use watertight::redis::RedisSemaphore;
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;

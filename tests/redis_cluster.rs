@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use bulkhead::redis::{ConfigError, LeaseError, RedisBulkhead, RedisSemaphore};
 use failover_load::Load;
 use redis::cluster::ClusterClient;
 use redis_server::RedisCluster;
+use watertight::redis::{ConfigError, LeaseError, RedisBulkhead, RedisSemaphore};
 
 /// Names whose slots fall on every one of the three primaries (checked by
 /// `names_spread_over_every_primary`).
@@ -290,7 +290,7 @@ async fn a_lost_subscription_is_made_again() {
 fn a_cluster_backend_is_send_and_sync() {
     fn send_sync<T: Send + Sync>(_: &T) {}
     let client = ClusterClient::new(["redis://127.0.0.1:1/?protocol=3"]).unwrap();
-    let backend = bulkhead::redis::Backend::from(client);
+    let backend = watertight::redis::Backend::from(client);
     send_sync(&backend);
     send_sync(&RedisSemaphore::builder(backend, "api"));
 }

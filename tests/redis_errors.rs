@@ -17,12 +17,12 @@ mod redis_server;
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use bulkhead::RejectReason;
-use bulkhead::redis::{
-    ConfigError, LeaseError, RedisBulkhead, RedisSemaphore, RedisSemaphoreBuilder, ReleaseError,
-};
 use redis_server::RedisServer;
 use tokio::time::timeout;
+use watertight::RejectReason;
+use watertight::redis::{
+    ConfigError, LeaseError, RedisBulkhead, RedisSemaphore, RedisSemaphoreBuilder, ReleaseError,
+};
 
 /// The default outage tolerance, kept by every test here.
 const TOLERANCE: Duration = Duration::from_secs(5);
@@ -55,7 +55,10 @@ async fn build_timed(b: RedisSemaphoreBuilder) -> (Result<RedisSemaphore, Config
 /// `sem.acquire()`, timed.
 async fn acquire_timed(
     sem: &RedisSemaphore,
-) -> (Result<bulkhead::redis::LeasedPermit, LeaseError>, Duration) {
+) -> (
+    Result<watertight::redis::LeasedPermit, LeaseError>,
+    Duration,
+) {
     let start = Instant::now();
     let got = timeout(PATIENCE, sem.acquire())
         .await

@@ -23,16 +23,16 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use bulkhead::redis::{ConfigError, LeaseError, RedisSemaphore};
 use failover_load::Load;
 use redis_reconnect::{restart, try_after_reconnect};
 use redis_server::RedisServer;
+use watertight::redis::{ConfigError, LeaseError, RedisSemaphore};
 
 /// How long anything that should happen "soon" may take before a test
 /// gives up (only reached when something is broken).
 const PATIENCE: Duration = Duration::from_secs(15);
 
-fn builder(url: &str, name: &str) -> bulkhead::redis::RedisSemaphoreBuilder {
+fn builder(url: &str, name: &str) -> watertight::redis::RedisSemaphoreBuilder {
     RedisSemaphore::builder(redis::Client::open(url).unwrap(), name)
 }
 
@@ -629,7 +629,7 @@ async fn a_sentinel_failover_quarantines_a_client_never_granted() {
         return;
     };
     let backend =
-        bulkhead::redis::Backend::sentinel(vec![set.sentinel_url()], SERVICE, None).unwrap();
+        watertight::redis::Backend::sentinel(vec![set.sentinel_url()], SERVICE, None).unwrap();
     let sem = RedisSemaphore::builder(backend, NAME)
         .limit(0)
         .lease_ttl(Duration::from_secs(30))

@@ -18,14 +18,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bulkhead::redis::{LeaseError, LeasedPermit, RedisSemaphore};
 use redis_server::{ChildTest, RedisServer, is_child};
 use tokio::time::{sleep, timeout};
+use watertight::redis::{LeaseError, LeasedPermit, RedisSemaphore};
 
 const PATIENCE: Duration = Duration::from_secs(10);
-const ENV_URL: &str = "BULKHEAD_FAIR_URL";
+const ENV_URL: &str = "WATERTIGHT_FAIR_URL";
 
-fn builder(url: &str, name: &str) -> bulkhead::redis::RedisSemaphoreBuilder {
+fn builder(url: &str, name: &str) -> watertight::redis::RedisSemaphoreBuilder {
     RedisSemaphore::builder(redis::Client::open(url).unwrap(), name)
         .limit(1)
         .lease_ttl(Duration::from_secs(30))

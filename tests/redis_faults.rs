@@ -21,22 +21,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bulkhead::redis::{
-    Holder, LeaseError, LeasedPermit, LostReason, RedisBulkhead, RedisSemaphore,
-    RedisSemaphoreBuilder, ReleaseError,
-};
 use futures::FutureExt;
 use redis_reconnect::{restart, try_after_reconnect};
 use redis_server::{ChildTest, ConcurrencyProbe, ProbeClient, RedisServer, is_child};
 use tokio::time::timeout;
+use watertight::redis::{
+    Holder, LeaseError, LeasedPermit, LostReason, RedisBulkhead, RedisSemaphore,
+    RedisSemaphoreBuilder, ReleaseError,
+};
 
 /// How long anything that should happen "soon" may take before a test
 /// gives up (only reached when something is broken).
 const PATIENCE: Duration = Duration::from_secs(15);
 
-const ENV_URL: &str = "BULKHEAD_TEST_REDIS_URL";
-const ENV_PROBE: &str = "BULKHEAD_TEST_PROBE";
-const ENV_MODE: &str = "BULKHEAD_TEST_MODE";
+const ENV_URL: &str = "WATERTIGHT_TEST_REDIS_URL";
+const ENV_PROBE: &str = "WATERTIGHT_TEST_PROBE";
+const ENV_MODE: &str = "WATERTIGHT_TEST_MODE";
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -167,7 +167,7 @@ const SHARED_ROUNDS: usize = 10;
 
 /// Child of `processes_share_one_limit`: 8 tasks × 10 rounds of acquire,
 /// enter the probe, hold a few ms, exit the probe, release. Prints every
-/// fence it was granted. With `BULKHEAD_TEST_MODE=bulkhead` it goes
+/// fence it was granted. With `WATERTIGHT_TEST_MODE=bulkhead` it goes
 /// through a `RedisBulkhead` instead of the bare semaphore.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child_shares_the_limit() {

@@ -163,7 +163,7 @@ fn child_needs_a_server() {
 
 /// Without a `redis-server` to run, a test that needs one returns early and
 /// its binary says so once on stderr (not captured by libtest); with
-/// `BULKHEAD_REQUIRE_REDIS=1` the test fails instead, saying why.
+/// `WATERTIGHT_REQUIRE_REDIS=1` the test fails instead, saying why.
 #[test]
 fn a_missing_server_skips_or_fails_as_asked() {
     if is_child() {

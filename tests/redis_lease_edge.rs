@@ -15,16 +15,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bulkhead::BulkheadError;
-use bulkhead::redis::{
-    Completed, ConfigError, LeaseError, LeasedPermit, LostReason, RedisBulkhead, RedisSemaphore,
-    RedisSemaphoreBuilder,
-};
 use futures::FutureExt;
 use redis_server::RedisServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
+use watertight::BulkheadError;
+use watertight::redis::{
+    Completed, ConfigError, LeaseError, LeasedPermit, LostReason, RedisBulkhead, RedisSemaphore,
+    RedisSemaphoreBuilder,
+};
 
 /// How long anything that should happen "soon" may take before a test
 /// gives up (only reached when something is broken).

@@ -11,9 +11,9 @@ mod redis_server;
 
 use std::time::{Duration, Instant};
 
-use bulkhead::redis::{Backend, ConfigError, LeaseError, RedisSemaphore, ReleaseError};
 use failover_load::Load;
 use redis_server::{SERVICE, SentinelSet};
+use watertight::redis::{Backend, ConfigError, LeaseError, RedisSemaphore, ReleaseError};
 
 fn backend(set: &SentinelSet) -> Backend {
     Backend::sentinel(vec![set.sentinel_url()], SERVICE, None).unwrap()

@@ -1,4 +1,4 @@
-//! Tests of `bulkhead::Semaphore`'s public API: fairness, the unfair mode,
+//! Tests of `watertight::Semaphore`'s public API: fairness, the unfair mode,
 //! cancellation, permits, the Java-style negative balance, overflow, close,
 //! visibility, lost wake-ups, blocking acquirers, wakers that panic and
 //! trait promises. (The randomized model-based test lives in
@@ -23,11 +23,11 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Wake, Waker};
 use std::thread;
 
-use bulkhead::futures::{Acquire, AcquireOwned};
-use bulkhead::{AcquireError, OwnedPermit, Permit, Semaphore, TryAcquireError};
 use common::{Counted, PATIENCE, WATCHDOG, assert_state, poll_noop, scaled, spin_until};
 use futures::executor::block_on;
 use futures::future::FusedFuture;
+use watertight::futures::{Acquire, AcquireOwned};
+use watertight::{AcquireError, OwnedPermit, Permit, Semaphore, TryAcquireError};
 
 const MAX: usize = Semaphore::MAX_PERMITS;
 

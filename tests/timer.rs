@@ -23,10 +23,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use bulkhead::timer::{Sleep, ThreadSleep, ThreadTimer, Timer, default_timer};
 use common::{WATCHDOG, poll_noop, scaled, with_watchdog};
 use futures::executor::block_on;
 use futures::future::{FusedFuture, join_all};
+use watertight::timer::{Sleep, ThreadSleep, ThreadTimer, Timer, default_timer};
 
 /// How late a sleep may complete before a test calls it lost.
 const SLACK: Duration = Duration::from_secs(2);
@@ -110,9 +110,9 @@ fn timers_and_sleeps_are_send_and_sync() {
     send_sync::<Arc<dyn Timer>>();
     send::<Sleep>();
     #[cfg(feature = "tokio")]
-    send_sync::<bulkhead::timer::TokioTimer>();
+    send_sync::<watertight::timer::TokioTimer>();
     #[cfg(feature = "async-io")]
-    send_sync::<bulkhead::timer::AsyncIoTimer>();
+    send_sync::<watertight::timer::AsyncIoTimer>();
 }
 
 #[test]
@@ -139,7 +139,7 @@ fn debug_output_names_the_timer() {
     assert_eq!(sleep, "ThreadSleep { deadline: None, state: \"idle\" }");
     #[cfg(feature = "async-io")]
     assert_eq!(
-        format!("{:?}", bulkhead::timer::AsyncIoTimer::new()),
+        format!("{:?}", watertight::timer::AsyncIoTimer::new()),
         "AsyncIoTimer { .. }"
     );
 }
@@ -437,7 +437,7 @@ fn a_panicking_waker_does_not_stop_the_timer_thread() {
 #[cfg(feature = "tokio")]
 mod tokio_timer {
     use super::*;
-    use bulkhead::timer::TokioTimer;
+    use watertight::timer::TokioTimer;
 
     /// Sleeps spawned on a multi-thread runtime, and sleeps polled on a
     /// plain thread outside it, all run on its time driver.
@@ -555,7 +555,7 @@ mod tokio_timer {
 #[cfg(feature = "async-io")]
 mod async_io_timer {
     use super::*;
-    use bulkhead::timer::AsyncIoTimer;
+    use watertight::timer::AsyncIoTimer;
 
     #[test]
     #[cfg_attr(miri, ignore = "real time")]
@@ -647,7 +647,7 @@ fn the_default_timer_keeps_time() {
 #[cfg(feature = "tokio")]
 mod tokio_paused_clock {
     use super::*;
-    use bulkhead::timer::TokioTimer;
+    use watertight::timer::TokioTimer;
 
     /// Under tokio's paused clock, a sleep completes when the clock is
     /// advanced past its deadline, not before, and takes no real time.

@@ -1,4 +1,4 @@
-//! `bulkhead::tower`: the bulkhead as a tower layer, in real hyper server
+//! `watertight::tower`: the bulkhead as a tower layer, in real hyper server
 //! and client stacks on loopback, and at the service level for what a
 //! network cannot show precisely: no permit held by idle (ready) services,
 //! the wait policy, typed errors through `BoxError`, and permits released
@@ -12,9 +12,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bulkhead::observer::{Finished, Observer};
-use bulkhead::tower::{BoxError, BulkheadLayer, BulkheadService, CallTimeout};
-use bulkhead::{Bulkhead, CallOutcome, RejectReason, Rejected};
 use futures::FutureExt;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Bytes, Incoming};
@@ -26,6 +23,9 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout};
 use tower::limit::ConcurrencyLimit;
 use tower::{Service, ServiceBuilder, ServiceExt};
+use watertight::observer::{Finished, Observer};
+use watertight::tower::{BoxError, BulkheadLayer, BulkheadService, CallTimeout};
+use watertight::{Bulkhead, CallOutcome, RejectReason, Rejected};
 
 /// A whole test fails, rather than hangs, past this.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -1072,7 +1072,7 @@ async fn a_deadline_header_in_a_hyper_server() {
 #[cfg(feature = "http")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_timeout_and_the_deadline_extension_in_a_hyper_server() {
-    use bulkhead::tower::{Deadline, DeadlineExtension, Earliest, GrpcTimeout};
+    use watertight::tower::{Deadline, DeadlineExtension, Earliest, GrpcTimeout};
 
     async fn get(
         addr: SocketAddr,
@@ -1168,7 +1168,7 @@ fn every_unit_of_grpc_timeout() {
     ];
     for (value, expected) in cases {
         assert_eq!(
-            bulkhead::tower::parse_grpc_timeout(value),
+            watertight::tower::parse_grpc_timeout(value),
             Some(expected),
             "{value:?}"
         );
@@ -1178,20 +1178,20 @@ fn every_unit_of_grpc_timeout() {
 #[test]
 fn grpc_timeout_takes_up_to_eight_digits() {
     assert_eq!(
-        bulkhead::tower::parse_grpc_timeout(b"99999999H"),
+        watertight::tower::parse_grpc_timeout(b"99999999H"),
         Some(Duration::from_secs(99_999_999 * 3_600))
     );
     assert_eq!(
-        bulkhead::tower::parse_grpc_timeout(b"00000001n"),
+        watertight::tower::parse_grpc_timeout(b"00000001n"),
         Some(Duration::from_nanos(1))
     );
     assert_eq!(
-        bulkhead::tower::parse_grpc_timeout(b"100000000n"),
+        watertight::tower::parse_grpc_timeout(b"100000000n"),
         None,
         "nine digits"
     );
     assert_eq!(
-        bulkhead::tower::parse_grpc_timeout(b"000000001n"),
+        watertight::tower::parse_grpc_timeout(b"000000001n"),
         None,
         "nine digits"
     );
@@ -1223,7 +1223,7 @@ fn malformed_grpc_timeouts_carry_no_deadline() {
     ];
     for value in bad {
         assert_eq!(
-            bulkhead::tower::parse_grpc_timeout(value),
+            watertight::tower::parse_grpc_timeout(value),
             None,
             "{value:?}"
         );
@@ -1253,7 +1253,7 @@ fn grpc_timeout_short_inputs_never_panic() {
             && v[..v.len() - 1].iter().all(u8::is_ascii_digit)
             && b"HMSmun".contains(&v[v.len() - 1]);
         assert_eq!(
-            bulkhead::tower::parse_grpc_timeout(v).is_some(),
+            watertight::tower::parse_grpc_timeout(v).is_some(),
             valid,
             "{v:?}"
         );
@@ -1271,6 +1271,6 @@ fn the_layer_fits_multi_threaded_stacks() {
     send_sync::<BulkheadLayer<fn(&()) -> Option<Instant>>>();
     type Inner = tower::util::BoxCloneSyncService<(), (), BoxError>;
     send_sync::<BulkheadService<Inner>>();
-    send::<bulkhead::tower::ResponseFuture<Inner, ()>>();
+    send::<watertight::tower::ResponseFuture<Inner, ()>>();
     send_sync::<CallTimeout>();
 }

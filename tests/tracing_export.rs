@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use bulkhead::Bulkhead;
+use watertight::Bulkhead;
 
 /// With the `tracing` feature, rejections and finished calls are events
 /// that name the bulkhead.

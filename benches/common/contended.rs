@@ -24,14 +24,14 @@ pub trait Contender: Send + Sync + 'static {
     fn try_acquire(&self) -> Option<impl Send + '_>;
 }
 
-impl Contender for bulkhead::Semaphore {
+impl Contender for watertight::Semaphore {
     #[inline]
     fn acquire(&self) -> impl Future<Output = impl Send + '_> + Send + '_ {
-        bulkhead::Semaphore::acquire(self)
+        watertight::Semaphore::acquire(self)
     }
     #[inline]
     fn try_acquire(&self) -> Option<impl Send + '_> {
-        bulkhead::Semaphore::try_acquire(self).ok()
+        watertight::Semaphore::try_acquire(self).ok()
     }
 }
 

@@ -1,5 +1,5 @@
 //! The `redis-server` the Redis benches start for themselves: a child on a
-//! free port of 127.0.0.1 with persistence off (`BULKHEAD_REDIS_SERVER`
+//! free port of 127.0.0.1 with persistence off (`WATERTIGHT_REDIS_SERVER`
 //! overrides the binary), killed when dropped, and the server's own count
 //! of script calls. Included with `#[path]` by `benches/redis.rs` and
 //! `benches/redis_procs.rs`.
@@ -25,7 +25,8 @@ pub struct Server {
 
 impl Server {
     pub fn start() -> Server {
-        let bin = std::env::var("BULKHEAD_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let bin =
+            std::env::var("WATERTIGHT_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
         let mut last_error = String::new();
         for attempt in 0..5 {
             let port = free_port();
@@ -47,7 +48,7 @@ impl Server {
                 .stdout(Stdio::null())
                 .spawn()
                 .unwrap_or_else(|e| {
-                    panic!("could not run {bin:?} (set BULKHEAD_REDIS_SERVER to override): {e}")
+                    panic!("could not run {bin:?} (set WATERTIGHT_REDIS_SERVER to override): {e}")
                 });
             let mut server = Server { child, port, dir };
             match server.wait_ready() {

@@ -34,7 +34,7 @@ use super::{LimitAlgorithm, Sample, check_bounds};
 ///
 /// ```
 /// use std::time::Duration;
-/// use bulkhead::adaptive::{Aimd, LimitAlgorithm, Sample};
+/// use watertight::adaptive::{Aimd, LimitAlgorithm, Sample};
 ///
 /// let mut aimd = Aimd::new()
 ///     .initial_limit(10)

@@ -72,7 +72,7 @@ const NOISE: f64 = 1.5;
 ///
 /// ```
 /// use std::time::Duration;
-/// use bulkhead::adaptive::{Gradient, LimitAlgorithm, Sample};
+/// use watertight::adaptive::{Gradient, LimitAlgorithm, Sample};
 ///
 /// let ms = Duration::from_millis;
 /// let mut gradient = Gradient::new().initial_limit(20).probe_samples(10);

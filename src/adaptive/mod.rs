@@ -31,8 +31,8 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use bulkhead::Bulkhead;
-//! use bulkhead::adaptive::{self, Aimd};
+//! use watertight::Bulkhead;
+//! use watertight::adaptive::{self, Aimd};
 //!
 //! # futures::executor::block_on(async {
 //! let builder = Bulkhead::builder()
@@ -48,7 +48,7 @@
 //! inventory.call(async { Ok::<_, std::io::Error>(()) }).await.unwrap();
 //! assert_eq!(limiter.samples(), 1);
 //! assert_eq!(limiter.limit(), inventory.metrics().max_concurrent_calls());
-//! # Ok::<(), bulkhead::BuildError>(())
+//! # Ok::<(), watertight::BuildError>(())
 //! # }).unwrap();
 //! ```
 
@@ -76,7 +76,7 @@ use crate::{BuildError, Bulkhead, BulkheadBuilder, Semaphore};
 ///
 /// ```
 /// use std::time::Duration;
-/// use bulkhead::adaptive::Sample;
+/// use watertight::adaptive::Sample;
 ///
 /// let sample = Sample::failure(Duration::from_secs(2), 12);
 /// assert!(sample.failed);
@@ -126,7 +126,7 @@ impl Sample {
 ///
 /// ```
 /// use std::time::Duration;
-/// use bulkhead::adaptive::{LimitAlgorithm, Sample};
+/// use watertight::adaptive::{LimitAlgorithm, Sample};
 ///
 /// #[derive(Debug)]
 /// struct HalveOnFailure(usize);
@@ -190,8 +190,8 @@ impl Verdict {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::CallOutcome;
-    /// use bulkhead::adaptive::Verdict;
+    /// use watertight::CallOutcome;
+    /// use watertight::adaptive::Verdict;
     ///
     /// assert_eq!(Verdict::of(CallOutcome::TimedOut), Verdict::Failure);
     /// assert_eq!(Verdict::of(CallOutcome::Cancelled), Verdict::Ignore);
@@ -245,8 +245,8 @@ pub struct LimitChange {
 /// # Examples
 ///
 /// ```
-/// use bulkhead::Bulkhead;
-/// use bulkhead::adaptive::{AdaptiveLimiter, Gradient};
+/// use watertight::Bulkhead;
+/// use watertight::adaptive::{AdaptiveLimiter, Gradient};
 ///
 /// let limiter = AdaptiveLimiter::new(Gradient::new().initial_limit(8).bounds(2, 64));
 /// let db = Bulkhead::builder()
@@ -290,8 +290,8 @@ struct State {
 /// Application errors (the caller's fault, say) are not overload:
 ///
 /// ```
-/// use bulkhead::CallOutcome;
-/// use bulkhead::adaptive::{AdaptiveLimiter, Aimd, Verdict};
+/// use watertight::CallOutcome;
+/// use watertight::adaptive::{AdaptiveLimiter, Aimd, Verdict};
 ///
 /// let limiter = AdaptiveLimiter::builder(Aimd::new())
 ///     .classify(|outcome| match outcome {
@@ -420,8 +420,8 @@ impl AdaptiveLimiter {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bulkhead::Bulkhead;
-    /// use bulkhead::adaptive::{self, Aimd};
+    /// use watertight::Bulkhead;
+    /// use watertight::adaptive::{self, Aimd};
     ///
     /// # futures::executor::block_on(async {
     /// let builder = Bulkhead::builder().max_wait(Duration::ZERO);
@@ -433,7 +433,7 @@ impl AdaptiveLimiter {
     /// assert!(change.sample.failed);
     /// assert_eq!(bh.metrics().max_concurrent_calls(), 3);
     /// # limiter.detach();
-    /// # Ok::<(), bulkhead::BuildError>(())
+    /// # Ok::<(), watertight::BuildError>(())
     /// # }).unwrap();
     /// ```
     pub fn history(&self) -> Vec<LimitChange> {
@@ -540,13 +540,13 @@ impl fmt::Debug for AdaptiveLimiter {
 /// # Examples
 ///
 /// ```
-/// use bulkhead::Bulkhead;
-/// use bulkhead::adaptive::{self, Gradient};
+/// use watertight::Bulkhead;
+/// use watertight::adaptive::{self, Gradient};
 ///
 /// let (bh, limiter) = adaptive::build(Bulkhead::builder(), Gradient::new().initial_limit(6))?;
 /// assert_eq!(bh.metrics().max_concurrent_calls(), 6);
 /// assert_eq!(limiter.limit(), 6);
-/// # Ok::<(), bulkhead::BuildError>(())
+/// # Ok::<(), watertight::BuildError>(())
 /// ```
 pub fn build(
     builder: BulkheadBuilder,

@@ -238,7 +238,7 @@ impl Rng {
 /// # Examples
 ///
 /// ```
-/// use bulkhead::adaptive::sim::{Fixed, Scenario, run};
+/// use watertight::adaptive::sim::{Fixed, Scenario, run};
 ///
 /// let mut scenario = Scenario::standard();
 /// scenario.duration = 5.0;

@@ -40,7 +40,7 @@ use crate::timer::{Clock, Timer};
 ///
 /// ```
 /// use std::time::Duration;
-/// use bulkhead::{Bulkhead, BuildErrorKind};
+/// use watertight::{Bulkhead, BuildErrorKind};
 ///
 /// let err = Bulkhead::builder().max_wait(Duration::from_secs(1)).build().unwrap_err();
 /// assert_eq!(err.kind(), BuildErrorKind::MissingLimit);
@@ -117,7 +117,7 @@ impl BulkheadBuilder {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().name("inventory-api").max_concurrent_calls(10).build().unwrap();
     /// assert_eq!(bh.name(), "inventory-api");
@@ -133,7 +133,7 @@ impl BulkheadBuilder {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// // 200 requests a second at 50 ms each: 10 in flight (Little's law).
     /// let bh = Bulkhead::builder().max_concurrent_calls(10).build().unwrap();
@@ -163,7 +163,7 @@ impl BulkheadBuilder {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bulkhead::{Bulkhead, RejectReason};
+    /// use watertight::{Bulkhead, RejectReason};
     ///
     /// let fail_fast = Bulkhead::builder()
     ///     .max_concurrent_calls(1)
@@ -189,7 +189,7 @@ impl BulkheadBuilder {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::{Bulkhead, RejectReason};
+    /// use watertight::{Bulkhead, RejectReason};
     ///
     /// // Nobody may wait: with every permit taken, callers are turned away at once.
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).max_queue(0).build().unwrap();
@@ -217,7 +217,7 @@ impl BulkheadBuilder {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bulkhead::{Bulkhead, BulkheadError};
+    /// use watertight::{Bulkhead, BulkheadError};
     ///
     /// let bh = Bulkhead::builder()
     ///     .max_concurrent_calls(1)
@@ -245,7 +245,7 @@ impl BulkheadBuilder {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let throughput_first = Bulkhead::builder().max_concurrent_calls(4).fair(false).build().unwrap();
     /// assert!(throughput_first.try_acquire().is_ok());
@@ -283,8 +283,8 @@ impl BulkheadBuilder {
     /// ```
     /// use std::sync::Arc;
     /// use std::time::Duration;
-    /// use bulkhead::Bulkhead;
-    /// use bulkhead::timer::ThreadTimer;
+    /// use watertight::Bulkhead;
+    /// use watertight::timer::ThreadTimer;
     ///
     /// let bh = Bulkhead::builder()
     ///     .max_concurrent_calls(1)
@@ -307,8 +307,8 @@ impl BulkheadBuilder {
     /// ```
     /// use std::sync::Arc;
     /// use std::sync::atomic::{AtomicU64, Ordering};
-    /// use bulkhead::Bulkhead;
-    /// use bulkhead::observer::{Finished, Observer};
+    /// use watertight::Bulkhead;
+    /// use watertight::observer::{Finished, Observer};
     ///
     /// #[derive(Default)]
     /// struct Finishes(AtomicU64);
@@ -344,7 +344,7 @@ impl BulkheadBuilder {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// // A bulkhead used in a test: keep it out of the process's metrics.
     /// let quiet = Bulkhead::builder().max_concurrent_calls(1).exporters(false).build().unwrap();
@@ -356,7 +356,7 @@ impl BulkheadBuilder {
     ///
     /// ```
     /// # #[cfg(feature = "metrics")] {
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     /// use metrics_util::debugging::DebuggingRecorder;
     ///
     /// let inventory = Bulkhead::builder().name("inventory").max_concurrent_calls(10).build().unwrap();
@@ -387,7 +387,7 @@ impl BulkheadBuilder {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder()
     ///     .max_concurrent_calls(2)
@@ -427,7 +427,7 @@ impl BulkheadBuilder {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder()
     ///     .max_concurrent_calls(20)
@@ -468,7 +468,7 @@ impl BulkheadBuilder {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bulkhead::{Bulkhead, BuildErrorKind};
+    /// use watertight::{Bulkhead, BuildErrorKind};
     ///
     /// let bh = Bulkhead::builder()
     ///     .max_concurrent_calls(20)
@@ -533,7 +533,7 @@ impl BulkheadBuilder {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::{Bulkhead, BuildErrorKind};
+    /// use watertight::{Bulkhead, BuildErrorKind};
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(20).priorities(&[50, 30, 20]).build().unwrap();
     /// assert_eq!(bh.priority_seats()[1].reserved, 6);
@@ -558,7 +558,7 @@ impl BulkheadBuilder {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::{Bulkhead, BuildErrorKind};
+    /// use watertight::{Bulkhead, BuildErrorKind};
     ///
     /// let err = Bulkhead::builder().max_concurrent_calls(0).build().unwrap_err();
     /// assert_eq!(err.kind(), BuildErrorKind::ZeroLimit);

@@ -11,7 +11,7 @@ use super::name::Name;
 /// # Examples
 ///
 /// ```
-/// use bulkhead::{Bulkhead, RejectReason};
+/// use watertight::{Bulkhead, RejectReason};
 ///
 /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
 /// let _held = bh.try_acquire().unwrap();
@@ -65,7 +65,7 @@ impl RejectReason {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::RejectReason;
+    /// use watertight::RejectReason;
     ///
     /// assert_eq!(RejectReason::Timeout.as_str(), "timeout");
     /// ```
@@ -94,7 +94,7 @@ impl fmt::Display for RejectReason {
 ///
 /// ```
 /// use std::time::Duration;
-/// use bulkhead::{Bulkhead, RejectReason};
+/// use watertight::{Bulkhead, RejectReason};
 ///
 /// let bh = Bulkhead::builder()
 ///     .name("gpu")
@@ -173,7 +173,7 @@ impl Rejected {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::{Bulkhead, RejectReason};
+    /// use watertight::{Bulkhead, RejectReason};
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
     /// bh.close();
@@ -193,7 +193,7 @@ impl Rejected {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// # futures::executor::block_on(async {
     /// let bh = Bulkhead::builder()
@@ -215,7 +215,7 @@ impl Rejected {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().name("ledger").max_concurrent_calls(1).build().unwrap();
     /// let _held = bh.try_acquire().unwrap();
@@ -238,7 +238,7 @@ impl Rejected {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder()
     ///     .max_concurrent_calls(1)
@@ -335,7 +335,7 @@ impl std::error::Error for Rejected {}
 /// # Examples
 ///
 /// ```
-/// use bulkhead::{Bulkhead, BulkheadError};
+/// use watertight::{Bulkhead, BulkheadError};
 ///
 /// # futures::executor::block_on(async {
 /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
@@ -353,7 +353,7 @@ impl std::error::Error for Rejected {}
 ///
 /// ```
 /// use std::error::Error;
-/// use bulkhead::{Bulkhead, BulkheadError};
+/// use watertight::{Bulkhead, BulkheadError};
 ///
 /// # futures::executor::block_on(async {
 /// let bh = Bulkhead::builder().name("ledger").max_concurrent_calls(1).build().unwrap();
@@ -387,7 +387,7 @@ impl<E> BulkheadError<E> {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::{Bulkhead, BulkheadError, RejectReason};
+    /// use watertight::{Bulkhead, BulkheadError, RejectReason};
     ///
     /// # futures::executor::block_on(async {
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
@@ -409,7 +409,7 @@ impl<E> BulkheadError<E> {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::{Bulkhead, BulkheadError};
+    /// use watertight::{Bulkhead, BulkheadError};
     ///
     /// # futures::executor::block_on(async {
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
@@ -463,7 +463,7 @@ impl<E: std::error::Error + 'static> std::error::Error for BulkheadError<E> {
 /// # Examples
 ///
 /// ```
-/// use bulkhead::{Bulkhead, BuildErrorKind};
+/// use watertight::{Bulkhead, BuildErrorKind};
 ///
 /// let err = Bulkhead::builder().max_concurrent_calls(0).build().unwrap_err();
 /// assert_eq!(err.kind(), BuildErrorKind::ZeroLimit);
@@ -480,7 +480,7 @@ pub struct BuildError {
 ///
 /// ```
 /// use std::time::Duration;
-/// use bulkhead::{Bulkhead, BuildErrorKind};
+/// use watertight::{Bulkhead, BuildErrorKind};
 ///
 /// let err = Bulkhead::builder()
 ///     .max_concurrent_calls(1)
@@ -544,7 +544,7 @@ impl BuildError {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::{Bulkhead, BuildErrorKind};
+    /// use watertight::{Bulkhead, BuildErrorKind};
     ///
     /// let err = Bulkhead::builder().build().unwrap_err();
     /// assert_eq!(err.kind(), BuildErrorKind::MissingLimit);

@@ -151,7 +151,7 @@ mod tracing_export {
 
     /// Emits a `tracing` event for every admission (debug), rejection (warn),
     /// finished call (debug; warn when it timed out or panicked) and
-    /// suspected leak (warn), with target `bulkhead`. (The `bulkhead_call`
+    /// suspected leak (warn), with target `watertight`. (The `bulkhead_call`
     /// span around each call comes from `Policy::traced`, not from here:
     /// an observer sees events, not the call's future.)
     #[derive(Debug)]
@@ -159,12 +159,12 @@ mod tracing_export {
 
     impl Observer for TracingExporter {
         fn on_permitted(&self, e: &Permitted<'_>) {
-            tracing::debug!(target: "bulkhead", bulkhead = e.name, waited = ?e.waited, "call permitted");
+            tracing::debug!(target: "watertight", bulkhead = e.name, waited = ?e.waited, "call permitted");
         }
 
         fn on_rejected(&self, e: &Rejection<'_>) {
             tracing::warn!(
-                target: "bulkhead",
+                target: "watertight",
                 bulkhead = e.name,
                 reason = e.reason.as_str(),
                 waited = ?e.waited,
@@ -176,14 +176,14 @@ mod tracing_export {
             use super::super::observer::CallOutcome;
             match e.outcome {
                 CallOutcome::TimedOut | CallOutcome::Panicked => tracing::warn!(
-                    target: "bulkhead",
+                    target: "watertight",
                     bulkhead = e.name,
                     outcome = e.outcome.as_str(),
                     held = ?e.held,
                     "call finished"
                 ),
                 _ => tracing::debug!(
-                    target: "bulkhead",
+                    target: "watertight",
                     bulkhead = e.name,
                     outcome = e.outcome.as_str(),
                     held = ?e.held,
@@ -194,7 +194,7 @@ mod tracing_export {
 
         fn on_leak_suspected(&self, e: &LeakSuspected<'_>) {
             tracing::warn!(
-                target: "bulkhead",
+                target: "watertight",
                 bulkhead = e.name,
                 held = ?e.held,
                 threshold = ?e.threshold,

@@ -42,7 +42,7 @@ impl Counters {
 ///
 /// ```
 /// use std::time::Duration;
-/// use bulkhead::Bulkhead;
+/// use watertight::Bulkhead;
 ///
 /// let bh = Bulkhead::builder()
 ///     .name("inventory")
@@ -88,7 +88,7 @@ impl Metrics {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().name("billing").max_concurrent_calls(1).build().unwrap();
     /// assert_eq!(bh.metrics().name(), "billing");
@@ -102,7 +102,7 @@ impl Metrics {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(4).build().unwrap();
     /// bh.set_max_concurrent_calls(6);
@@ -119,7 +119,7 @@ impl Metrics {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(2).build().unwrap();
     /// let a = bh.try_acquire().unwrap();
@@ -139,7 +139,7 @@ impl Metrics {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(3).build().unwrap();
     /// let _p = bh.try_acquire().unwrap();
@@ -158,7 +158,7 @@ impl Metrics {
     /// ```
     /// use std::pin::pin;
     /// use std::task::{Context, Waker};
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
     /// let _held = bh.try_acquire().unwrap();
@@ -175,7 +175,7 @@ impl Metrics {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).max_queue(50).build().unwrap();
     /// assert_eq!(bh.metrics().max_queue(), Some(50));
@@ -190,7 +190,7 @@ impl Metrics {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder()
     ///     .max_concurrent_calls(1)
@@ -208,7 +208,7 @@ impl Metrics {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
     /// assert!(!bh.metrics().is_closed());
@@ -224,7 +224,7 @@ impl Metrics {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
     /// drop(bh.try_acquire().unwrap());
@@ -241,7 +241,7 @@ impl Metrics {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
     /// let _held = bh.try_acquire().unwrap();
@@ -258,7 +258,7 @@ impl Metrics {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// # futures::executor::block_on(async {
     /// let bh = Bulkhead::builder()
@@ -280,7 +280,7 @@ impl Metrics {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
     /// bh.close();
@@ -297,7 +297,7 @@ impl Metrics {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
     /// assert_eq!(bh.metrics().rejected_unavailable(), 0); // in-process: never
@@ -313,7 +313,7 @@ impl Metrics {
     ///
     /// ```
     /// use std::time::{Duration, Instant};
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// # futures::executor::block_on(async {
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
@@ -333,7 +333,7 @@ impl Metrics {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder()
     ///     .max_concurrent_calls(1)
@@ -352,7 +352,7 @@ impl Metrics {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder()
     ///     .max_concurrent_calls(4)
@@ -371,7 +371,7 @@ impl Metrics {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
     /// let held = bh.try_acquire().unwrap();
@@ -397,7 +397,7 @@ impl Metrics {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(2).build().unwrap();
     /// drop(bh.try_acquire().unwrap());
@@ -415,7 +415,7 @@ impl Metrics {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bulkhead::{Bulkhead, BulkheadError};
+    /// use watertight::{Bulkhead, BulkheadError};
     ///
     /// # futures::executor::block_on(async {
     /// let bh = Bulkhead::builder()
@@ -442,7 +442,7 @@ impl Metrics {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder()
     ///     .max_concurrent_calls(1)

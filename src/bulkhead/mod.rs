@@ -95,7 +95,7 @@ use policy::{Line, Policy, Waiting};
 ///
 /// ```
 /// use std::time::Duration;
-/// use bulkhead::{Bulkhead, BulkheadError};
+/// use watertight::{Bulkhead, BulkheadError};
 ///
 /// # futures::executor::block_on(async {
 /// let bh = Bulkhead::builder()
@@ -110,7 +110,7 @@ use policy::{Line, Policy, Waiting};
 ///     bh.call(async { Ok(42) }).await;
 /// assert_eq!(sent.unwrap(), 42);
 /// assert_eq!(bh.metrics().permitted(), 1);
-/// # Ok::<(), bulkhead::BuildError>(())
+/// # Ok::<(), watertight::BuildError>(())
 /// # }).unwrap();
 /// ```
 #[derive(Clone)]
@@ -151,7 +151,7 @@ impl Bulkhead {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().name("db").max_concurrent_calls(10).build().unwrap();
     /// assert_eq!(bh.name(), "db");
@@ -186,7 +186,7 @@ impl Bulkhead {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::{Bulkhead, BulkheadError};
+    /// use watertight::{Bulkhead, BulkheadError};
     ///
     /// # futures::executor::block_on(async {
     /// let bh = Bulkhead::builder().max_concurrent_calls(2).build().unwrap();
@@ -234,7 +234,7 @@ impl Bulkhead {
     ///
     /// ```
     /// use std::time::{Duration, Instant};
-    /// use bulkhead::{Bulkhead, BulkheadError, RejectReason};
+    /// use watertight::{Bulkhead, BulkheadError, RejectReason};
     ///
     /// # futures::executor::block_on(async {
     /// let bh = Bulkhead::builder().max_concurrent_calls(2).build().unwrap();
@@ -276,7 +276,7 @@ impl Bulkhead {
     ///
     /// ```
     /// use std::time::{Duration, Instant};
-    /// use bulkhead::{Bulkhead, RejectReason};
+    /// use watertight::{Bulkhead, RejectReason};
     ///
     /// # futures::executor::block_on(async {
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
@@ -315,7 +315,7 @@ impl Bulkhead {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// # futures::executor::block_on(async {
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
@@ -345,7 +345,7 @@ impl Bulkhead {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::{Bulkhead, RejectReason};
+    /// use watertight::{Bulkhead, RejectReason};
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
     /// let _permit = bh.try_acquire().unwrap();
@@ -392,7 +392,7 @@ impl Bulkhead {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::{Bulkhead, BulkheadError};
+    /// use watertight::{Bulkhead, BulkheadError};
     ///
     /// # futures::executor::block_on(async {
     /// // Class 0 (checkout) is guaranteed 3 of the 4 seats, class 1
@@ -446,7 +446,7 @@ impl Bulkhead {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// # futures::executor::block_on(async {
     /// let bh = Bulkhead::builder().max_concurrent_calls(2).priorities(&[1, 1]).build().unwrap();
@@ -502,7 +502,7 @@ impl Bulkhead {
     ///
     /// ```
     /// use std::time::{Duration, Instant};
-    /// use bulkhead::{Bulkhead, BulkheadError, RejectReason};
+    /// use watertight::{Bulkhead, BulkheadError, RejectReason};
     ///
     /// # futures::executor::block_on(async {
     /// let bh = Bulkhead::builder().max_concurrent_calls(2).priorities(&[1, 1]).build().unwrap();
@@ -566,7 +566,7 @@ impl Bulkhead {
     ///
     /// ```
     /// use std::time::{Duration, Instant};
-    /// use bulkhead::{Bulkhead, RejectReason};
+    /// use watertight::{Bulkhead, RejectReason};
     ///
     /// # futures::executor::block_on(async {
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).priorities(&[1, 1]).build().unwrap();
@@ -611,7 +611,7 @@ impl Bulkhead {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::{Bulkhead, RejectReason};
+    /// use watertight::{Bulkhead, RejectReason};
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).priorities(&[1, 1]).build().unwrap();
     /// let _held = bh.try_acquire_as(0).unwrap();
@@ -639,7 +639,7 @@ impl Bulkhead {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(10).priorities(&[50, 30, 20]).build().unwrap();
     /// let _p = bh.try_acquire_as(2).unwrap();
@@ -669,7 +669,7 @@ impl Bulkhead {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().name("ocr").max_concurrent_calls(3).build().unwrap();
     /// let m = bh.metrics();
@@ -697,7 +697,7 @@ impl Bulkhead {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(3).build().unwrap();
     /// let held: Vec<_> = (0..3).map(|_| bh.try_acquire().unwrap()).collect();
@@ -745,7 +745,7 @@ impl Bulkhead {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::{Bulkhead, RejectReason};
+    /// use watertight::{Bulkhead, RejectReason};
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
     /// bh.close();
@@ -767,7 +767,7 @@ impl Bulkhead {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
     /// assert!(!bh.is_closed());
@@ -784,7 +784,7 @@ impl Bulkhead {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// # futures::executor::block_on(async {
     /// let bh = Bulkhead::builder().max_concurrent_calls(2).build().unwrap();

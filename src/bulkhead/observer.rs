@@ -10,7 +10,7 @@ use super::error::RejectReason;
 /// # Examples
 ///
 /// ```
-/// use bulkhead::{Bulkhead, CallOutcome};
+/// use watertight::{Bulkhead, CallOutcome};
 ///
 /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
 /// let mut permit = bh.try_acquire().unwrap();
@@ -43,7 +43,7 @@ impl CallOutcome {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::CallOutcome;
+    /// use watertight::CallOutcome;
     ///
     /// assert_eq!(CallOutcome::TimedOut.as_str(), "timed_out");
     /// ```
@@ -79,8 +79,8 @@ impl fmt::Display for CallOutcome {
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use std::time::Duration;
-/// use bulkhead::Bulkhead;
-/// use bulkhead::observer::{Observer, Rejection};
+/// use watertight::Bulkhead;
+/// use watertight::observer::{Observer, Rejection};
 ///
 /// #[derive(Debug, Default)]
 /// struct CountRejections(AtomicU64);
@@ -134,7 +134,7 @@ pub trait Observer: Send + Sync + 'static {
 /// # Examples
 ///
 /// ```
-/// use bulkhead::observer::{Observer, LeakSuspected};
+/// use watertight::observer::{Observer, LeakSuspected};
 ///
 /// struct Log;
 /// impl Observer for Log {
@@ -159,7 +159,7 @@ pub struct LeakSuspected<'a> {
 /// # Examples
 ///
 /// ```
-/// use bulkhead::observer::{Observer, Permitted};
+/// use watertight::observer::{Observer, Permitted};
 ///
 /// struct Log;
 /// impl Observer for Log {
@@ -182,7 +182,7 @@ pub struct Permitted<'a> {
 /// # Examples
 ///
 /// ```
-/// use bulkhead::observer::{Observer, Rejection};
+/// use watertight::observer::{Observer, Rejection};
 ///
 /// struct Log;
 /// impl Observer for Log {
@@ -207,7 +207,7 @@ pub struct Rejection<'a> {
 /// # Examples
 ///
 /// ```
-/// use bulkhead::observer::{Observer, Finished};
+/// use watertight::observer::{Observer, Finished};
 ///
 /// struct Log;
 /// impl Observer for Log {

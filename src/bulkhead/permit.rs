@@ -122,7 +122,7 @@ impl Admitted {
 /// # Examples
 ///
 /// ```
-/// use bulkhead::Bulkhead;
+/// use watertight::Bulkhead;
 ///
 /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
 /// let permit = bh.try_acquire().unwrap();
@@ -173,7 +173,7 @@ impl BulkheadPermit {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
+    /// use watertight::Bulkhead;
     ///
     /// let bh = Bulkhead::builder().name("gpu").max_concurrent_calls(1).build().unwrap();
     /// assert_eq!(bh.try_acquire().unwrap().bulkhead_name(), "gpu");
@@ -188,7 +188,7 @@ impl BulkheadPermit {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::{Bulkhead, CallOutcome};
+    /// use watertight::{Bulkhead, CallOutcome};
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
     /// let mut permit = bh.try_acquire().unwrap();

@@ -474,7 +474,7 @@ impl Policy {
     #[inline]
     fn call_span(&self) -> tracing::Span {
         if self.spans {
-            tracing::debug_span!(target: "bulkhead", "bulkhead_call", bulkhead = self.name)
+            tracing::debug_span!(target: "watertight", "bulkhead_call", bulkhead = self.name)
         } else {
             tracing::Span::none()
         }

@@ -60,7 +60,7 @@ const DEFAULT_MAX_LABELS: usize = 100;
 ///
 /// ```
 /// use std::time::Duration;
-/// use bulkhead::keyed::KeyedBulkhead;
+/// use watertight::keyed::KeyedBulkhead;
 ///
 /// let tenants = KeyedBulkhead::<String>::builder()
 ///     .name("tenants")
@@ -170,7 +170,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// let tenants = KeyedBulkhead::<String>::builder()
     ///     .limit_for(|tenant: &String| if tenant.starts_with("enterprise-") { 20 } else { 2 })
@@ -250,7 +250,7 @@ where
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// let tenants = KeyedBulkhead::<String>::builder()
     ///     .max_concurrent_calls(4)
@@ -284,7 +284,7 @@ where
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// let tenants = KeyedBulkhead::<String>::builder()
     ///     .max_concurrent_calls(4)
@@ -376,8 +376,8 @@ where
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Bulkhead;
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::Bulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// // One database pool of 20 connections, shared by reads and writes,
     /// // each limited per tenant.
@@ -429,7 +429,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// let tenants = KeyedBulkhead::<String>::builder()
     ///     .max_concurrent_calls(8)
@@ -455,7 +455,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// let tenants = KeyedBulkhead::<String>::builder()
     ///     .max_concurrent_calls(8)
@@ -509,7 +509,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// let tenants = KeyedBulkhead::<String>::builder()
     ///     .name("tenants")
@@ -558,7 +558,7 @@ where
     ///
     /// ```
     /// use std::hash::{BuildHasherDefault, DefaultHasher};
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// // A fixed seed: the same hashes in every run (fine for keys that
     /// // clients do not choose).
@@ -600,8 +600,8 @@ where
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::BuildErrorKind;
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::BuildErrorKind;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// let err = KeyedBulkhead::<u32>::builder().global_limit(8).build().unwrap_err();
     /// assert_eq!(err.kind(), BuildErrorKind::MissingLimit);

@@ -13,7 +13,7 @@ use crate::bulkhead::{RejectReason, Rejected};
 /// # Examples
 ///
 /// ```
-/// use bulkhead::keyed::KeyedRejectReason;
+/// use watertight::keyed::KeyedRejectReason;
 ///
 /// assert_eq!(KeyedRejectReason::TooManyKeys.as_str(), "too_many_keys");
 /// assert!(KeyedRejectReason::GlobalTimeout.is_global());
@@ -125,7 +125,7 @@ impl fmt::Display for KeyedRejectReason {
 ///
 /// ```
 /// use std::time::Duration;
-/// use bulkhead::keyed::{KeyedBulkhead, KeyedRejectReason};
+/// use watertight::keyed::{KeyedBulkhead, KeyedRejectReason};
 ///
 /// let tenants = KeyedBulkhead::<String>::builder()
 ///     .name("tenants")
@@ -305,7 +305,7 @@ impl std::error::Error for KeyedRejected {
 /// # Examples
 ///
 /// ```
-/// use bulkhead::keyed::{KeyedBulkhead, KeyedError};
+/// use watertight::keyed::{KeyedBulkhead, KeyedError};
 ///
 /// # futures::executor::block_on(async {
 /// let hosts = KeyedBulkhead::<&'static str>::builder().max_concurrent_calls(2).build().unwrap();

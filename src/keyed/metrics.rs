@@ -18,7 +18,7 @@ use crate::bulkhead::Metrics;
 /// # Examples
 ///
 /// ```
-/// use bulkhead::keyed::KeyedBulkhead;
+/// use watertight::keyed::KeyedBulkhead;
 ///
 /// let tenants = KeyedBulkhead::<String>::builder()
 ///     .max_concurrent_calls(2)
@@ -145,7 +145,7 @@ impl<K> KeyMetrics<K> {
 /// # Examples
 ///
 /// ```
-/// use bulkhead::keyed::KeyedBulkhead;
+/// use watertight::keyed::KeyedBulkhead;
 ///
 /// let hosts = KeyedBulkhead::<u32>::builder()
 ///     .name("hosts")

@@ -22,7 +22,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use bulkhead::keyed::{KeyedBulkhead, KeyedError, KeyedRejectReason};
+//! use watertight::keyed::{KeyedBulkhead, KeyedError, KeyedRejectReason};
 //!
 //! # futures::executor::block_on(async {
 //! let tenants = KeyedBulkhead::<String>::builder()
@@ -49,7 +49,7 @@
 //!
 //! let acme = tenants.metrics_for("acme").unwrap();
 //! assert_eq!((acme.in_flight(), acme.admitted(), acme.rejected()), (2, 3, 1));
-//! # Ok::<(), bulkhead::BuildError>(())
+//! # Ok::<(), watertight::BuildError>(())
 //! # }).unwrap();
 //! ```
 //!
@@ -154,7 +154,7 @@ type WeightFn<K> = Arc<dyn Fn(&K) -> u32 + Send + Sync>;
 ///
 /// ```
 /// use std::time::Duration;
-/// use bulkhead::keyed::KeyedBulkhead;
+/// use watertight::keyed::KeyedBulkhead;
 ///
 /// # futures::executor::block_on(async {
 /// // At most 4 requests to any one host, 32 to all hosts together.
@@ -172,7 +172,7 @@ type WeightFn<K> = Arc<dyn Fn(&K) -> u32 + Send + Sync>;
 ///     .unwrap();
 /// assert_eq!(body, "<html>");
 /// assert_eq!(hosts.keys_tracked(), 1);
-/// # Ok::<(), bulkhead::BuildError>(())
+/// # Ok::<(), watertight::BuildError>(())
 /// # }).unwrap();
 /// ```
 pub struct KeyedBulkhead<K, S = RandomState> {
@@ -283,7 +283,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// let hosts = KeyedBulkhead::<String>::builder()
     ///     .name("hosts")
@@ -329,7 +329,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// # futures::executor::block_on(async {
     /// let tenants = KeyedBulkhead::<String>::builder().max_concurrent_calls(2).build().unwrap();
@@ -422,7 +422,7 @@ where
     ///
     /// ```
     /// use std::time::{Duration, Instant};
-    /// use bulkhead::keyed::{KeyedBulkhead, KeyedError, KeyedRejectReason};
+    /// use watertight::keyed::{KeyedBulkhead, KeyedError, KeyedRejectReason};
     ///
     /// # futures::executor::block_on(async {
     /// let tenants = KeyedBulkhead::<String>::builder()
@@ -520,7 +520,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// # futures::executor::block_on(async {
     /// let hosts = KeyedBulkhead::<String>::builder().max_concurrent_calls(1).build().unwrap();
@@ -556,7 +556,7 @@ where
     ///
     /// ```
     /// use std::time::{Duration, Instant};
-    /// use bulkhead::keyed::{KeyedBulkhead, KeyedRejectReason};
+    /// use watertight::keyed::{KeyedBulkhead, KeyedRejectReason};
     ///
     /// # futures::executor::block_on(async {
     /// let hosts = KeyedBulkhead::<String>::builder().max_concurrent_calls(1).build().unwrap();
@@ -589,7 +589,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::keyed::{KeyedBulkhead, KeyedRejectReason};
+    /// use watertight::keyed::{KeyedBulkhead, KeyedRejectReason};
     ///
     /// let tenants = KeyedBulkhead::<String>::builder()
     ///     .max_concurrent_calls(1)
@@ -656,7 +656,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// let tenants = KeyedBulkhead::<String>::builder().max_concurrent_calls(2).build().unwrap();
     /// tenants.set_limit_for("bigcorp", 10); // not tracked yet: applies when it is
@@ -690,7 +690,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// let tenants = KeyedBulkhead::<String>::builder().max_concurrent_calls(2).build().unwrap();
     /// let _p = tenants.try_acquire("acme").unwrap();
@@ -734,7 +734,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// let tenants = KeyedBulkhead::<String>::builder().max_concurrent_calls(3).build().unwrap();
     /// assert!(tenants.metrics_for("acme").is_none());
@@ -755,7 +755,7 @@ where
     /// show the busiest keys:
     ///
     /// ```
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// let tenants = KeyedBulkhead::<String>::builder().max_concurrent_calls(3).build().unwrap();
     /// let _held = [tenants.try_acquire("acme").unwrap(), tenants.try_acquire("acme").unwrap()];
@@ -817,7 +817,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// let hosts = KeyedBulkhead::<String>::builder().max_concurrent_calls(1).build().unwrap();
     /// let busy = hosts.try_acquire("a.example").unwrap();
@@ -841,7 +841,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::keyed::{KeyedBulkhead, KeyedRejectReason};
+    /// use watertight::keyed::{KeyedBulkhead, KeyedRejectReason};
     ///
     /// let tenants = KeyedBulkhead::<String>::builder().max_concurrent_calls(1).build().unwrap();
     /// tenants.close();
@@ -876,7 +876,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// # futures::executor::block_on(async {
     /// let tenants = KeyedBulkhead::<String>::builder().max_concurrent_calls(2).build().unwrap();

@@ -46,7 +46,7 @@ impl Drop for User {
 /// # Examples
 ///
 /// ```
-/// use bulkhead::keyed::KeyedBulkhead;
+/// use watertight::keyed::KeyedBulkhead;
 ///
 /// let tenants = KeyedBulkhead::<String>::builder()
 ///     .max_concurrent_calls(1)
@@ -98,8 +98,8 @@ impl KeyedPermit {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::CallOutcome;
-    /// use bulkhead::keyed::KeyedBulkhead;
+    /// use watertight::CallOutcome;
+    /// use watertight::keyed::KeyedBulkhead;
     ///
     /// let hosts = KeyedBulkhead::<u16>::builder().max_concurrent_calls(1).build().unwrap();
     /// let mut permit = hosts.try_acquire(&443).unwrap();

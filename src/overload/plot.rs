@@ -6,7 +6,7 @@
 //! the simulation or a state machine, redraw them:
 //!
 //! ```text
-//! BULKHEAD_WRITE_DOCS=1 cargo test --lib overload::plot
+//! WATERTIGHT_WRITE_DOCS=1 cargo test --lib overload::plot
 //! ```
 
 use std::fmt::Write as _;
@@ -516,7 +516,7 @@ mod tests {
     const SVG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/overload.svg");
 
     fn write_docs() -> bool {
-        std::env::var_os("BULKHEAD_WRITE_DOCS").is_some()
+        std::env::var_os("WATERTIGHT_WRITE_DOCS").is_some()
     }
 
     #[test]
@@ -528,7 +528,7 @@ mod tests {
         let committed = std::fs::read_to_string(SVG).unwrap_or_default();
         assert!(
             svg == committed,
-            "docs/overload.svg is out of date: BULKHEAD_WRITE_DOCS=1 cargo test --lib overload::plot"
+            "docs/overload.svg is out of date: WATERTIGHT_WRITE_DOCS=1 cargo test --lib overload::plot"
         );
     }
 
@@ -542,7 +542,7 @@ mod tests {
         }
         assert!(
             fresh == doc,
-            "the tables in docs/overload.md are out of date: BULKHEAD_WRITE_DOCS=1 cargo test --lib overload::plot"
+            "the tables in docs/overload.md are out of date: WATERTIGHT_WRITE_DOCS=1 cargo test --lib overload::plot"
         );
     }
 }

@@ -20,7 +20,7 @@ use super::semaphore::RedisSemaphore;
 /// # Examples
 ///
 /// ```no_run
-/// use bulkhead::redis::{Completed, RedisSemaphore};
+/// use watertight::redis::{Completed, RedisSemaphore};
 ///
 /// # async fn demo(sem: RedisSemaphore) -> Result<(), Box<dyn std::error::Error>> {
 /// let Completed { output, lost, .. } = sem.call_to_end(async { 42 }).await;
@@ -94,7 +94,7 @@ impl RedisSemaphore {
     /// # Examples
     ///
     /// ```no_run
-    /// use bulkhead::redis::{LeaseError, RedisSemaphore};
+    /// use watertight::redis::{LeaseError, RedisSemaphore};
     ///
     /// # async fn demo(sem: RedisSemaphore) {
     /// match sem.call(async { "report sent" }).await {

@@ -61,7 +61,7 @@ use sentinel::{Moved, Primary};
 /// # Examples
 ///
 /// ```no_run
-/// use bulkhead::redis::{Backend, RedisSemaphore};
+/// use watertight::redis::{Backend, RedisSemaphore};
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let one_server = redis::Client::open("redis://127.0.0.1/")?;
@@ -102,7 +102,7 @@ impl From<redis::cluster::ClusterClient> for Backend {
     /// # Examples
     ///
     /// ```no_run
-    /// use bulkhead::redis::RedisSemaphore;
+    /// use watertight::redis::RedisSemaphore;
     ///
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// let nodes = ["redis://10.0.0.5:7000/?protocol=3", "redis://10.0.0.6:7000/?protocol=3"];
@@ -133,7 +133,7 @@ impl Backend {
     /// # Examples
     ///
     /// ```no_run
-    /// use bulkhead::redis::{Backend, RedisSemaphore};
+    /// use watertight::redis::{Backend, RedisSemaphore};
     ///
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// let sentinels = vec!["redis://10.0.0.5:26379/", "redis://10.0.0.6:26379/"];

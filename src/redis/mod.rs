@@ -47,7 +47,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use bulkhead::redis::RedisSemaphore;
+//! use watertight::redis::RedisSemaphore;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = redis::Client::open("redis://127.0.0.1/")?;

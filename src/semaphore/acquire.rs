@@ -619,7 +619,7 @@ impl Drop for PassOn<'_> {
 /// # Examples
 ///
 /// ```
-/// use bulkhead::{Semaphore, futures::Acquire};
+/// use watertight::{Semaphore, futures::Acquire};
 ///
 /// struct Waiting<'a> {
 ///     fut: Acquire<'a>, // a nameable type that can be stored
@@ -753,7 +753,7 @@ impl fmt::Debug for Acquire<'_> {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use bulkhead::Semaphore;
+/// use watertight::Semaphore;
 ///
 /// # futures::executor::block_on(async {
 /// let sem = Arc::new(Semaphore::new(1));

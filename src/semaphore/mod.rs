@@ -140,7 +140,7 @@ use wake_list::WakeList;
 /// # Examples
 ///
 /// ```
-/// use bulkhead::Semaphore;
+/// use watertight::Semaphore;
 ///
 /// # futures::executor::block_on(async {
 /// let sem = Semaphore::new(2);
@@ -211,7 +211,7 @@ impl Semaphore {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// static LIMIT: Semaphore = Semaphore::new(4);
     /// assert_eq!(LIMIT.available_permits(), 4);
@@ -232,7 +232,7 @@ impl Semaphore {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new_unfair(1);
     /// assert!(!sem.is_fair());
@@ -307,7 +307,7 @@ impl Semaphore {
     /// ```
     /// use std::pin::pin;
     /// use std::task::{Context, Waker};
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(1);
     /// let held = sem.try_acquire().unwrap();
@@ -333,7 +333,7 @@ impl Semaphore {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(1);
     /// assert!(!sem.serves_newest());
@@ -360,7 +360,7 @@ impl Semaphore {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// # futures::executor::block_on(async {
     /// let sem = Semaphore::new(1);
@@ -396,7 +396,7 @@ impl Semaphore {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// # futures::executor::block_on(async {
     /// let sem = Semaphore::new(10);
@@ -422,7 +422,7 @@ impl Semaphore {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::{Semaphore, TryAcquireError};
+    /// use watertight::{Semaphore, TryAcquireError};
     ///
     /// let sem = Semaphore::new(1);
     /// let permit = sem.try_acquire().unwrap();
@@ -449,7 +449,7 @@ impl Semaphore {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(4);
     /// let permit = sem.try_acquire_many(3).unwrap();
@@ -478,7 +478,7 @@ impl Semaphore {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// # futures::executor::block_on(async {
     /// let sem = Arc::new(Semaphore::new(1));
@@ -510,7 +510,7 @@ impl Semaphore {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// # futures::executor::block_on(async {
     /// let sem = Arc::new(Semaphore::new(5));
@@ -534,7 +534,7 @@ impl Semaphore {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Arc::new(Semaphore::new(1));
     /// let permit = sem.try_acquire_owned().unwrap();
@@ -561,7 +561,7 @@ impl Semaphore {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Arc::new(Semaphore::new(3));
     /// let permit = sem.try_acquire_many_owned(2).unwrap();
@@ -591,7 +591,7 @@ impl Semaphore {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(1);
     /// let permit = sem.acquire_blocking().unwrap();
@@ -616,7 +616,7 @@ impl Semaphore {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(0);
     /// std::thread::scope(|s| {
@@ -650,7 +650,7 @@ impl Semaphore {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(1);
     /// sem.add_permits(2);
@@ -729,7 +729,7 @@ impl Semaphore {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(2);
     /// let held = sem.try_acquire_many(2).unwrap();
@@ -765,7 +765,7 @@ impl Semaphore {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(5);
     /// assert_eq!(sem.forget_permits(3), 3);
@@ -797,7 +797,7 @@ impl Semaphore {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(7);
     /// assert_eq!(sem.drain_permits(), 7);
@@ -813,7 +813,7 @@ impl Semaphore {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(0);
     /// sem.reduce_permits(2);
@@ -835,7 +835,7 @@ impl Semaphore {
     /// ```
     /// use std::pin::pin;
     /// use std::task::{Context, Waker};
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(0);
     /// let mut waiting = pin!(sem.acquire());
@@ -859,7 +859,7 @@ impl Semaphore {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::{Semaphore, TryAcquireError};
+    /// use watertight::{Semaphore, TryAcquireError};
     ///
     /// # futures::executor::block_on(async {
     /// let sem = Semaphore::new(1);
@@ -932,7 +932,7 @@ impl Semaphore {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(1);
     /// assert!(!sem.is_closed());

@@ -10,7 +10,7 @@ use super::Semaphore;
 /// # Examples
 ///
 /// ```
-/// use bulkhead::Semaphore;
+/// use watertight::Semaphore;
 ///
 /// let sem = Semaphore::new(3);
 /// {
@@ -23,7 +23,7 @@ use super::Semaphore;
 /// A permit borrows its semaphore and cannot outlive it:
 ///
 /// ```compile_fail
-/// use bulkhead::{Permit, Semaphore};
+/// use watertight::{Permit, Semaphore};
 ///
 /// let permit: Permit<'static> = {
 ///     let sem = Semaphore::new(1);
@@ -57,7 +57,7 @@ impl<'a> Permit<'a> {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(4);
     /// assert_eq!(sem.try_acquire_many(3).unwrap().num_permits(), 3);
@@ -71,7 +71,7 @@ impl<'a> Permit<'a> {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(1);
     /// let permit = sem.try_acquire().unwrap();
@@ -89,7 +89,7 @@ impl<'a> Permit<'a> {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(2);
     /// sem.try_acquire().unwrap().forget();
@@ -107,7 +107,7 @@ impl<'a> Permit<'a> {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(5);
     /// let mut permit = sem.try_acquire_many(5).unwrap();
@@ -132,7 +132,7 @@ impl<'a> Permit<'a> {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Semaphore::new(3);
     /// let mut a = sem.try_acquire().unwrap();
@@ -173,7 +173,7 @@ impl fmt::Debug for Permit<'_> {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use bulkhead::Semaphore;
+/// use watertight::Semaphore;
 ///
 /// let sem = Arc::new(Semaphore::new(1));
 /// let permit = sem.try_acquire_owned().unwrap();
@@ -212,7 +212,7 @@ impl OwnedPermit {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Arc::new(Semaphore::new(4));
     /// assert_eq!(sem.try_acquire_many_owned(3).unwrap().num_permits(), 3);
@@ -227,7 +227,7 @@ impl OwnedPermit {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Arc::new(Semaphore::new(1));
     /// let permit = sem.try_acquire_owned().unwrap();
@@ -244,7 +244,7 @@ impl OwnedPermit {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Arc::new(Semaphore::new(1));
     /// sem.try_acquire_owned().unwrap().forget();
@@ -261,7 +261,7 @@ impl OwnedPermit {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Arc::new(Semaphore::new(2));
     /// let mut permit = sem.try_acquire_many_owned(2).unwrap();
@@ -284,7 +284,7 @@ impl OwnedPermit {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use bulkhead::Semaphore;
+    /// use watertight::Semaphore;
     ///
     /// let sem = Arc::new(Semaphore::new(2));
     /// let mut a = sem.try_acquire_owned().unwrap();

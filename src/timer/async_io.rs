@@ -17,7 +17,7 @@ use super::{Sleep, Timer};
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use bulkhead::timer::{AsyncIoTimer, Timer};
+/// use watertight::timer::{AsyncIoTimer, Timer};
 ///
 /// smol::block_on(async {
 ///     let start = Instant::now();
@@ -37,7 +37,7 @@ impl AsyncIoTimer {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use bulkhead::timer::{AsyncIoTimer, Timer};
+    /// use watertight::timer::{AsyncIoTimer, Timer};
     ///
     /// let timer: Arc<dyn Timer> = Arc::new(AsyncIoTimer::new());
     /// # drop(timer);

@@ -20,7 +20,7 @@
 //!
 //! ```
 //! use std::time::{Duration, Instant};
-//! use bulkhead::timer::{Sleep, Timer};
+//! use watertight::timer::{Sleep, Timer};
 //!
 //! /// Hands sleeps to "my executor". Here: a thread per sleep, which keeps
 //! /// the example short but is no way to build a real timer.
@@ -131,7 +131,7 @@ use std::sync::Arc;
 ///
 /// ```
 /// use std::time::Duration;
-/// use bulkhead::timer::{Sleep, ThreadTimer, Timer};
+/// use watertight::timer::{Sleep, ThreadTimer, Timer};
 ///
 /// let timer = ThreadTimer::new();
 /// let nap: Sleep = timer.sleep(Duration::from_millis(1));
@@ -155,7 +155,7 @@ pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use bulkhead::timer::{ThreadTimer, Timer};
+/// use watertight::timer::{ThreadTimer, Timer};
 ///
 /// # futures::executor::block_on(async {
 /// let timer: &dyn Timer = &ThreadTimer::new();
@@ -209,7 +209,7 @@ impl<T: Timer + ?Sized> Timer for Arc<T> {
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use bulkhead::timer::{Timer, default_timer};
+/// use watertight::timer::{Timer, default_timer};
 ///
 /// # futures::executor::block_on(async {
 /// // `None` only with `default-features = false` and no runtime feature.

@@ -71,7 +71,7 @@ static GLOBAL: Driver = Driver::new();
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use bulkhead::timer::{ThreadTimer, Timer};
+/// use watertight::timer::{ThreadTimer, Timer};
 ///
 /// # futures::executor::block_on(async {
 /// let timer = ThreadTimer::new();
@@ -93,7 +93,7 @@ impl ThreadTimer {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use bulkhead::timer::{ThreadTimer, Timer};
+    /// use watertight::timer::{ThreadTimer, Timer};
     ///
     /// let timer: Arc<dyn Timer> = Arc::new(ThreadTimer::new());
     /// # drop(timer);
@@ -158,7 +158,7 @@ impl fmt::Debug for ThreadTimer {
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use bulkhead::timer::ThreadSleep;
+/// use watertight::timer::ThreadSleep;
 ///
 /// # futures::executor::block_on(async {
 /// let start = Instant::now();
@@ -199,7 +199,7 @@ impl ThreadSleep {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bulkhead::timer::ThreadSleep;
+    /// use watertight::timer::ThreadSleep;
     ///
     /// # futures::executor::block_on(async {
     /// ThreadSleep::new(Duration::ZERO).await; // completes on first poll
@@ -215,7 +215,7 @@ impl ThreadSleep {
     ///
     /// ```
     /// use std::time::{Duration, Instant};
-    /// use bulkhead::timer::ThreadSleep;
+    /// use watertight::timer::ThreadSleep;
     ///
     /// # futures::executor::block_on(async {
     /// let deadline = Instant::now() + Duration::from_millis(10);
@@ -241,7 +241,7 @@ impl ThreadSleep {
     ///
     /// ```
     /// use std::time::{Duration, Instant};
-    /// use bulkhead::timer::ThreadSleep;
+    /// use watertight::timer::ThreadSleep;
     ///
     /// let deadline = Instant::now() + Duration::from_secs(1);
     /// assert_eq!(ThreadSleep::until(deadline).deadline(), Some(deadline));

@@ -25,7 +25,7 @@ use super::{Sleep, Timer};
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use bulkhead::timer::{Timer, TokioTimer};
+/// use watertight::timer::{Timer, TokioTimer};
 ///
 /// let runtime = tokio::runtime::Builder::new_multi_thread()
 ///     .enable_time()
@@ -49,7 +49,7 @@ impl TokioTimer {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::timer::TokioTimer;
+    /// use watertight::timer::TokioTimer;
     ///
     /// # let runtime = tokio::runtime::Runtime::new().unwrap();
     /// let timer = TokioTimer::new(runtime.handle().clone());
@@ -66,7 +66,7 @@ impl TokioTimer {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::timer::TokioTimer;
+    /// use watertight::timer::TokioTimer;
     ///
     /// assert!(TokioTimer::try_current().is_none());
     /// # let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -84,7 +84,7 @@ impl TokioTimer {
     /// # Examples
     ///
     /// ```
-    /// use bulkhead::timer::TokioTimer;
+    /// use watertight::timer::TokioTimer;
     ///
     /// # let runtime = tokio::runtime::Runtime::new().unwrap();
     /// let timer = TokioTimer::new(runtime.handle().clone());

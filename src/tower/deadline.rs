@@ -23,7 +23,7 @@ const GRPC_TIMEOUT_DIGITS: usize = 8;
 ///
 /// ```
 /// use std::time::Duration;
-/// use bulkhead::tower::parse_grpc_timeout;
+/// use watertight::tower::parse_grpc_timeout;
 ///
 /// assert_eq!(parse_grpc_timeout(b"250m"), Some(Duration::from_millis(250)));
 /// assert_eq!(parse_grpc_timeout(b"1H"), Some(Duration::from_secs(3600)));
@@ -79,7 +79,7 @@ fn from_now(timeout: Duration) -> Option<Instant> {
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use bulkhead::tower::{GrpcTimeout, RequestDeadline};
+/// use watertight::tower::{GrpcTimeout, RequestDeadline};
 ///
 /// # #[cfg(feature = "http")] {
 /// let request = http::Request::builder()
@@ -103,7 +103,7 @@ pub struct GrpcTimeout;
 /// # Examples
 ///
 /// ```
-/// use bulkhead::tower::{GrpcTimeout, GrpcTimeoutHeader, RequestDeadline};
+/// use watertight::tower::{GrpcTimeout, GrpcTimeoutHeader, RequestDeadline};
 ///
 /// struct Frame {
 ///     timeout: Option<String>,
@@ -150,7 +150,7 @@ impl<B> GrpcTimeoutHeader for http::Request<B> {
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use bulkhead::tower::Deadline;
+/// use watertight::tower::Deadline;
 ///
 /// # #[cfg(feature = "http")] {
 /// let mut request = http::Request::new(());
@@ -171,7 +171,7 @@ pub struct Deadline(pub Instant);
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use bulkhead::tower::{Deadline, DeadlineExtension, RequestDeadline};
+/// use watertight::tower::{Deadline, DeadlineExtension, RequestDeadline};
 ///
 /// # #[cfg(feature = "http")] {
 /// let by = Instant::now() + Duration::from_secs(2);
@@ -201,7 +201,7 @@ impl<B> RequestDeadline<http::Request<B>> for DeadlineExtension {
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use bulkhead::tower::{Earliest, RequestDeadline};
+/// use watertight::tower::{Earliest, RequestDeadline};
 ///
 /// let soon = Instant::now() + Duration::from_millis(100);
 /// let later = soon + Duration::from_secs(1);

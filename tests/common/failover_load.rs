@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bulkhead::redis::{LeaseError, RedisSemaphore};
+use watertight::redis::{LeaseError, RedisSemaphore};
 
 #[derive(Default)]
 struct Counts {

@@ -15,8 +15,8 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use bulkhead::{Semaphore, TryAcquireError};
 use futures::future::BoxFuture;
+use watertight::{Semaphore, TryAcquireError};
 
 /// How long a test may wait for another thread or task to reach a state
 /// before it fails instead of hanging.

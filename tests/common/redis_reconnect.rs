@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bulkhead::redis::{LeaseError, LeasedPermit, RedisSemaphore};
+use watertight::redis::{LeaseError, LeasedPermit, RedisSemaphore};
 
 use crate::redis_server::RedisServer;
 

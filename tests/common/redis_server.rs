@@ -43,15 +43,15 @@ pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 pub const CMD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The environment variable that marks a re-executed test binary as a child.
-pub const CHILD_ENV: &str = "BULKHEAD_CHILD";
+pub const CHILD_ENV: &str = "WATERTIGHT_CHILD";
 
 /// Overrides the `redis-server` binary (default: `redis-server` from `PATH`).
-pub const REDIS_SERVER_ENV: &str = "BULKHEAD_REDIS_SERVER";
+pub const REDIS_SERVER_ENV: &str = "WATERTIGHT_REDIS_SERVER";
 
 /// Set to `1` to make a `redis-server` that cannot be run fail every test
 /// that needs one, instead of skipping it. `.ci/run` sets it, so CI never
 /// skips the Redis tests.
-pub const REQUIRE_REDIS_ENV: &str = "BULKHEAD_REQUIRE_REDIS";
+pub const REQUIRE_REDIS_ENV: &str = "WATERTIGHT_REQUIRE_REDIS";
 
 const LOCALHOST: Ipv4Addr = Ipv4Addr::LOCALHOST;
 
@@ -502,7 +502,7 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
 
 /// Overrides the `redis-cli` binary that creates clusters (default:
 /// `redis-cli` from `PATH`).
-pub const REDIS_CLI_ENV: &str = "BULKHEAD_REDIS_CLI";
+pub const REDIS_CLI_ENV: &str = "WATERTIGHT_REDIS_CLI";
 
 /// How long a new cluster may take to reach `cluster_state:ok`, and a
 /// Sentinel to see the primary and its replica.
@@ -1062,7 +1062,7 @@ pub fn is_child() -> bool {
 /// Re-executes the current test binary to run the single test `test_name`
 /// (its full path inside the test crate, e.g. `"child_holds"` or
 /// `"module::child_holds"`) with `--exact --nocapture --test-threads=1`,
-/// `BULKHEAD_CHILD=1` and `env`.
+/// `WATERTIGHT_CHILD=1` and `env`.
 ///
 /// stdout is piped (wrap it in [`ChildLines`]), stdin is null and stderr is
 /// inherited. The child's `println!` lines arrive in order, but libtest's own
