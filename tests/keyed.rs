@@ -262,7 +262,9 @@ async fn one_max_wait_budget_covers_both_limits() {
     let (kb, first, second, elapsed) = two_callers_on_one_budget(budget).await;
     assert!(first.waited() >= budget, "{:?}", first.waited());
     assert!(
-        first.to_string().contains("no free global permit"),
+        first
+            .to_string()
+            .contains("the global limit had no free permit within"),
         "{first}"
     );
     assert!(first.bulkhead_rejection().is_none());
@@ -888,7 +890,7 @@ async fn a_keyed_call_error_returns_its_cause_from_source_without_repeating_it()
         chain[..2],
         [
             "the keyed bulkhead did not admit the call",
-            "keyed bulkhead tenants: the key is at its limit"
+            "keyed bulkhead tenants: the key is full"
         ]
     );
     assert_eq!(chain.len(), 3, "{chain:?}");

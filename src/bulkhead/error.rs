@@ -5,88 +5,7 @@ use core::fmt;
 use std::time::Duration;
 
 use super::name::Name;
-
-/// Why the bulkhead turned a call away.
-///
-/// # Examples
-///
-/// ```
-/// use watertight::{Bulkhead, RejectReason};
-///
-/// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
-/// let _held = bh.try_acquire().unwrap();
-/// match bh.try_acquire().unwrap_err().reason() {
-///     RejectReason::Full => println!("busy, try later"),
-///     other => panic!("unexpected {other}"),
-/// }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum RejectReason {
-    /// No permit was free and there was no room or no time to wait: the
-    /// bulkhead fails fast (`max_wait` is zero) or its waiting line is full
-    /// (`max_queue`).
-    Full,
-    /// The caller waited `max_wait` without getting a permit.
-    Timeout,
-    /// The bulkhead was closed.
-    Closed,
-    /// The permits live elsewhere (the Redis backend) and could not be
-    /// reached: the bulkhead fails closed rather than admit uncounted calls.
-    /// Also: the timer that bounds a wait or a call cannot run (its tokio
-    /// runtime has shut down, or has no time driver), so the bound could
-    /// not be kept.
-    Unavailable,
-    /// The call carried a deadline ([`Bulkhead::call_by`](crate::Bulkhead::call_by),
-    /// [`Bulkhead::acquire_by`](crate::Bulkhead::acquire_by)) that it could
-    /// not make: the deadline had passed, the expected wait plus the
-    /// expected hold time (the averages behind
-    /// [`Rejected::retry_after`]) did not fit in the time left, or it waited
-    /// until it could no longer finish in time.
-    WontMakeDeadline,
-    /// Controlled delay ([`BulkheadBuilder::queue_delay`](crate::BulkheadBuilder::queue_delay)):
-    /// the waiting line had stood at or above its target wait for a whole
-    /// interval, and this caller had waited the target (or, arriving while
-    /// it stood, waited its target out) without a permit. The line is
-    /// being drained to what the permits can serve within the target.
-    QueueDelay,
-    /// Priority classes ([`BulkheadBuilder::priorities`](crate::BulkheadBuilder::priorities)):
-    /// this caller waited in a full line (`max_queue`) and a caller of a
-    /// more important class took its place; the least important waiters
-    /// are shed first, the newest of them first.
-    Displaced,
-}
-
-impl RejectReason {
-    /// A short lowercase label, for metrics and logs: `"full"`,
-    /// `"timeout"`, `"closed"`, `"unavailable"`, `"deadline"`,
-    /// `"queue_delay"` or `"displaced"`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use watertight::RejectReason;
-    ///
-    /// assert_eq!(RejectReason::Timeout.as_str(), "timeout");
-    /// ```
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Full => "full",
-            Self::Timeout => "timeout",
-            Self::Closed => "closed",
-            Self::Unavailable => "unavailable",
-            Self::WontMakeDeadline => "deadline",
-            Self::QueueDelay => "queue_delay",
-            Self::Displaced => "displaced",
-        }
-    }
-}
-
-impl fmt::Display for RejectReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use super::reason::RejectReason;
 
 /// A call the bulkhead did not admit.
 ///
@@ -264,12 +183,7 @@ impl Rejected {
             ahead,
             limit,
         } = self.hint;
-        if hold_ns == 0
-            || matches!(
-                self.reason,
-                RejectReason::Closed | RejectReason::Unavailable
-            )
-        {
+        if hold_ns == 0 || !self.reason.row().hint {
             return None;
         }
         let ns = hold_ns
@@ -281,40 +195,24 @@ impl Rejected {
 
 impl fmt::Display for Rejected {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.reason {
-            RejectReason::Full => write!(f, "bulkhead {} is full", self.name),
-            RejectReason::Timeout => write!(
-                f,
-                "bulkhead {} had no free permit within {:?}",
-                self.name,
-                // Whole milliseconds: the timer's jitter below that is noise.
-                Duration::from_millis(self.waited_ns / 1_000_000)
-            ),
-            RejectReason::Closed => write!(f, "bulkhead {} is closed", self.name),
-            RejectReason::Unavailable if self.timer_gone => write!(
+        if self.timer_gone {
+            return write!(
                 f,
                 "bulkhead {} cannot keep its time limits: its timer is not running",
                 self.name
-            ),
-            RejectReason::Unavailable => {
-                write!(f, "bulkhead {} cannot reach its shared permits", self.name)
-            }
-            RejectReason::WontMakeDeadline => write!(
-                f,
-                "bulkhead {} cannot serve the call before its deadline",
-                self.name
-            ),
-            RejectReason::QueueDelay => write!(
-                f,
-                "bulkhead {} is overloaded: its waiting line stood past its target wait",
-                self.name
-            ),
-            RejectReason::Displaced => write!(
-                f,
-                "bulkhead {} gave this caller's place in its full line to a more important one",
-                self.name
-            ),
+            );
         }
+        let row = self.reason.row();
+        write!(f, "bulkhead {} {}", self.name, row.says)?;
+        if row.shows_wait {
+            // Whole milliseconds: the timer's jitter below that is noise.
+            write!(
+                f,
+                " {:?}",
+                Duration::from_millis(self.waited_ns / 1_000_000)
+            )?;
+        }
+        Ok(())
     }
 }
 

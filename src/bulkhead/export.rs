@@ -12,10 +12,10 @@ mod metrics_export {
 
     use metrics::{Counter, Gauge, Histogram};
 
-    use super::super::error::RejectReason;
     use super::super::observer::{
         CallOutcome, Finished, LeakSuspected, Observer, Permitted, Rejection,
     };
+    use super::super::reason::{REASONS, RejectReason};
 
     /// Publishes through the `metrics` crate's recorder. Names, all
     /// labelled `bulkhead=<name>`:
@@ -50,31 +50,13 @@ mod metrics_export {
     #[derive(Debug)]
     struct Handles {
         permitted: Counter,
-        rejected: [Counter; 7],
-        finished: [Counter; 6],
+        rejected: [Counter; REASONS],
+        finished: [Counter; CallOutcome::ALL.len()],
         in_flight: Gauge,
         wait: Histogram,
         hold: Histogram,
         leaks: Counter,
     }
-
-    const REASONS: [RejectReason; 7] = [
-        RejectReason::Full,
-        RejectReason::Timeout,
-        RejectReason::Closed,
-        RejectReason::Unavailable,
-        RejectReason::WontMakeDeadline,
-        RejectReason::QueueDelay,
-        RejectReason::Displaced,
-    ];
-    const OUTCOMES: [CallOutcome; 6] = [
-        CallOutcome::Success,
-        CallOutcome::Failure,
-        CallOutcome::TimedOut,
-        CallOutcome::Cancelled,
-        CallOutcome::Panicked,
-        CallOutcome::Released,
-    ];
 
     impl MetricsExporter {
         pub(crate) fn new(name: &str) -> Self {
@@ -96,14 +78,14 @@ mod metrics_export {
             let name = name.to_owned();
             Self {
                 permitted: metrics::counter!("bulkhead_calls_permitted_total", "bulkhead" => name.clone()),
-                rejected: REASONS.map(|r| {
+                rejected: RejectReason::ALL.map(|r| {
                     metrics::counter!(
                         "bulkhead_calls_rejected_total",
                         "bulkhead" => name.clone(),
                         "reason" => r.as_str()
                     )
                 }),
-                finished: OUTCOMES.map(|o| {
+                finished: CallOutcome::ALL.map(|o| {
                     metrics::counter!(
                         "bulkhead_calls_finished_total",
                         "bulkhead" => name.clone(),
@@ -127,14 +109,12 @@ mod metrics_export {
         }
 
         fn on_rejected(&self, e: &Rejection<'_>) {
-            let i = REASONS.iter().position(|r| *r == e.reason).unwrap_or(0);
-            self.handles().rejected[i].increment(1);
+            self.handles().rejected[e.reason.index()].increment(1);
         }
 
         fn on_finished(&self, e: &Finished<'_>) {
             let h = self.handles();
-            let i = OUTCOMES.iter().position(|o| *o == e.outcome).unwrap_or(0);
-            h.finished[i].increment(1);
+            h.finished[e.outcome.index()].increment(1);
             h.in_flight.decrement(1.0);
             h.hold.record(e.held.as_secs_f64());
         }

@@ -3,19 +3,16 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::reason::{REASONS, RejectReason};
+
 /// Totals since the bulkhead was created. Each is bumped with one relaxed
 /// `fetch_add`; a snapshot reads them one by one, so counts taken while calls
 /// run may be a step apart from each other.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) permitted: AtomicU64,
-    pub(crate) rejected_full: AtomicU64,
-    pub(crate) rejected_timeout: AtomicU64,
-    pub(crate) rejected_closed: AtomicU64,
-    pub(crate) rejected_unavailable: AtomicU64,
-    pub(crate) rejected_deadline: AtomicU64,
-    pub(crate) rejected_queue_delay: AtomicU64,
-    pub(crate) rejected_displaced: AtomicU64,
+    /// Rejections, by [`RejectReason::index`].
+    pub(crate) rejected: [AtomicU64; REASONS],
     pub(crate) call_timeouts: AtomicU64,
     /// Shared with the leak watches, which outlive a borrow of the policy.
     pub(crate) leaks_suspected: std::sync::Arc<AtomicU64>,
@@ -71,13 +68,8 @@ pub struct Metrics {
     pub(crate) max_wait: Option<Duration>,
     pub(crate) closed: bool,
     pub(crate) permitted: u64,
-    pub(crate) rejected_full: u64,
-    pub(crate) rejected_timeout: u64,
-    pub(crate) rejected_closed: u64,
-    pub(crate) rejected_unavailable: u64,
-    pub(crate) rejected_deadline: u64,
-    pub(crate) rejected_queue_delay: u64,
-    pub(crate) rejected_displaced: u64,
+    /// Rejections, by [`RejectReason::index`].
+    pub(crate) rejected: [u64; REASONS],
     pub(crate) call_timeouts: u64,
     pub(crate) leaks_suspected: u64,
 }
@@ -249,7 +241,7 @@ impl Metrics {
     /// assert_eq!(bh.metrics().rejected_full(), 1);
     /// ```
     pub fn rejected_full(&self) -> u64 {
-        self.rejected_full
+        self.rejected_for(RejectReason::Full)
     }
 
     /// Calls rejected after waiting `max_wait`.
@@ -272,7 +264,7 @@ impl Metrics {
     /// # });
     /// ```
     pub fn rejected_timeout(&self) -> u64 {
-        self.rejected_timeout
+        self.rejected_for(RejectReason::Timeout)
     }
 
     /// Calls rejected because the bulkhead was closed.
@@ -288,7 +280,7 @@ impl Metrics {
     /// assert_eq!(bh.metrics().rejected_closed(), 1);
     /// ```
     pub fn rejected_closed(&self) -> u64 {
-        self.rejected_closed
+        self.rejected_for(RejectReason::Closed)
     }
 
     /// Calls rejected because the shared permits (the Redis backend) could
@@ -303,7 +295,7 @@ impl Metrics {
     /// assert_eq!(bh.metrics().rejected_unavailable(), 0); // in-process: never
     /// ```
     pub fn rejected_unavailable(&self) -> u64 {
-        self.rejected_unavailable
+        self.rejected_for(RejectReason::Unavailable)
     }
 
     /// Calls rejected because they could not make the deadline they
@@ -323,7 +315,7 @@ impl Metrics {
     /// # });
     /// ```
     pub fn rejected_deadline(&self) -> u64 {
-        self.rejected_deadline
+        self.rejected_for(RejectReason::WontMakeDeadline)
     }
 
     /// Waiting calls cut by controlled delay
@@ -343,7 +335,7 @@ impl Metrics {
     /// assert_eq!(bh.metrics().rejected_queue_delay(), 0); // nobody waited
     /// ```
     pub fn rejected_queue_delay(&self) -> u64 {
-        self.rejected_queue_delay
+        self.rejected_for(RejectReason::QueueDelay)
     }
 
     /// Waiting calls displaced from a full line by a more important class
@@ -363,7 +355,7 @@ impl Metrics {
     /// assert_eq!(bh.metrics().rejected_displaced(), 0); // nobody waited
     /// ```
     pub fn rejected_displaced(&self) -> u64 {
-        self.rejected_displaced
+        self.rejected_for(RejectReason::Displaced)
     }
 
     /// All rejections.
@@ -382,13 +374,25 @@ impl Metrics {
     /// drop(held);
     /// ```
     pub fn rejected(&self) -> u64 {
-        self.rejected_full
-            + self.rejected_timeout
-            + self.rejected_closed
-            + self.rejected_unavailable
-            + self.rejected_deadline
-            + self.rejected_queue_delay
-            + self.rejected_displaced
+        self.rejected.iter().sum()
+    }
+
+    /// Rejections for `reason`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use watertight::{Bulkhead, RejectReason};
+    ///
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    /// let _held = bh.try_acquire().unwrap();
+    /// assert!(bh.try_acquire().is_err());
+    /// let m = bh.metrics();
+    /// assert_eq!(m.rejected_for(RejectReason::Full), 1);
+    /// assert_eq!(m.rejected_for(RejectReason::Timeout), 0);
+    /// ```
+    pub fn rejected_for(&self, reason: RejectReason) -> u64 {
+        self.rejected[reason.index()]
     }
 
     /// Admitted calls that have given their permit back

@@ -53,6 +53,7 @@ pub(crate) mod name;
 pub(crate) mod observer;
 mod permit;
 pub(crate) mod policy;
+pub(crate) mod reason;
 mod seating;
 
 pub use builder::BulkheadBuilder;

@@ -57,6 +57,22 @@ impl CallOutcome {
             Self::Released => "released",
         }
     }
+
+    /// Every outcome, in declaration order: `ALL[o.index()] == o`.
+    pub(crate) const ALL: [CallOutcome; 6] = [
+        Self::Success,
+        Self::Failure,
+        Self::TimedOut,
+        Self::Cancelled,
+        Self::Panicked,
+        Self::Released,
+    ];
+
+    /// This outcome's place in [`ALL`](Self::ALL).
+    #[inline]
+    pub(crate) const fn index(self) -> usize {
+        self as usize
+    }
 }
 
 impl fmt::Display for CallOutcome {
@@ -225,4 +241,16 @@ pub struct Finished<'a> {
     pub held: Duration,
     /// How the call ended.
     pub outcome: CallOutcome,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CallOutcome;
+
+    #[test]
+    fn every_outcome_sits_at_its_index() {
+        for (i, outcome) in CallOutcome::ALL.iter().enumerate() {
+            assert_eq!(outcome.index(), i, "{outcome:?}");
+        }
+    }
 }

@@ -368,13 +368,7 @@ impl Policy {
             max_wait: self.max_wait,
             closed,
             permitted: Counters::get(&c.permitted),
-            rejected_full: Counters::get(&c.rejected_full),
-            rejected_timeout: Counters::get(&c.rejected_timeout),
-            rejected_closed: Counters::get(&c.rejected_closed),
-            rejected_unavailable: Counters::get(&c.rejected_unavailable),
-            rejected_deadline: Counters::get(&c.rejected_deadline),
-            rejected_queue_delay: Counters::get(&c.rejected_queue_delay),
-            rejected_displaced: Counters::get(&c.rejected_displaced),
+            rejected: c.rejected.each_ref().map(Counters::get),
             call_timeouts: Counters::get(&c.call_timeouts),
             leaks_suspected: Counters::get(&c.leaks_suspected),
         }
@@ -566,15 +560,7 @@ impl Policy {
     #[inline]
     fn rejected(&self, reason: RejectReason, timer_gone: bool, waited_ns: u64) -> Rejected {
         let c = &self.counters;
-        Counters::bump(match reason {
-            RejectReason::Full => &c.rejected_full,
-            RejectReason::Timeout => &c.rejected_timeout,
-            RejectReason::Closed => &c.rejected_closed,
-            RejectReason::Unavailable => &c.rejected_unavailable,
-            RejectReason::WontMakeDeadline => &c.rejected_deadline,
-            RejectReason::QueueDelay => &c.rejected_queue_delay,
-            RejectReason::Displaced => &c.rejected_displaced,
-        });
+        Counters::bump(&c.rejected[reason.index()]);
         if self.observed() {
             self.tell_rejected(reason, waited_ns);
         }

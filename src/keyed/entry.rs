@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use super::idle::{IdleList, IdleOrder};
 use super::metrics::KeyMetrics;
 use crate::bulkhead::Bulkhead;
+use crate::bulkhead::reason::REASONS;
 
 /// [`Entry::link`] of an entry not in its shard's idle order.
 const UNLINKED: u64 = u64::MAX;
@@ -45,12 +46,10 @@ pub(super) struct Entry {
     /// which its own `permitted` counts (one atomic increment less per
     /// call).
     pub(super) admitted: AtomicU64,
-    pub(super) rejected_global: AtomicU64,
-    /// Of `rejected_global`, those for the call's deadline and for
-    /// controlled delay on the global line (the key's own stage counts
-    /// them in its bulkhead's metrics).
-    pub(super) rejected_global_deadline: AtomicU64,
-    pub(super) rejected_global_queue_delay: AtomicU64,
+    /// Rejections by the global stage, by the reason the global bulkhead
+    /// (or the keyed bulkhead's own budget, as a timeout) gave; the key's
+    /// own stage counts its rejections in its bulkhead's metrics.
+    pub(super) rejected_global: [AtomicU64; REASONS],
     pub(super) call_timeouts: AtomicU64,
     pub(super) waiting_global: AtomicUsize,
 }
@@ -76,9 +75,7 @@ impl Entry {
             idle,
             evicted: AtomicBool::new(false),
             admitted: AtomicU64::new(0),
-            rejected_global: AtomicU64::new(0),
-            rejected_global_deadline: AtomicU64::new(0),
-            rejected_global_queue_delay: AtomicU64::new(0),
+            rejected_global: Default::default(),
             call_timeouts: AtomicU64::new(0),
             waiting_global: AtomicUsize::new(0),
         }
@@ -185,9 +182,10 @@ impl Entry {
                 false => bulkhead.permitted(),
             },
             bulkhead,
-            rejected_global: self.rejected_global.load(Ordering::Relaxed),
-            rejected_global_deadline: self.rejected_global_deadline.load(Ordering::Relaxed),
-            rejected_global_queue_delay: self.rejected_global_queue_delay.load(Ordering::Relaxed),
+            rejected_global: self
+                .rejected_global
+                .each_ref()
+                .map(|c| c.load(Ordering::Relaxed)),
             call_timeouts: self.call_timeouts.load(Ordering::Relaxed),
             waiting_global: self.waiting_global.load(Ordering::Relaxed),
         }

@@ -70,6 +70,14 @@ pub enum KeyedRejectReason {
     /// for global permits had stood past its target for an interval, and
     /// this caller had waited the target in it.
     GlobalQueueDelay,
+    /// Priority classes on the key's own line: a caller of a more
+    /// important class took this caller's place in the key's full line.
+    /// As [`RejectReason::Displaced`], for the first stage.
+    KeyDisplaced,
+    /// Priority classes on the global line: the key had room, but a caller
+    /// of a more important class took this caller's place in the full
+    /// global line.
+    GlobalDisplaced,
 }
 
 impl KeyedRejectReason {
@@ -90,6 +98,8 @@ impl KeyedRejectReason {
             Self::GlobalWontMakeDeadline => "global_deadline",
             Self::KeyQueueDelay => "key_queue_delay",
             Self::GlobalQueueDelay => "global_queue_delay",
+            Self::KeyDisplaced => "key_displaced",
+            Self::GlobalDisplaced => "global_displaced",
         }
     }
 
@@ -103,13 +113,86 @@ impl KeyedRejectReason {
     /// `GlobalWontMakeDeadline` or `GlobalQueueDelay`): the key itself had
     /// room.
     pub fn is_global(self) -> bool {
-        matches!(
-            self,
-            Self::GlobalFull
-                | Self::GlobalTimeout
-                | Self::GlobalWontMakeDeadline
-                | Self::GlobalQueueDelay
-        )
+        self.parts().1 == Some(Stage::Global)
+    }
+
+    /// The reason as the bulkhead of the stage that said no gave it
+    /// ([`RejectReason`]), or `None` for
+    /// [`TooManyKeys`](Self::TooManyKeys), which no bulkhead gives.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use watertight::RejectReason;
+    /// use watertight::keyed::KeyedRejectReason;
+    ///
+    /// assert_eq!(KeyedRejectReason::GlobalTimeout.bulkhead_reason(), Some(RejectReason::Timeout));
+    /// assert_eq!(KeyedRejectReason::TooManyKeys.bulkhead_reason(), None);
+    /// ```
+    pub fn bulkhead_reason(self) -> Option<RejectReason> {
+        self.parts().0
+    }
+
+    /// The bulkhead reason and the stage that gave it: the one place that
+    /// says which keyed reason is which.
+    const fn parts(self) -> (Option<RejectReason>, Option<Stage>) {
+        use RejectReason as R;
+        use Stage::{Global, Key};
+        let (reason, stage) = match self {
+            Self::KeyFull => (R::Full, Key),
+            Self::KeyTimeout => (R::Timeout, Key),
+            Self::GlobalFull => (R::Full, Global),
+            Self::GlobalTimeout => (R::Timeout, Global),
+            Self::TooManyKeys => return (None, None),
+            Self::Closed => return (Some(R::Closed), None),
+            Self::Unavailable => return (Some(R::Unavailable), None),
+            Self::KeyWontMakeDeadline => (R::WontMakeDeadline, Key),
+            Self::GlobalWontMakeDeadline => (R::WontMakeDeadline, Global),
+            Self::KeyQueueDelay => (R::QueueDelay, Key),
+            Self::GlobalQueueDelay => (R::QueueDelay, Global),
+            Self::KeyDisplaced => (R::Displaced, Key),
+            Self::GlobalDisplaced => (R::Displaced, Global),
+        };
+        (Some(reason), Some(stage))
+    }
+
+    /// The keyed reason for a rejection by the key's bulkhead (`global`
+    /// false) or the global one. Every bulkhead reason is spelled out, so
+    /// that a new one cannot be filed under an old one.
+    pub(crate) const fn staged(reason: RejectReason, global: bool) -> Self {
+        match (reason, global) {
+            (RejectReason::Closed, _) => Self::Closed,
+            (RejectReason::Unavailable, _) => Self::Unavailable,
+            (RejectReason::Full, false) => Self::KeyFull,
+            (RejectReason::Full, true) => Self::GlobalFull,
+            (RejectReason::Timeout, false) => Self::KeyTimeout,
+            (RejectReason::Timeout, true) => Self::GlobalTimeout,
+            (RejectReason::WontMakeDeadline, false) => Self::KeyWontMakeDeadline,
+            (RejectReason::WontMakeDeadline, true) => Self::GlobalWontMakeDeadline,
+            (RejectReason::QueueDelay, false) => Self::KeyQueueDelay,
+            (RejectReason::QueueDelay, true) => Self::GlobalQueueDelay,
+            (RejectReason::Displaced, false) => Self::KeyDisplaced,
+            (RejectReason::Displaced, true) => Self::GlobalDisplaced,
+        }
+    }
+}
+
+/// Which of a keyed bulkhead's limits said no.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// The key's own bulkhead.
+    Key,
+    /// The global bulkhead.
+    Global,
+}
+
+impl Stage {
+    /// What a message names the stage by.
+    fn subject(self) -> &'static str {
+        match self {
+            Stage::Key => "the key",
+            Stage::Global => "the global limit",
+        }
     }
 }
 
@@ -137,7 +220,7 @@ impl fmt::Display for KeyedRejectReason {
 /// let rejected = tenants.try_acquire("acme").unwrap_err();
 /// assert_eq!(rejected.reason(), KeyedRejectReason::KeyFull);
 /// assert_eq!(rejected.name(), "tenants");
-/// assert_eq!(rejected.to_string(), "keyed bulkhead tenants: the key is at its limit");
+/// assert_eq!(rejected.to_string(), "keyed bulkhead tenants: the key is full");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyedRejected {
@@ -177,18 +260,7 @@ impl KeyedRejected {
         name: Name,
         max_keys: usize,
     ) -> Self {
-        let reason = match (rejected.reason(), global) {
-            (RejectReason::Closed, _) => KeyedRejectReason::Closed,
-            (RejectReason::Unavailable, _) => KeyedRejectReason::Unavailable,
-            (RejectReason::Timeout, false) => KeyedRejectReason::KeyTimeout,
-            (RejectReason::Timeout, true) => KeyedRejectReason::GlobalTimeout,
-            (RejectReason::WontMakeDeadline, false) => KeyedRejectReason::KeyWontMakeDeadline,
-            (RejectReason::WontMakeDeadline, true) => KeyedRejectReason::GlobalWontMakeDeadline,
-            (RejectReason::QueueDelay, false) => KeyedRejectReason::KeyQueueDelay,
-            (RejectReason::QueueDelay, true) => KeyedRejectReason::GlobalQueueDelay,
-            (_, false) => KeyedRejectReason::KeyFull,
-            (_, true) => KeyedRejectReason::GlobalFull,
-        };
+        let reason = KeyedRejectReason::staged(rejected.reason(), global);
         Self::new(reason, waited, name, max_keys, Some(rejected))
     }
 
@@ -239,48 +311,26 @@ impl KeyedRejected {
 impl fmt::Display for KeyedRejected {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = self.name;
-        // Whole milliseconds: the timer's jitter below that is noise.
-        let waited = Duration::from_millis(self.waited_ns / 1_000_000);
-        match self.reason {
-            KeyedRejectReason::KeyFull => {
-                write!(f, "keyed bulkhead {name}: the key is at its limit")
+        match self.reason.parts() {
+            (Some(reason), Some(stage)) => {
+                let row = reason.row();
+                write!(f, "keyed bulkhead {name}: {} {}", stage.subject(), row.says)?;
+                if row.shows_wait {
+                    // Whole milliseconds: the timer's jitter below that is noise.
+                    let waited = Duration::from_millis(self.waited_ns / 1_000_000);
+                    write!(f, " {waited:?}")?;
+                }
+                Ok(())
             }
-            KeyedRejectReason::KeyTimeout => write!(
-                f,
-                "keyed bulkhead {name}: no free permit for the key within {waited:?}"
-            ),
-            KeyedRejectReason::GlobalFull => {
-                write!(f, "keyed bulkhead {name}: the global limit is reached")
-            }
-            KeyedRejectReason::GlobalTimeout => write!(
-                f,
-                "keyed bulkhead {name}: no free global permit within {waited:?}"
-            ),
-            KeyedRejectReason::TooManyKeys => write!(
-                f,
-                "keyed bulkhead {name} tracks its maximum of {} keys and none is idle",
-                self.max_keys
-            ),
-            KeyedRejectReason::Closed => write!(f, "keyed bulkhead {name} is closed"),
-            KeyedRejectReason::Unavailable => write!(
+            (Some(RejectReason::Unavailable), None) => write!(
                 f,
                 "keyed bulkhead {name} cannot keep its time limits: its timer is not running"
             ),
-            KeyedRejectReason::KeyWontMakeDeadline => write!(
+            (Some(reason), None) => write!(f, "keyed bulkhead {name} {}", reason.row().says),
+            (None, _) => write!(
                 f,
-                "keyed bulkhead {name}: the key cannot serve the call before its deadline"
-            ),
-            KeyedRejectReason::GlobalWontMakeDeadline => write!(
-                f,
-                "keyed bulkhead {name}: the global limit cannot serve the call before its deadline"
-            ),
-            KeyedRejectReason::KeyQueueDelay => write!(
-                f,
-                "keyed bulkhead {name}: the key's waiting line stood past its target wait"
-            ),
-            KeyedRejectReason::GlobalQueueDelay => write!(
-                f,
-                "keyed bulkhead {name}: the global waiting line stood past its target wait"
+                "keyed bulkhead {name} tracks its maximum of {} keys and none is idle",
+                self.max_keys
             ),
         }
     }
@@ -366,6 +416,32 @@ impl<E: std::error::Error + 'static> std::error::Error for KeyedError<E> {
             Self::Rejected(r) => Some(r),
             Self::CallTimeout => None,
             Self::Inner(e) => Some(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{KeyedRejectReason, Stage};
+    use crate::bulkhead::RejectReason;
+
+    /// Each bulkhead reason, at each stage, files under a keyed reason
+    /// that gives it back with that stage (closing and a timer that cannot
+    /// run are the keyed bulkhead's as a whole, at either stage).
+    #[test]
+    fn every_bulkhead_reason_keeps_its_reason_and_stage() {
+        for reason in RejectReason::ALL {
+            for global in [false, true] {
+                let keyed = KeyedRejectReason::staged(reason, global);
+                assert_eq!(keyed.bulkhead_reason(), Some(reason), "{keyed:?}");
+                let stage = match reason {
+                    RejectReason::Closed | RejectReason::Unavailable => None,
+                    _ if global => Some(Stage::Global),
+                    _ => Some(Stage::Key),
+                };
+                assert_eq!(keyed.parts().1, stage, "{keyed:?}");
+                assert_eq!(keyed.is_global(), stage == Some(Stage::Global));
+            }
         }
     }
 }

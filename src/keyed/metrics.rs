@@ -3,6 +3,8 @@
 use std::sync::Arc;
 
 use crate::bulkhead::Metrics;
+use crate::bulkhead::RejectReason;
+use crate::bulkhead::reason::REASONS;
 
 /// A snapshot of one tracked key, from
 /// [`KeyedBulkhead::metrics_for`](super::KeyedBulkhead::metrics_for) or
@@ -41,9 +43,8 @@ pub struct KeyMetrics<K> {
     pub(crate) label: Option<Arc<str>>,
     pub(crate) bulkhead: Metrics,
     pub(crate) admitted: u64,
-    pub(crate) rejected_global: u64,
-    pub(crate) rejected_global_deadline: u64,
-    pub(crate) rejected_global_queue_delay: u64,
+    /// Rejections by the global stage, by [`RejectReason::index`].
+    pub(crate) rejected_global: [u64; REASONS],
     pub(crate) call_timeouts: u64,
     pub(crate) waiting_global: usize,
 }
@@ -106,7 +107,7 @@ impl<K> KeyMetrics<K> {
     /// Calls the key had room for but the global limit turned away (full,
     /// timed out, closed, or for their deadline or controlled delay).
     pub fn rejected_by_global(&self) -> u64 {
-        self.rejected_global
+        self.rejected_global.iter().sum()
     }
 
     /// Calls of [`call_by`](super::KeyedBulkhead::call_by) and
@@ -115,7 +116,7 @@ impl<K> KeyMetrics<K> {
     /// ([`KeyWontMakeDeadline`](super::KeyedRejectReason::KeyWontMakeDeadline)
     /// and [`GlobalWontMakeDeadline`](super::KeyedRejectReason::GlobalWontMakeDeadline)).
     pub fn rejected_deadline(&self) -> u64 {
-        self.bulkhead.rejected_deadline() + self.rejected_global_deadline
+        self.rejected_for(RejectReason::WontMakeDeadline)
     }
 
     /// Calls of this key cut by controlled delay
@@ -124,12 +125,33 @@ impl<K> KeyMetrics<K> {
     /// ([`KeyQueueDelay`](super::KeyedRejectReason::KeyQueueDelay) and
     /// [`GlobalQueueDelay`](super::KeyedRejectReason::GlobalQueueDelay)).
     pub fn rejected_queue_delay(&self) -> u64 {
-        self.bulkhead.rejected_queue_delay() + self.rejected_global_queue_delay
+        self.rejected_for(RejectReason::QueueDelay)
     }
 
     /// All rejections of this key.
     pub fn rejected(&self) -> u64 {
-        self.rejected_by_key() + self.rejected_global
+        self.rejected_by_key() + self.rejected_by_global()
+    }
+
+    /// Calls of this key turned away for `reason`, at either stage: by the
+    /// key's own bulkhead, or by the global one (a wait for a global
+    /// permit that the keyed bulkhead's `max_wait` budget ended counts as
+    /// [`Timeout`](RejectReason::Timeout)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use watertight::RejectReason;
+    /// use watertight::keyed::KeyedBulkhead;
+    ///
+    /// let tenants = KeyedBulkhead::<&str>::builder().max_concurrent_calls(1).build().unwrap();
+    /// let _held = tenants.try_acquire("acme").unwrap();
+    /// assert!(tenants.try_acquire("acme").is_err());
+    /// let m = tenants.metrics_for("acme").unwrap();
+    /// assert_eq!(m.rejected_for(RejectReason::Full), 1);
+    /// ```
+    pub fn rejected_for(&self, reason: RejectReason) -> u64 {
+        self.bulkhead.rejected_for(reason) + self.rejected_global[reason.index()]
     }
 
     /// Admitted calls of [`KeyedBulkhead::call`](super::KeyedBulkhead::call)

@@ -1387,8 +1387,9 @@ where
         reason: KeyedRejectReason,
         waited: Duration,
     ) -> KeyedRejected {
-        bump(&entry.rejected_global);
-        bump(&self.counters.rejected_global);
+        if let Some(by) = reason.bulkhead_reason() {
+            count_global_rejection(entry, &self.counters, by);
+        }
         KeyedRejected::new(
             reason,
             waited,
@@ -1402,13 +1403,8 @@ where
 /// Counts, for `entry`'s key and in `counters`, a rejection by the global
 /// bulkhead (which counted it itself).
 fn count_global_rejection(entry: &Entry, counters: &Counters, reason: RejectReason) {
-    bump(&entry.rejected_global);
+    bump(&entry.rejected_global[reason.index()]);
     bump(&counters.rejected_global);
-    match reason {
-        RejectReason::WontMakeDeadline => bump(&entry.rejected_global_deadline),
-        RejectReason::QueueDelay => bump(&entry.rejected_global_queue_delay),
-        _ => {}
-    }
 }
 
 /// Armed around each step of the global stage that may reject (a
