@@ -767,12 +767,12 @@ async fn a_classed_deadline_counts_only_the_waiters_ahead() {
         .priorities(&[1, 1])
         .build()
         .unwrap();
-    // Teach the bulkhead that a call holds its seat about 20 ms. Hold
-    // times are measured on the system's clock (which the paused clock
-    // does not move), so the holders sleep on it.
-    for _ in 0..8 {
+    // Teach the bulkhead that a call holds its seat 20 ms, on the paused
+    // clock, which hold times are measured on (enough calls for the
+    // sample of timed grants to fill the average).
+    for _ in 0..200 {
         let p = bh.acquire_as(0).await.unwrap();
-        std::thread::sleep(Duration::from_millis(20));
+        tokio::time::sleep(Duration::from_millis(20)).await;
         drop(p);
     }
     // (class, deadline in ms from now)
@@ -790,11 +790,13 @@ async fn a_classed_deadline_counts_only_the_waiters_ahead() {
     let batch: Vec<_> = (0..20).map(|_| waiter(&bh, 1)).collect();
     // A batch request with 300 ms: 20 ahead of it at ~20 ms each do not
     // fit; turned away at once.
+    let start = Instant::now();
     let err = service.clone().oneshot((1, 300)).await.unwrap_err();
     assert_eq!(
         err.downcast_ref::<Rejected>().unwrap().reason(),
         RejectReason::WontMakeDeadline
     );
+    assert_eq!(start.elapsed(), Duration::ZERO);
     // A critical one with 300 ms: nobody ahead of it; it waits, and is
     // served when the seat frees.
     let critical = tokio::spawn(service.clone().oneshot((0, 300)));
@@ -841,12 +843,11 @@ async fn call_as_by_counts_only_the_waiters_served_before_it() {
         .observer(seen.clone())
         .build()
         .unwrap();
-    // A call holds its seat 20 ms or a little more. Hold times are
-    // measured on the system's clock (which the paused clock does not
-    // move), so the calls sleep on it.
+    // A call holds its seat 20 ms, on the paused clock, which the hold
+    // times are measured on.
     for _ in 0..8 {
         let held = async {
-            std::thread::sleep(ms(20));
+            tokio::time::sleep(ms(20)).await;
             Ok::<_, ()>(())
         };
         bh.call_as_by(0, at(ms(1000)), held).await.unwrap();

@@ -158,6 +158,10 @@ impl Policy {
             #[cfg(feature = "tracing")]
             spans,
         } = settings;
+        // No earlier than any reading of the clock to come: a paused tokio
+        // clock reads behind the system's, and a bulkhead built outside
+        // the runtime reads it there later.
+        let origin = Clock::now_on(clock.as_ref()).min(Instant::now());
         Self {
             name,
             max_wait,
@@ -176,7 +180,7 @@ impl Policy {
             next_watch: AtomicU64::new(1),
             hint_limit: AtomicUsize::new(limit),
             hold_ns: AtomicU64::new(0),
-            origin: Instant::now(),
+            origin,
             delay: queue_delay.map(|(target, interval)| {
                 Box::new(LineDelay::new(target, interval, adaptive_lifo))
             }),
@@ -637,7 +641,7 @@ impl Policy {
     /// `HOLD_SAMPLE` of the rest).
     #[inline]
     pub(crate) fn clock_in(&self, busy: bool) -> Option<Instant> {
-        self.timed(busy).then(Instant::now)
+        self.timed(busy).then(|| self.line_now())
     }
 
     /// Whether an observer is installed (and so sees wait times).
@@ -761,7 +765,9 @@ impl Policy {
     /// the outcome is `Panicked`, and an observer's own panic is dropped.
     #[inline]
     pub(crate) fn finished(&self, since: Option<Instant>, outcome: CallOutcome) {
-        let held = since.map_or(Duration::ZERO, |t| t.elapsed());
+        let held = since.map_or(Duration::ZERO, |t| {
+            self.line_now().saturating_duration_since(t)
+        });
         if since.is_some() {
             self.record_hold(held);
         }
@@ -1049,7 +1055,7 @@ where
             line.start = policy.start_timed();
             return poll_timed(acquire, deadline, line, policy, cx, timed_out);
         }
-        line.start = policy.observed().then(Instant::now);
+        line.start = policy.observed().then(|| policy.line_now());
     } else if line.armed != Armed::Untimed {
         return poll_timed(acquire, deadline, line, policy, cx, timed_out);
     }
@@ -1076,12 +1082,12 @@ where
                     Ok(false) => Poll::Pending,
                     Ok(true) => {
                         policy.leave_line(&mut line.placed);
-                        let waited = start.map_or(limit, |start| start.elapsed());
+                        let waited = start.map_or(limit, |_| policy.waited_since(start));
                         Poll::Ready(Err(policy.reject(timed_out(), waited)))
                     }
                     Err(_gone) => {
                         policy.leave_line(&mut line.placed);
-                        let waited = start.map_or(Duration::ZERO, |start| start.elapsed());
+                        let waited = policy.waited_since(start);
                         Poll::Ready(Err(policy.reject_timer_gone(waited)))
                     }
                 };
@@ -1091,19 +1097,19 @@ where
                 Poll::Ready(Ok(())) => {
                     policy.leave_line(&mut line.placed);
                     // The timer's own measure, unless it was read.
-                    let waited = start.map_or(limit, |start| start.elapsed());
+                    let waited = start.map_or(limit, |_| policy.waited_since(start));
                     return Poll::Ready(Err(policy.reject(timed_out(), waited)));
                 }
                 Poll::Ready(Err(_gone)) => {
                     policy.leave_line(&mut line.placed);
-                    let waited = start.map_or(Duration::ZERO, |start| start.elapsed());
+                    let waited = policy.waited_since(start);
                     return Poll::Ready(Err(policy.reject_timer_gone(waited)));
                 }
             }
         }
     };
     policy.leave_line(&mut line.placed);
-    let waited = start.map_or(Duration::ZERO, |start| start.elapsed());
+    let waited = policy.waited_since(start);
     Poll::Ready(Err(policy.reject(reason, waited)))
 }
 
@@ -1413,7 +1419,8 @@ impl Policy {
             name: self.name,
             observers: self.observers.clone(),
             leaks: self.counters.leaks_suspected.clone(),
-            since: Instant::now(),
+            since: self.line_now(),
+            clock: clock.clone(),
             threshold,
             state: AtomicU8::new(ARMED),
             sleep: Mutex::new(Some(Box::pin(sleep))),
@@ -1458,7 +1465,10 @@ struct LeakCheck {
     name: &'static str,
     observers: Arc<[Arc<dyn Observer>]>,
     leaks: Arc<AtomicU64>,
+    /// When the permit was granted, on `clock`.
     since: Instant,
+    /// The policy's clock, which the sleep runs on.
+    clock: Clock,
     threshold: Duration,
     state: AtomicU8,
     /// The sleep, polled only by whoever holds this lock: the watch's own
@@ -1520,7 +1530,9 @@ impl LeakCheck {
         self.leaks.fetch_add(1, Ordering::Relaxed);
         let event = LeakSuspected {
             name: self.name,
-            held: self.since.elapsed().max(self.threshold),
+            held: Clock::now_on(Some(&self.clock))
+                .saturating_duration_since(self.since)
+                .max(self.threshold),
             threshold: self.threshold,
         };
         // Called from the timer, with nobody to pass a panic to: each
