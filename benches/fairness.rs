@@ -11,7 +11,7 @@
 //! `-- trace [WORKERS]` is the diagnosis behind the numbers: the same loop,
 //! every grant recorded in order (the task, and the worker that polled it),
 //! and for each crate a report of how far the order is from round-robin and
-//! where the tasks that fell behind were (see docs/benchmarks.md).
+//! where the tasks that fell behind were (see PERFORMANCE.md, "Fairness").
 
 use std::cell::Cell;
 use std::sync::Arc;

@@ -135,7 +135,7 @@ impl<F: Future> Queue<F> {
     ///
     /// With `QUEUE_FENCE` set, a full fence follows each cancel, so that
     /// no crate's cancel overlaps the next one's loads with its own pending
-    /// stores (the experiment in docs/benchmarks.md, "Cancelling in a long
+    /// stores (a diagnostic of the cancel figures in PERFORMANCE.md, "A long
     /// line").
     #[inline(never)]
     fn cancel_batch(&mut self, picks: &[usize]) -> Duration {

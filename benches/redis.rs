@@ -5,8 +5,8 @@
 //! persistence off (`WATERTIGHT_REDIS_SERVER` overrides the binary) and kills
 //! it at the end. Run it with
 //! `cargo bench -p watertight-benches --bench redis --features redis,tokio`,
-//! or through `benches/redis_report.py`, which also prints the table of
-//! `docs/benchmarks.md`.
+//! or through `benches/redis_report.py`, which also prints the table whose
+//! round trips `PERFORMANCE.md` quotes.
 //!
 //! Criterion cases (group `redis`; one iteration is one acquire/release
 //! cycle, which is two script calls when nobody waits):

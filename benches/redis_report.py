@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run `benches/redis.rs` and print the "Redis backend" table of docs/benchmarks.md.
+"""Run `benches/redis.rs` and print its table (the round trips PERFORMANCE.md quotes).
 
 Usage: python3 benches/redis_report.py [--no-run] [CRITERION_DIR] [-- BENCH_ARGS...]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Print the markdown tables of docs/benchmarks.md from criterion's results.
+"""Print the semaphore bench's tables (quoted in PERFORMANCE.md) from criterion's results.
 
 Usage: python3 benches/report.py [CRITERION_DIR...]
 

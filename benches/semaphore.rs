@@ -35,7 +35,7 @@
 //!
 //! Sizes of the acquire futures and permits are printed to stderr and written
 //! to `<criterion dir>/sizes.json`; `benches/report.py` turns the estimates
-//! and sizes into the tables in `docs/benchmarks.md`.
+//! and sizes into the tables that `PERFORMANCE.md` quotes.
 
 #[path = "common/contended.rs"]
 #[allow(
