@@ -204,7 +204,8 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::bulkhead::policy::{Running, Traced};
+use crate::bulkhead::policy::Traced;
+use crate::bulkhead::run::Running;
 use crate::bulkhead::{Admission, AdmissionAs};
 use crate::{Bulkhead, BulkheadError, BulkheadPermit};
 
@@ -855,8 +856,7 @@ where
                             name: permit.bulkhead_name().into(),
                         }
                         .into(),
-                        // Only a Redis lease is lost; this permit is local.
-                        #[cfg(all(feature = "redis", any(feature = "tokio", feature = "smol")))]
+                        // A local permit is never lost; kept for the match.
                         BulkheadError::LeaseLost(reason) => reason.into(),
                     });
                     // Drops the call, then gives the permit back.

@@ -593,7 +593,7 @@ async fn semaphore_call_cancels_or_reports_a_lost_lease() {
     assert_eq!(err.to_string(), "the lease was lost, the call was dropped");
     assert_eq!(
         std::error::Error::source(&err).unwrap().to_string(),
-        "redis was unreachable until the lease ran out"
+        "the shared store was unreachable until the lease ran out"
     );
     eprintln!(
         "call dropped its work {:.2} ms before Redis granted the other client the permit \
@@ -681,7 +681,7 @@ async fn bulkhead_call_cancels_or_reports_a_lost_lease() {
     );
     assert_eq!(
         std::error::Error::source(&err).unwrap().to_string(),
-        "the lease expired in redis"
+        "the lease expired in the shared store"
     );
 
     let finished = Arc::new(AtomicBool::new(false));

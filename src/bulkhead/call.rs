@@ -21,7 +21,8 @@ use super::Shared;
 use super::error::{BulkheadError, RejectReason, Rejected};
 use super::observer::CallOutcome;
 use super::permit::{self, Admitted, Held};
-use super::policy::{Line, Traced, poll_run, poll_wait};
+use super::policy::{Line, Traced, poll_wait};
+use super::run::poll_run;
 use crate::futures::Acquire;
 use crate::timer::Deadline;
 

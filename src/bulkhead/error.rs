@@ -271,12 +271,11 @@ pub enum BulkheadError<E> {
     CallTimeout,
     /// The guarded call ran and returned this error.
     Inner(E),
-    /// The permit was a Redis lease ([`RedisBulkhead`](crate::redis::RedisBulkhead))
+    /// The permit was a lease from a shared store (the Redis bulkhead's)
     /// that was lost while the call ran: the call was dropped unfinished,
-    /// since another client may hold the permit now. The reason is the
+    /// since another process may hold the permit now. The reason is the
     /// [`source`](std::error::Error::source).
-    #[cfg(all(feature = "redis", any(feature = "tokio", feature = "smol")))]
-    LeaseLost(crate::redis::LostReason),
+    LeaseLost(crate::LostReason),
 }
 
 impl<E> BulkheadError<E> {
@@ -337,7 +336,6 @@ impl<E> fmt::Display for BulkheadError<E> {
             Self::Rejected(_) => "the bulkhead did not admit the call",
             Self::CallTimeout => "call timed out inside the bulkhead",
             Self::Inner(_) => "the guarded call failed",
-            #[cfg(all(feature = "redis", any(feature = "tokio", feature = "smol")))]
             Self::LeaseLost(_) => "the call's lease was lost, the call was dropped",
         })
     }
@@ -349,7 +347,6 @@ impl<E: std::error::Error + 'static> std::error::Error for BulkheadError<E> {
             Self::Rejected(r) => Some(r),
             Self::CallTimeout => None,
             Self::Inner(e) => Some(e),
-            #[cfg(all(feature = "redis", any(feature = "tokio", feature = "smol")))]
             Self::LeaseLost(reason) => Some(reason),
         }
     }

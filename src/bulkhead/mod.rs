@@ -54,6 +54,7 @@ pub(crate) mod observer;
 mod permit;
 pub(crate) mod policy;
 pub(crate) mod reason;
+pub(crate) mod run;
 mod seating;
 
 pub use builder::BulkheadBuilder;

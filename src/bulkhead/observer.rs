@@ -59,6 +59,7 @@ impl CallOutcome {
     }
 
     /// Every outcome, in declaration order: `ALL[o.index()] == o`.
+    #[cfg(any(test, feature = "metrics"))]
     pub(crate) const ALL: [CallOutcome; 6] = [
         Self::Success,
         Self::Failure,
@@ -69,6 +70,7 @@ impl CallOutcome {
     ];
 
     /// This outcome's place in [`ALL`](Self::ALL).
+    #[cfg(any(test, feature = "metrics"))]
     #[inline]
     pub(crate) const fn index(self) -> usize {
         self as usize

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use pin_project_lite::pin_project;
 
 use super::delay::LineDelay;
-use super::error::{BulkheadError, Hint, RejectReason, Rejected, nanos};
+use super::error::{Hint, RejectReason, Rejected, nanos};
 use super::line_timer::LineTimer;
 use super::metrics::{Counters, Metrics};
 use super::name::Name;
@@ -348,6 +348,18 @@ impl Policy {
         }
     }
 
+    /// The limit on an admitted call's run time, if any.
+    #[inline]
+    pub(crate) fn call_timeout(&self) -> Option<Duration> {
+        self.call_timeout
+    }
+
+    /// The counters this policy keeps.
+    #[inline]
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
     /// The timer's kind, for `Debug`.
     pub(crate) fn clock(&self) -> Option<&Clock> {
         self.clock.as_ref()
@@ -419,20 +431,6 @@ impl Policy {
             deadline: Deadline::new(),
             line,
             timed_out: || RejectReason::Timeout,
-        }
-    }
-
-    /// Runs an admitted call under `call_timeout`; resolves to its result
-    /// and how it ended, for the observer. The timer is armed only if the
-    /// call is still pending after its first poll, so `call_timeout`
-    /// counts from there.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    #[inline]
-    pub(crate) fn run<F>(&self, call: F) -> Run<'_, F> {
-        Run {
-            policy: self,
-            call,
-            deadline: Deadline::new(),
         }
     }
 
@@ -1264,110 +1262,6 @@ fn timed_limits(
         };
     }
     Poll::Pending
-}
-
-pin_project! {
-    /// The future of [`Policy::run`]: [`Running`] with its policy. Its own
-    /// fields rather than a `Running` in it, so that `run` builds it in
-    /// place: a nested `Running` is built aside and copied, deadline and
-    /// all, which costs `Bulkhead::call` about 8 ns (a store-forwarding
-    /// stall).
-    pub(crate) struct Run<'a, F> {
-        policy: &'a Policy,
-        #[pin]
-        call: F,
-        #[pin]
-        deadline: Deadline,
-    }
-}
-
-impl<F, T, E> Future for Run<'_, F>
-where
-    F: Future<Output = Result<T, E>>,
-{
-    type Output = (Result<T, BulkheadError<E>>, CallOutcome);
-
-    #[inline]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        poll_run(this.call, this.deadline, this.policy, cx)
-    }
-}
-
-pin_project! {
-    /// The state of a [`Run`] without its policy, which every poll passes
-    /// in (see [`Waiting`]).
-    pub(crate) struct Running<F> {
-        #[pin]
-        call: F,
-        #[pin]
-        deadline: Deadline,
-    }
-}
-
-#[cfg_attr(not(feature = "tower"), allow(dead_code))]
-impl<F> Running<F> {
-    /// Runs `call` (see [`Policy::run`]).
-    #[inline]
-    pub(crate) fn new(call: F) -> Self {
-        Self {
-            call,
-            deadline: Deadline::new(),
-        }
-    }
-
-    /// Polls the call under `policy`, which must be the same at every poll.
-    #[inline]
-    pub(crate) fn poll_with<T, E>(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        policy: &Policy,
-    ) -> Poll<(Result<T, BulkheadError<E>>, CallOutcome)>
-    where
-        F: Future<Output = Result<T, E>>,
-    {
-        let this = self.project();
-        poll_run(this.call, this.deadline, policy, cx)
-    }
-}
-
-/// Polls an admitted call, then (once it is pending) its deadline for
-/// `call_timeout`: the body of [`Run`], [`Running`] and `Bulkhead::call`'s
-/// future.
-#[inline]
-pub(crate) fn poll_run<F, T, E>(
-    call: Pin<&mut F>,
-    deadline: Pin<&mut Deadline>,
-    policy: &Policy,
-    cx: &mut Context<'_>,
-) -> Poll<(Result<T, BulkheadError<E>>, CallOutcome)>
-where
-    F: Future<Output = Result<T, E>>,
-{
-    if let Poll::Ready(out) = call.poll(cx) {
-        return Poll::Ready(match out {
-            Ok(value) => (Ok(value), CallOutcome::Success),
-            Err(e) => (Err(BulkheadError::Inner(e)), CallOutcome::Failure),
-        });
-    }
-    let Some(limit) = policy.call_timeout else {
-        return Poll::Pending;
-    };
-    match deadline.poll_at(policy.clock.as_ref(), limit, cx) {
-        Poll::Pending => Poll::Pending,
-        Poll::Ready(Ok(())) => {
-            Counters::bump(&policy.counters.call_timeouts);
-            Poll::Ready((Err(BulkheadError::CallTimeout), CallOutcome::TimedOut))
-        }
-        // The time limit cannot be kept (the timer's runtime is gone):
-        // the call is dropped rather than left running unbounded.
-        Poll::Ready(Err(_gone)) => Poll::Ready((
-            Err(BulkheadError::Rejected(
-                policy.reject_timer_gone(Duration::ZERO),
-            )),
-            CallOutcome::Cancelled,
-        )),
-    }
 }
 
 impl Policy {

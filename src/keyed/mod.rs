@@ -126,6 +126,7 @@ use std::time::{Duration, Instant};
 
 use crate::BulkheadPermit;
 use crate::bulkhead::name::Name;
+use crate::bulkhead::run::poll_call;
 use crate::bulkhead::{Bulkhead, BulkheadBuilder, CallOutcome, RejectReason, Rejected};
 use crate::semaphore::Semaphore;
 use crate::timer::{Clock, Deadline};
@@ -1226,31 +1227,17 @@ where
     {
         let mut call = pin!(call);
         let mut deadline = pin!(Deadline::new());
-        poll_fn(|cx| {
-            Poll::Ready(match call.as_mut().poll(cx) {
-                Poll::Ready(Ok(value)) => (Ok(value), CallOutcome::Success),
-                Poll::Ready(Err(e)) => (Err(KeyedError::Inner(e)), CallOutcome::Failure),
-                Poll::Pending => {
-                    let Some(limit) = self.call_timeout else {
-                        return Poll::Pending;
-                    };
-                    match deadline.as_mut().poll_at(self.clock.as_ref(), limit, cx) {
-                        Poll::Pending => return Poll::Pending,
-                        Poll::Ready(Ok(())) => {
-                            bump(&entry.call_timeouts);
-                            (Err(KeyedError::CallTimeout), CallOutcome::TimedOut)
-                        }
-                        // The limit cannot be kept: the call is dropped
-                        // rather than left running unbounded.
-                        Poll::Ready(Err(_gone)) => (
-                            Err(KeyedError::Rejected(self.unavailable())),
-                            CallOutcome::Cancelled,
-                        ),
-                    }
-                }
-            })
-        })
-        .await
+        let limit = self.call_timeout;
+        let clock = self.clock.as_ref();
+        let ran = poll_fn(|cx| poll_call(call.as_mut(), deadline.as_mut(), limit, clock, cx)).await;
+        ran.settle(
+            KeyedError::Inner,
+            || {
+                bump(&entry.call_timeouts);
+                KeyedError::CallTimeout
+            },
+            || KeyedError::Rejected(self.unavailable()),
+        )
     }
 
     /// Looks `key` up, tracking it if it is new, and counts the caller as

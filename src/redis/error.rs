@@ -179,36 +179,7 @@ impl ReleaseError {
     }
 }
 
-/// How a held lease was lost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LostReason {
-    /// A renewal found the lease expired or gone in Redis (the holder was
-    /// paused, or its renewals were late, past the time to live).
-    Expired,
-    /// The lease's local deadline (its time to live less the drift margin,
-    /// from the last renewal sent) passed while a renewal had failed or was
-    /// still unanswered: Redis unreachable or too slow, or this process
-    /// paused while a renewal was in flight.
-    Unreachable,
-    /// The lease's local deadline passed before this process sent a
-    /// renewal: it was paused (a stop-the-world pause, `SIGSTOP`), or the
-    /// runtime that runs the lease keeper was blocked. Redis may hold the
-    /// lease a little longer, but no one can count on it.
-    Stalled,
-}
-
-impl fmt::Display for LostReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Expired => "the lease expired in redis",
-            Self::Unreachable => "redis was unreachable until the lease ran out",
-            Self::Stalled => "the lease ran out before this process renewed it",
-        })
-    }
-}
-
-impl std::error::Error for LostReason {}
+pub use crate::error::LostReason;
 
 /// A [`RedisSemaphoreBuilder`](super::RedisSemaphoreBuilder) setting that
 /// cannot work.
