@@ -357,9 +357,9 @@ impl<D, P> BulkheadLayer<D, P> {
     ///
     /// `priority` is anything that implements [`RequestPriority`], most
     /// often a closure `Fn(&Req) -> usize`; it runs in the service's
-    /// `call`. It reads what a client sent, so a class past the last is
-    /// taken as the least important one rather than a panic (unlike
-    /// `call_as`). On a bulkhead without classes every request is a plain
+    /// `call`. A class past the last is the least important one, as for
+    /// `call_as`, so a class a client sent can never make the service
+    /// panic. On a bulkhead without classes every request is a plain
     /// call and the class is ignored; without this option, a request is a
     /// plain call, which on a bulkhead with classes never waits (see
     /// [`priorities`](crate::BulkheadBuilder::priorities)). With

@@ -158,7 +158,7 @@ fn queue_delay_paths(timer: &str, make: &dyn Fn(BulkheadBuilder) -> Bulkhead, dr
         Bulkhead::builder()
             .max_concurrent_calls(1)
             .max_wait(Duration::from_millis(1))
-            .queue_delay(Duration::from_secs(5), Duration::from_secs(60)),
+            .queue_delay(Duration::from_micros(500), Duration::from_secs(60)),
     );
     let held = short.try_acquire().unwrap();
     assert_no_allocation(&format!("{timer}: queue_delay, after max_wait"), || {

@@ -1082,7 +1082,7 @@ fn keyed_and_plain_builders_reject_the_same_settings() {
     type KeyedTweak = fn(
         watertight::keyed::KeyedBulkheadBuilder<u8>,
     ) -> watertight::keyed::KeyedBulkheadBuilder<u8>;
-    let cases: [(Tweak, KeyedTweak); 5] = [
+    let cases: [(Tweak, KeyedTweak); 7] = [
         (|b| b.max_concurrent_calls(0), |b| b.max_concurrent_calls(0)),
         (|b| b.name(""), |b| b.name("")),
         (
@@ -1096,6 +1096,27 @@ fn keyed_and_plain_builders_reject_the_same_settings() {
         (
             |b| b.max_concurrent_calls(watertight::Semaphore::MAX_PERMITS + 1),
             |b| b.max_concurrent_calls(watertight::Semaphore::MAX_PERMITS + 1),
+        ),
+        // A controlled-delay target that no wait lives to see.
+        (
+            |b| {
+                b.max_wait(Duration::from_millis(50))
+                    .queue_delay(Duration::from_millis(50), Duration::from_millis(100))
+            },
+            |b| {
+                b.max_wait(Duration::from_millis(50))
+                    .queue_delay(Duration::from_millis(50), Duration::from_millis(100))
+            },
+        ),
+        (
+            |b| {
+                b.max_wait(Duration::ZERO)
+                    .queue_delay(Duration::from_millis(5), Duration::from_millis(100))
+            },
+            |b| {
+                b.max_wait(Duration::ZERO)
+                    .queue_delay(Duration::from_millis(5), Duration::from_millis(100))
+            },
         ),
     ];
     for (plain, keyed) in cases {

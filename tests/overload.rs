@@ -879,3 +879,38 @@ async fn the_last_waiter_finding_the_line_standing_leaves_it_empty_not_standing(
         assert_eq!(bh.metrics().rejected_queue_delay(), 0, "{case}");
     }
 }
+
+/// A controlled-delay target at or above `max_wait` would never cut a
+/// line (every wait ends first): refused at build, as is one on a
+/// bulkhead that fails fast; one below `max_wait` is kept.
+#[test]
+fn a_queue_delay_target_must_be_below_max_wait() {
+    let build = |max_wait: Duration, target: Duration| {
+        Bulkhead::builder()
+            .max_concurrent_calls(1)
+            .max_wait(max_wait)
+            .queue_delay(target, Duration::from_millis(100))
+            .build()
+    };
+    let ms = Duration::from_millis;
+    for (max_wait, target) in [(ms(50), ms(50)), (ms(50), ms(80)), (Duration::ZERO, ms(5))] {
+        let err = build(max_wait, target).unwrap_err();
+        assert_eq!(
+            err.kind(),
+            watertight::BuildErrorKind::QueueDelayTargetNotBelowMaxWait
+        );
+        assert_eq!(
+            err.to_string(),
+            "the target of queue_delay must be below max_wait"
+        );
+    }
+    assert!(build(ms(51), ms(50)).is_ok());
+    // Without `max_wait` a caller waits as long as it takes: any target.
+    assert!(
+        Bulkhead::builder()
+            .max_concurrent_calls(1)
+            .queue_delay(ms(500), ms(100))
+            .build()
+            .is_ok()
+    );
+}

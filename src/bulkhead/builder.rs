@@ -492,7 +492,10 @@ impl BulkheadBuilder {
     /// shares of `max_concurrent_calls`, class 0 first and most important:
     /// `&[50, 30, 20]` with 20 seats reserves 10, 6 and 4 (the split adds
     /// up to the limit exactly, largest remainders first, and is redone
-    /// when the limit changes). A call names its class with
+    /// when the limit changes). A class whose share is too small for a
+    /// seat at the limit (`&[1, 1]` with 1 seat reserves 1 and 0), like a
+    /// class with a share of 0, is guaranteed nothing: it borrows idle
+    /// seats only, until the limit grows. A call names its class with
     /// [`Bulkhead::call_as`](crate::Bulkhead::call_as),
     /// [`acquire_as`](crate::Bulkhead::acquire_as) or
     /// [`try_acquire_as`](crate::Bulkhead::try_acquire_as); then:
@@ -648,6 +651,11 @@ impl BulkheadBuilder {
         }
         if self.queue_delay.is_some_and(|(target, _)| target.is_zero()) {
             return fail(BuildErrorKind::ZeroQueueDelayTarget);
+        }
+        if let (Some((target, _)), Some(max_wait)) = (self.queue_delay, self.max_wait) {
+            if target >= max_wait {
+                return fail(BuildErrorKind::QueueDelayTargetNotBelowMaxWait);
+            }
         }
         if self.adaptive_lifo && self.queue_delay.is_none() {
             return fail(BuildErrorKind::AdaptiveLifoWithoutQueueDelay);

@@ -154,11 +154,6 @@ impl Classes {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The number of classes.
-    pub(crate) fn classes(&self) -> usize {
-        self.least + 1
-    }
-
     /// The least important class, which plain calls belong to.
     #[inline]
     pub(crate) fn least(&self) -> usize {

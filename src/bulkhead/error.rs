@@ -402,6 +402,10 @@ pub enum BuildErrorKind {
     /// `queue_delay`'s target was zero: every waiter would be cut once
     /// the line stood.
     ZeroQueueDelayTarget,
+    /// The target of `queue_delay` is at or above `max_wait` (or the
+    /// bulkhead fails fast): every wait ends before it could be cut, so
+    /// controlled delay would never act.
+    QueueDelayTargetNotBelowMaxWait,
     /// `priorities` was given no class, or only shares of zero: no class
     /// would be guaranteed a seat, and the split is undefined.
     NoPriorityShare,
@@ -462,6 +466,9 @@ impl fmt::Display for BuildError {
             BuildErrorKind::ZeroLeakThreshold => "leak_threshold must be greater than zero",
             BuildErrorKind::ZeroQueueDelayTarget => {
                 "the target of queue_delay must be greater than zero"
+            }
+            BuildErrorKind::QueueDelayTargetNotBelowMaxWait => {
+                "the target of queue_delay must be below max_wait"
             }
             BuildErrorKind::NoPriorityShare => {
                 "priorities needs at least one class with a share greater than zero"

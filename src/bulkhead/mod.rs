@@ -372,18 +372,14 @@ impl Bulkhead {
     /// line (`max_queue`) may be displaced by it
     /// ([`RejectReason::Displaced`]).
     ///
-    /// On a bulkhead without classes there is one class, 0, and
-    /// `call_as(0, f)` is `call(f)`.
+    /// A class past the last is the least important one (as the tower
+    /// layer's `priority_from` takes it), and on a bulkhead without classes
+    /// every class is 0: `call_as(class, f)` is `call(f)`.
     ///
     /// # Errors
     ///
     /// As [`call`](Self::call), and [`BulkheadError::Rejected`] with
     /// [`RejectReason::Displaced`].
-    ///
-    /// # Panics
-    ///
-    /// At once (not when polled), if `class` is not one of the bulkhead's
-    /// classes: a programmer's error, like an index out of bounds.
     ///
     /// # Cancel safety
     ///
@@ -404,7 +400,6 @@ impl Bulkhead {
     /// assert_eq!(paid, Ok(7));
     /// # });
     /// ```
-    #[track_caller]
     pub fn call_as<F, T, E>(
         &self,
         class: usize,
@@ -413,7 +408,7 @@ impl Bulkhead {
     where
         F: Future<Output = Result<T, E>>,
     {
-        self.shared.check_class(class);
+        let class = self.shared.class_of(class);
         async move {
             if self.shared.classes.is_none() {
                 return self.call(call).await;
@@ -436,10 +431,6 @@ impl Bulkhead {
     /// [`Rejected`], with the [reason](Rejected::reason), among them
     /// [`RejectReason::Displaced`].
     ///
-    /// # Panics
-    ///
-    /// At once, if `class` is not one of the bulkhead's classes.
-    ///
     /// # Cancel safety
     ///
     /// Dropping the future while it waits gives up its place in line; a
@@ -457,12 +448,11 @@ impl Bulkhead {
     /// drop(permit);
     /// # });
     /// ```
-    #[track_caller]
     pub fn acquire_as(
         &self,
         class: usize,
     ) -> impl Future<Output = Result<BulkheadPermit, Rejected>> {
-        self.shared.check_class(class);
+        let class = self.shared.class_of(class);
         async move {
             if self.shared.classes.is_none() {
                 return self.acquire().await;
@@ -492,10 +482,6 @@ impl Bulkhead {
     /// As [`call_as`](Self::call_as), and [`BulkheadError::Rejected`] with
     /// [`RejectReason::WontMakeDeadline`].
     ///
-    /// # Panics
-    ///
-    /// At once, if `class` is not one of the bulkhead's classes.
-    ///
     /// # Cancel safety
     ///
     /// As [`call_as`](Self::call_as).
@@ -519,7 +505,6 @@ impl Bulkhead {
     /// }
     /// # });
     /// ```
-    #[track_caller]
     pub fn call_as_by<F, T, E>(
         &self,
         class: usize,
@@ -529,7 +514,7 @@ impl Bulkhead {
     where
         F: Future<Output = Result<T, E>>,
     {
-        self.shared.check_class(class);
+        let class = self.shared.class_of(class);
         async move {
             if self.shared.classes.is_none() {
                 return self.call_by(by, call).await;
@@ -556,10 +541,6 @@ impl Bulkhead {
     /// [`Rejected`], with the [reason](Rejected::reason), among them
     /// [`RejectReason::WontMakeDeadline`] and [`RejectReason::Displaced`].
     ///
-    /// # Panics
-    ///
-    /// At once, if `class` is not one of the bulkhead's classes.
-    ///
     /// # Cancel safety
     ///
     /// As [`acquire_as`](Self::acquire_as).
@@ -579,13 +560,12 @@ impl Bulkhead {
     /// assert_eq!(rejected.reason(), RejectReason::WontMakeDeadline);
     /// # });
     /// ```
-    #[track_caller]
     pub fn acquire_as_by(
         &self,
         class: usize,
         by: Instant,
     ) -> impl Future<Output = Result<BulkheadPermit, Rejected>> {
-        self.shared.check_class(class);
+        let class = self.shared.class_of(class);
         async move {
             if self.shared.classes.is_none() {
                 return self.acquire_by(by).await;
@@ -606,10 +586,6 @@ impl Bulkhead {
     ///
     /// [`Rejected`] with [`RejectReason::Full`] or [`RejectReason::Closed`].
     ///
-    /// # Panics
-    ///
-    /// If `class` is not one of the bulkhead's classes.
-    ///
     /// # Examples
     ///
     /// ```
@@ -619,9 +595,8 @@ impl Bulkhead {
     /// let _held = bh.try_acquire_as(0).unwrap();
     /// assert_eq!(bh.try_acquire_as(0).unwrap_err().reason(), RejectReason::Full);
     /// ```
-    #[track_caller]
     pub fn try_acquire_as(&self, class: usize) -> Result<BulkheadPermit, Rejected> {
-        self.shared.check_class(class);
+        let class = self.shared.class_of(class);
         if self.shared.classes.is_none() {
             return self.try_acquire();
         }
@@ -834,8 +809,8 @@ impl Bulkhead {
         class: usize,
         by: Option<Instant>,
     ) -> Option<seating::AdmissionAs> {
-        let classes = self.shared.classes.as_deref()?;
-        let class = class.min(classes.least());
+        self.shared.classes.as_ref()?;
+        let class = self.shared.class_of(class);
         Some(seating::AdmissionAs::new(self.shared.clone(), class, by))
     }
 

@@ -40,17 +40,14 @@ impl Shared {
             .expect("only a bulkhead with priority classes has classed seats")
     }
 
-    /// Checks that `class` names one of the bulkhead's classes (0 only,
-    /// without classes).
-    #[track_caller]
-    pub(crate) fn check_class(&self, class: usize) {
-        let classes = self.classes.as_deref().map_or(1, |c| c.classes());
-        assert!(
-            class < classes,
-            "priority class {class} out of range: bulkhead {} has {classes} class{}",
-            self.policy.name(),
-            if classes == 1 { "" } else { "es" }
-        );
+    /// The class a caller that names `class` belongs to: the one rule for
+    /// every entry point (`call_as` and its siblings, the tower layer's
+    /// `priority_from`). A class past the last is the least important one,
+    /// so that a class read from a request can never make the service
+    /// panic; without classes every caller is of class 0.
+    #[inline]
+    pub(crate) fn class_of(&self, class: usize) -> usize {
+        self.classes.as_deref().map_or(0, |c| class.min(c.least()))
     }
 
     /// A classed caller of `class` takes a seat now, joins its class's

@@ -144,7 +144,7 @@ impl<K> KeyMetrics<K> {
     /// use watertight::RejectReason;
     /// use watertight::keyed::KeyedBulkhead;
     ///
-    /// let tenants = KeyedBulkhead::<&str>::builder().max_concurrent_calls(1).build().unwrap();
+    /// let tenants = KeyedBulkhead::<String>::builder().max_concurrent_calls(1).build().unwrap();
     /// let _held = tenants.try_acquire("acme").unwrap();
     /// assert!(tenants.try_acquire("acme").is_err());
     /// let m = tenants.metrics_for("acme").unwrap();
