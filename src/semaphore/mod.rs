@@ -45,7 +45,7 @@
 //! permits already promised to woken waiters that have not run, covers its
 //! whole request), marking them notified. A woken future competes for the
 //! balance like a newcomer and, if it loses, goes back to the front of the
-//! line. See `docs/design.md` for why no wake-up is lost.
+//! line. See `ARCHITECTURE.md` for why no wake-up is lost.
 //!
 //! **Cancellation.** A future dropped while linked unlinks itself under the
 //! lock, gives back the permits it had been handed (requested minus

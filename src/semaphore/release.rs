@@ -3,7 +3,7 @@
 //! from the balance to the waiters, or wake-ups in unfair mode) and the
 //! grant of the head of the line. The acquire side is in `acquire.rs`; the
 //! protocol is described in the module notes of [`super`] and in
-//! `docs/design.md`.
+//! `ARCHITECTURE.md`.
 
 use core::ptr::NonNull;
 use core::task::Waker;
