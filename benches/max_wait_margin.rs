@@ -1,5 +1,5 @@
 //! How late `max_wait` rejects, against `tokio::time::timeout` around a
-//! tokio semaphore: the margin that `docs/bulkhead.md` quotes.
+//! tokio semaphore: the margin that the bulkhead guide (`watertight::guide::bulkhead`) quotes.
 //!
 //! 1,000 callers start over 20 ms (one every 20 µs) into a bulkhead whose
 //! one permit is held, with `max_wait` 50 ms, on the default timer (so the

@@ -10,13 +10,14 @@
 //!
 //! ```text
 //! cargo run --release --example adaptive_sim
-//! cargo run --release --example adaptive_sim -- --svg docs/adaptive.svg --csv adaptive.csv
+//! cargo run --release --example adaptive_sim -- --svg src/guide/adaptive.svg --csv adaptive.csv
 //! ```
 //!
 //! The plot (`--svg`) shows the limit, the latency and the goodput of each
 //! strategy over time, against the dependency's real capacity; the CSV
 //! (`--csv`) has the same series, one row per strategy and half second.
-//! `tests/adaptive.rs` checks that `docs/adaptive.svg` is what this prints.
+//! `tests/adaptive.rs` checks that `src/guide/adaptive.svg` (the plot in the
+//! adaptive guide, `watertight::guide::adaptive`) is what this prints.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;

@@ -12,7 +12,8 @@
 //! ([`RejectReason::Timeout`]). A batch job could wait as long as it takes,
 //! but this bulkhead is the gateway every call to the provider goes
 //! through, and the bound is how the job notices a provider that stalls
-//! (`docs/bulkhead.md`, "Wait, time out, or fail fast", weighs the two).
+//! (the bulkhead guide, `watertight::guide::bulkhead`, "Wait, time out, or
+//! fail fast", weighs the two).
 //! With 10,000 invoices in line at once, the ones at the back do wait
 //! longer than 3 s, so the job re-queues a busy invoice and tries again, up
 //! to [`MAX_ATTEMPTS`] times. A call that ran past `call_timeout`, or that

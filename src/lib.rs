@@ -139,6 +139,8 @@ mod blocking;
 mod bulkhead;
 mod error;
 #[cfg(not(loom))]
+pub mod guide;
+#[cfg(not(loom))]
 pub mod keyed;
 #[allow(unsafe_code)]
 mod list;
@@ -171,7 +173,7 @@ pub use bulkhead::{
     BuildError, BuildErrorKind, Bulkhead, BulkheadBuilder, BulkheadError, BulkheadPermit,
     CallOutcome, ClassSeats, Metrics, Observer, RejectReason, Rejected,
 };
-pub use error::{AcquireError, TryAcquireError};
+pub use error::{AcquireError, LostReason, TryAcquireError};
 #[cfg(not(loom))]
 pub use keyed::KeyedBulkhead;
 pub use semaphore::{OwnedPermit, Permit, Semaphore};

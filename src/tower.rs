@@ -110,7 +110,7 @@
 //!
 //! `examples/overload_http.rs` reads the deadline from an HTTP header and
 //! drives a hyper server past its capacity, with and without these
-//! options; see `docs/overload.md`.
+//! options; see the [overload guide](crate::guide::overload#measured-an-http-server).
 //!
 //! # Priority classes
 //!
@@ -161,8 +161,8 @@
 //! connection; to answer `503 Service Unavailable` instead, turn the
 //! rejection into a response in a layer above the bulkhead (tower's
 //! `ServiceBuilder::map_result`, or axum's `HandleErrorLayer`). See
-//! `examples/tower_service.rs` and the "In a tower stack" section of
-//! `docs/bulkhead.md`.
+//! `examples/tower_service.rs` and the
+//! [bulkhead guide](crate::guide::bulkhead#in-a-tower-stack).
 //!
 //! # Implementation notes
 //!

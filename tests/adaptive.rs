@@ -1,5 +1,6 @@
 //! Adaptive limits: the algorithms on hand-made samples, the simulation
-//! behind `docs/adaptive.md`, and the limiter driving real bulkheads.
+//! behind the adaptive guide (`watertight::guide::adaptive`), and the
+//! limiter driving real bulkheads.
 #![cfg(not(loom))]
 
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use watertight::adaptive::{
 };
 use watertight::{Bulkhead, CallOutcome};
 
-/// The example, for its plot: `docs/adaptive.svg` must be what it draws.
+/// The example, for its plot: `src/guide/adaptive.svg` must be what it draws.
 #[allow(dead_code)]
 #[path = "../examples/adaptive_sim.rs"]
 mod example;
@@ -326,15 +327,19 @@ fn simulation_fixed_limits_waste_capacity_or_overload() {
 #[test]
 fn the_plot_in_the_docs_is_the_simulation() {
     let svg = example::to_svg(&Scenario::standard(), &standard_reports());
-    let committed =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/adaptive.svg")).unwrap();
+    let committed = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/guide/adaptive.svg"
+    ))
+    .unwrap();
     assert!(
         svg == committed,
-        "docs/adaptive.svg is out of date: cargo run --release --example adaptive_sim -- --svg docs/adaptive.svg"
+        "src/guide/adaptive.svg is out of date: \
+         cargo run --release --example adaptive_sim -- --svg src/guide/adaptive.svg"
     );
 }
 
-/// What `docs/adaptive.md` says about noisy latency: with every call's work
+/// What the adaptive guide says about noisy latency: with every call's work
 /// within ±50 % of 50 ms, healthy calls take up to 75 ms, past AIMD's
 /// threshold of 70 ms, and AIMD starves the dependency; the gradient allows
 /// for the noise it measures, and settles higher instead.

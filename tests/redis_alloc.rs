@@ -1,6 +1,7 @@
 //! The Redis semaphore's client adds nothing to an uncontended cycle
 //! (acquire, release) that redis-rs alone would not spend on the same two
-//! script calls (docs/distributed.md, "The client's share"): it allocates
+//! script calls (the distributed guide, `watertight::guide::distributed`,
+//! "Costs"): it allocates
 //! less than redis-rs's own `Script::invoke_async` sending the same scripts
 //! with the same keys and arguments, against a real `redis-server`.
 //!

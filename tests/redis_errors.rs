@@ -401,7 +401,7 @@ async fn a_wait_that_ends_after_redis_came_back_full_is_timeout() {
 /// answered) with the default settings (2 s response timeout, 2 retries,
 /// 5 s outage tolerance): a waiting acquire gives up at the tolerance,
 /// not a response timeout later. Prints the margin measured (quoted in
-/// docs/distributed.md).
+/// the distributed guide, `watertight::guide::distributed`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_black_hole_ends_at_the_outage_tolerance() {
     let Some(server) = RedisServer::start_or_skip() else {

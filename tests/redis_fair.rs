@@ -256,7 +256,7 @@ async fn a_contended_grant_costs_two_script_calls_and_one_wake_up() {
 
 /// The same hand-off in unfair mode costs more: the release tells every
 /// process (`free 1`), and the woken waiter runs the acquire script again.
-/// (The number recorded in docs/distributed.md.)
+/// (The number the distributed guide, `watertight::guide::distributed`, gives.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unfair_contended_grant_costs_three_script_calls() {
     let Some(server) = RedisServer::start_or_skip() else {

@@ -573,9 +573,10 @@ async fn a_frozen_holder_loses_its_lease() {
 }
 
 /// While Redis does not answer, a holder's lease is marked lost once its
-/// local deadline passes (docs/distributed.md: held permits "stay valid
-/// until their local deadline passes without a renewal; then they are
-/// marked lost"), not only when a renewal finally times out, up to
+/// local deadline passes (the distributed guide,
+/// `watertight::guide::distributed`: a held permit stays valid until its
+/// local deadline passes without a renewal, and is lost then), not only
+/// when a renewal finally times out, up to
 /// `renew_every + response_timeout` later. (Were the holder partitioned away
 /// rather than Redis frozen, a client that can reach Redis would be granted
 /// the permit at about that local deadline, while the holder still believes

@@ -23,9 +23,10 @@
 //!   on purpose so it notices new capacity. Needs no threshold.
 //!
 //! The algorithms are plain state machines with no clock: the same samples
-//! give the same limits, which is how the simulation in `docs/adaptive.md`
-//! (`cargo run --release --example adaptive_sim`) and the tests check
-//! them. Write your own by implementing [`LimitAlgorithm`].
+//! give the same limits, which is how the simulation in the
+//! [adaptive guide](crate::guide::adaptive) (`cargo run --release
+//! --example adaptive_sim`) and the tests check them. Write your own by
+//! implementing [`LimitAlgorithm`].
 //!
 //! # Examples
 //!

@@ -1,6 +1,7 @@
 //! A deterministic simulation of a bulkhead in front of a dependency that
 //! queues past its capacity, for trying limit algorithms: the one behind
-//! `docs/adaptive.md`, `examples/adaptive_sim.rs` and `tests/adaptive.rs`.
+//! the adaptive guide (`watertight::guide::adaptive`),
+//! `examples/adaptive_sim.rs` and `tests/adaptive.rs`.
 //!
 //! Not a stable API (hidden from the docs); it lives in the library so the
 //! example and the tests run the very same code.
@@ -58,7 +59,7 @@ pub struct Scenario {
 }
 
 impl Scenario {
-    /// The scenario of `docs/adaptive.md`: a dependency serving 20 calls at
+    /// The adaptive guide's scenario: a dependency serving 20 calls at
     /// once in 50 ms (400 calls a second), offered 500 a second. At 40 s it
     /// loses half its capacity for 30 s. Calls time out after 250 ms.
     pub fn standard() -> Self {
@@ -93,7 +94,7 @@ impl Scenario {
     }
 }
 
-/// The strategies `docs/adaptive.md` compares on [`Scenario::standard`]:
+/// The strategies the adaptive guide compares on [`Scenario::standard`]:
 /// AIMD (with a latency threshold of 1.4 times the base latency), the
 /// gradient with its defaults, both starting at 10, and fixed limits of 5
 /// (too low), 20 (the capacity, before it drops) and 100 (too high).

@@ -157,7 +157,7 @@ impl BulkheadBuilder {
     /// reading instead of a timer of its own; a waiter is rejected when
     /// that timer fires (tokio rounds up to its 1 ms tick), plus one task
     /// wake-up per waiter ahead of it with the same deadline. See
-    /// `docs/bulkhead.md` for the measured margin.
+    /// the [bulkhead guide](crate::guide::bulkhead#wait-time-out-or-fail-fast) for the measured margin.
     ///
     /// # Examples
     ///

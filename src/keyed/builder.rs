@@ -422,7 +422,7 @@ where
     /// in every key's line), a call's deadline
     /// ([`KeyedBulkhead::call_by`]), and
     /// [`queue_delay`](Self::queue_delay) (each waiter's own check at the
-    /// target; see `docs/keyed.md` for how a cut reaches the waiters). The
+    /// target; see the [keyed guide](crate::guide::keyed#fair-shares-of-the-global-limit) for how a cut reaches the waiters). The
     /// global bulkhead's `queued` counts them all, and each key's
     /// [`waiting_for_global`](super::KeyMetrics::waiting_for_global) its own.
     ///
@@ -543,7 +543,7 @@ where
     /// tenant id or a host name from a request): it resists keys crafted
     /// to collide, which would make one shard's lookups linear. It is also
     /// most of what a call on a tracked key costs over a plain bulkhead's
-    /// (about 12 ns of the 22 for a `u64` key, `docs/keyed.md`). When the keys
+    /// (about 12 ns of the 22 for a `u64` key: the [keyed guide](crate::guide::keyed#costs)). When the keys
     /// are not chosen by clients (a fixed set of backends, internal ids),
     /// or a seeded hasher built for hash tables is resistance enough (such
     /// as `foldhash::fast::RandomState` or `ahash::RandomState`), pass it

@@ -96,7 +96,7 @@
 //! held. Keys are hashed with SipHash (std's `RandomState`), which resists
 //! keys crafted by clients to collide and is about half of a tracked key's
 //! cost over a plain bulkhead; [`KeyedBulkheadBuilder::hasher`] swaps it
-//! for a faster one. See `docs/keyed.md` for the numbers.
+//! for a faster one. The [keyed guide](crate::guide::keyed#costs) has the numbers.
 
 mod builder;
 mod entry;

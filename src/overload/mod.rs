@@ -20,8 +20,8 @@
 //! All take time, where they need it, as nanoseconds since an origin the
 //! caller picks (the line timer's convention); none reads a clock, so the
 //! simulation (`sim.rs`, test builds only) drives exactly these pieces in
-//! virtual time, deterministically. `docs/overload.md` shows what it
-//! measures.
+//! virtual time, deterministically. The overload guide
+//! (`watertight::guide::overload`) shows what it measures.
 //!
 //! # Implementation notes
 //!

@@ -1,9 +1,10 @@
-//! The tables and the plot of `docs/overload.md`, drawn from the
-//! simulation (`sim.rs`); test builds only.
+//! The tables and the plot of the overload guide
+//! (`watertight::guide::overload`), drawn from the simulation (`sim.rs`);
+//! test builds only.
 //!
-//! The tests here check that `docs/overload.svg` and the tables in
-//! `docs/overload.md` are what the simulation gives now. After changing
-//! the simulation or a state machine, redraw them:
+//! The tests here check that `src/guide/overload.svg` and the tables in
+//! `src/guide/overload.md` are what the simulation gives now. After
+//! changing the simulation or a state machine, redraw them:
 //!
 //! ```text
 //! WATERTIGHT_WRITE_DOCS=1 cargo test --lib overload::plot
@@ -326,7 +327,7 @@ fn by_load(value: impl Fn(&Report) -> f64) -> Vec<Vec<f64>> {
         .collect()
 }
 
-/// The plot of `docs/overload.svg`.
+/// The plot of `src/guide/overload.svg`.
 pub(crate) fn to_svg() -> String {
     let loads: Vec<String> = LOADS.iter().map(|l| format!("{l}x the capacity")).collect();
     let s5 = Scenario::standard(5.0);
@@ -483,7 +484,7 @@ pub(crate) fn to_svg() -> String {
     svg
 }
 
-/// The generated blocks of `docs/overload.md`, by name: each sits between
+/// The generated blocks of `src/guide/overload.md`, by name: each sits between
 /// `<!-- sim:NAME -->` and `<!-- sim:end -->`.
 fn blocks() -> Vec<(&'static str, String)> {
     vec![
@@ -512,8 +513,8 @@ fn refreshed(doc: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    const MD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/overload.md");
-    const SVG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/overload.svg");
+    const MD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/guide/overload.md");
+    const SVG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/guide/overload.svg");
 
     fn write_docs() -> bool {
         std::env::var_os("WATERTIGHT_WRITE_DOCS").is_some()
@@ -528,21 +529,21 @@ mod tests {
         let committed = std::fs::read_to_string(SVG).unwrap_or_default();
         assert!(
             svg == committed,
-            "docs/overload.svg is out of date: WATERTIGHT_WRITE_DOCS=1 cargo test --lib overload::plot"
+            "src/guide/overload.svg is out of date: WATERTIGHT_WRITE_DOCS=1 cargo test --lib overload::plot"
         );
     }
 
     #[test]
     fn the_tables_in_the_docs_are_the_simulation() {
         let doc = std::fs::read_to_string(MD).unwrap();
-        let fresh = refreshed(&doc).expect("docs/overload.md has every sim:NAME marker");
+        let fresh = refreshed(&doc).expect("src/guide/overload.md has every sim:NAME marker");
         if write_docs() && fresh != doc {
             std::fs::write(MD, &fresh).unwrap();
             return;
         }
         assert!(
             fresh == doc,
-            "the tables in docs/overload.md are out of date: WATERTIGHT_WRITE_DOCS=1 cargo test --lib overload::plot"
+            "the tables in src/guide/overload.md are out of date: WATERTIGHT_WRITE_DOCS=1 cargo test --lib overload::plot"
         );
     }
 }

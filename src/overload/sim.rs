@@ -1,7 +1,7 @@
 //! A deterministic simulation of one bulkhead under overload, driving the
-//! very state machines of this module: the numbers and plots of
-//! `docs/overload.md` (written by `plot.rs`), and the targets of issue 14
-//! asserted in its tests.
+//! very state machines of this module: the numbers and the plot of the
+//! overload guide (`src/guide/overload.md` and `overload.svg`, written by
+//! `plot.rs`), and what the guide says of them asserted in its tests.
 //!
 //! # The model
 //!
@@ -93,7 +93,7 @@ pub(crate) struct Scenario {
 }
 
 impl Scenario {
-    /// The scenario of `docs/overload.md` at `load` times the capacity:
+    /// The overload guide's scenario at `load` times the capacity:
     /// 20 seats, calls of 25 to 75 ms (400 a second at capacity), callers
     /// who give up after 250 to 750 ms, `max_wait` 500 ms (the callers'
     /// mean patience), no `max_queue`, 60 simulated seconds. Three
@@ -187,7 +187,7 @@ pub(crate) enum Strategy {
 }
 
 impl Strategy {
-    /// The strategies `docs/overload.md` compares.
+    /// The strategies the overload guide compares.
     pub(crate) const ALL: [Strategy; 6] = [
         Strategy::Fifo,
         Strategy::ControlledDelay,
@@ -708,7 +708,7 @@ impl Sim<'_> {
     }
 }
 
-/// The loads `docs/overload.md` compares.
+/// The loads the overload guide compares.
 pub(crate) const LOADS: [f64; 3] = [1.0, 2.0, 5.0];
 
 /// Every strategy at every load of [`LOADS`], on [`Scenario::standard`].
@@ -866,8 +866,8 @@ mod tests {
 
     /// Where callers' patience is spread (the standard scenario), FIFO
     /// serves mostly the patient ones, and the gain is smaller: the
-    /// target is *not* met there (docs/overload.md says why). This pins
-    /// the number the docs give.
+    /// target is *not* met there (the overload guide says why). This
+    /// pins the number the guide gives.
     #[test]
     fn with_spread_patience_the_gain_is_smaller() {
         let fifo = standard(Strategy::Fifo, 2.0);

@@ -195,7 +195,7 @@ impl RedisSemaphoreBuilder {
     /// that kept the data keeps the marker and quarantines nothing; every
     /// promotion quarantines (nothing proves the replica had the last
     /// grants: see [`replicas`](Self::replicas)). Grants made before the
-    /// loss is seen are not prevented (see `docs/distributed.md`). With
+    /// loss is seen are not prevented (see the [distributed guide](crate::guide::distributed#what-it-does-not-guarantee-redis-losing-writes)). With
     /// `true`, `build` writes the marker if it is missing, and reads `INFO`
     /// (skipped if the user may not). With `false` nothing is looked at.
     pub fn quarantine(mut self, enabled: bool) -> Self {

@@ -41,7 +41,8 @@
 //!   correctness depends on exclusivity, check fencing tokens at the
 //!   resource.
 //!
-//! See `docs/distributed.md` for the design, configuration and operations.
+//! The [distributed guide](crate::guide::distributed) has the measured
+//! guarantees, the configuration, the errors and the operations.
 //!
 //! # Examples
 //!

@@ -528,7 +528,7 @@ impl Semaphore {
             // the head is in it): no distribution pass. The waker stays in
             // the node, which is now ours alone, and is dropped with the
             // future after we unlock (one write and one read fewer under
-            // the lock: measured, see docs/benchmarks.md).
+            // the lock).
             return;
         }
         self.cancel_rest(list, waiter, n);
@@ -662,7 +662,7 @@ impl<'a> Acquire<'a> {
     /// `pin_project!` so that the drop below can be `#[inline]`: the
     /// macro's drop calls an inner function of its own, which is not
     /// inlined into other crates, and that call was a fifth of an
-    /// uncontended acquire's time (docs/benchmarks.md).
+    /// uncontended acquire's time.
     #[inline]
     fn project<'p>(self: Pin<&'p mut Self>) -> AcquireFields<'p, 'a> {
         // SAFETY: the waiter is structurally pinned: no method moves it

@@ -157,9 +157,8 @@ impl Semaphore {
     /// done) in every other case, which [`release_rest`](Self::release_rest)
     /// or [`add_rest`](Self::add_rest) handles. The last waiter is the
     /// common case with few tasks (two tasks passing one permit back and
-    /// forth hand it to a line of one every time), which went through
-    /// `release_rest` and its batch until measured (docs/benchmarks.md, "A
-    /// line of one").
+    /// forth hand it to a line of one every time), where `release_rest`
+    /// and its batch cost more.
     ///
     /// The same as adding `n` to the balance and running `distribute`: with
     /// the lock held and `WAITERS` set, a fair balance is only above zero
@@ -169,7 +168,7 @@ impl Semaphore {
     /// Inlined into both callers, and kept out of the paths with a batch of
     /// wakers: a function that holds one saves six registers and half a
     /// kilobyte of stack on entry, which was a fifth of this path's
-    /// instructions (docs/benchmarks.md, "The hand-off, like for like").
+    /// instructions.
     ///
     /// # Safety
     ///
@@ -211,8 +210,7 @@ impl Semaphore {
     /// which this does too), and its waker returned (the outer `Some`).
     /// `None`, nothing done, in every other case: the caller runs
     /// `distribute`. The last waiter is the common case with two tasks on
-    /// one permit, which went through `distribute` and its batch until
-    /// measured (docs/benchmarks.md, "A line of one, unfair").
+    /// one permit, where `distribute` and its batch cost more.
     ///
     /// If the spare grows after our reads (an `add_permits` without the
     /// lock, or a woken waiter lowering `notified`), that `add_permits`

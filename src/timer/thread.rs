@@ -55,7 +55,7 @@ static GLOBAL: Driver = Driver::new();
 /// thread). Registering a sleep unparks the thread only if the sleep is
 /// due before the thread would look at the queue anyway, so a sleep made
 /// and dropped before its deadline costs about 0.1 µs of CPU, alone or
-/// among thousands, none of it on the thread. `docs/benchmarks.md` has the
+/// among thousands, none of it on the thread. `PERFORMANCE.md` has the
 /// measurements, against `futures-timer`.
 ///
 /// Prefer a runtime's own timer where there is one (`TokioTimer`,
