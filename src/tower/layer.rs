@@ -1,0 +1,229 @@
+//! The layer: wraps services in a [`BulkheadService`] over one shared
+//! bulkhead, with the readers of a request's deadline and class.
+
+use core::fmt;
+
+use tower_layer::Layer;
+
+use super::{BulkheadService, NoDeadline, NoPriority};
+use crate::Bulkhead;
+
+/// Wraps services in a [`BulkheadService`] that admits each request through
+/// one shared [`Bulkhead`].
+///
+/// Every service the layer makes, and every clone of them, shares the
+/// bulkhead (its limit, line, metrics and observer): one layer, applied to
+/// each connection a server accepts, caps the requests in flight across all
+/// of them.
+///
+/// With [`deadline_from`](Self::deadline_from), requests that carry a
+/// deadline are admitted as [`Bulkhead::call_by`] admits a call: turned
+/// away at once if they cannot make it, and waiting no longer than they
+/// still could. The type parameter `D` is what reads a request's deadline;
+/// the default, [`NoDeadline`], reads none and costs nothing.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use watertight::Bulkhead;
+/// use watertight::tower::BulkheadLayer;
+/// use tower::ServiceBuilder;
+/// use tower::limit::ConcurrencyLimitLayer;
+///
+/// let bh = Bulkhead::builder()
+///     .name("partner-api")
+///     .max_concurrent_calls(5)
+///     .max_wait(Duration::from_millis(500))
+///     .max_queue(100)
+///     .build()
+///     .unwrap();
+/// // In place of `ConcurrencyLimitLayer::new(5)`, which holds a permit in
+/// // every idle service that was polled ready:
+/// let _old = ServiceBuilder::new().layer(ConcurrencyLimitLayer::new(5));
+/// let _new = ServiceBuilder::new().layer(BulkheadLayer::new(bh));
+/// ```
+#[derive(Clone)]
+pub struct BulkheadLayer<D = NoDeadline, P = NoPriority> {
+    bulkhead: Bulkhead,
+    deadline: D,
+    priority: P,
+}
+
+impl BulkheadLayer {
+    /// A layer that admits requests through `bulkhead`. The bulkhead is a
+    /// handle: keep a clone to read its metrics, change its limit or close
+    /// it while the stack runs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use watertight::Bulkhead;
+    /// use watertight::tower::BulkheadLayer;
+    ///
+    /// let bh = Bulkhead::builder().name("db").max_concurrent_calls(10).build().unwrap();
+    /// let layer = BulkheadLayer::new(bh.clone());
+    /// assert_eq!(layer.bulkhead().name(), "db");
+    /// ```
+    pub fn new(bulkhead: Bulkhead) -> Self {
+        Self {
+            bulkhead,
+            deadline: NoDeadline,
+            priority: NoPriority,
+        }
+    }
+}
+
+impl<D, P> BulkheadLayer<D, P> {
+    /// Admits each request by the deadline `deadline` reads from it
+    /// (deadline-aware admission, as [`Bulkhead::call_by`]): a request
+    /// whose deadline has passed, or whose expected wait plus the expected
+    /// time a call holds its permit does not fit in the time it has left,
+    /// is rejected at once with
+    /// [`RejectReason::WontMakeDeadline`](crate::RejectReason::WontMakeDeadline); one
+    /// that is admitted waits at most until it could still finish in time
+    /// (or `max_wait`, if sooner). A request it reads `None` from is
+    /// admitted as without this option.
+    ///
+    /// `deadline` is anything that implements [`RequestDeadline`](super::RequestDeadline), most
+    /// often a closure `Fn(&Req) -> Option<Instant>`; it runs in the
+    /// service's `call`, before the request is admitted, so keep it cheap
+    /// (read a header, an extension, a field). The crate does not depend
+    /// on `http`: how a request says its deadline (a header such as gRPC's
+    /// `grpc-timeout`, an extension set by a layer above) is yours to
+    /// read. The deadline is read on the bulkhead's clock, as
+    /// [`call_by`](Bulkhead::call_by)'s.
+    ///
+    /// Without this option the layer reads nothing: the default
+    /// [`NoDeadline`] always answers `None` and the check is compiled out.
+    ///
+    /// # Examples
+    ///
+    /// A deadline carried as milliseconds from now in a header (here on a
+    /// plain tuple standing for a request):
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::time::{Duration, Instant};
+    /// use watertight::{Bulkhead, RejectReason, Rejected};
+    /// use watertight::tower::BulkheadLayer;
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// // (deadline in ms from now, body); an HTTP server would read a
+    /// // header of an `http::Request` instead.
+    /// type Req = (Option<u64>, &'static str);
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower::BoxError> {
+    /// let bh = Bulkhead::builder().name("search").max_concurrent_calls(4).build()?;
+    /// let layer = BulkheadLayer::new(bh.clone()).deadline_from(|req: &Req| {
+    ///     req.0.map(|ms| Instant::now() + Duration::from_millis(ms))
+    /// });
+    /// let service = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|(_, q): Req| async move { Ok::<_, Infallible>(q.len()) });
+    ///
+    /// // Time to spare, or no deadline at all: admitted.
+    /// assert_eq!(service.clone().oneshot((Some(500), "rust")).await?, 4);
+    /// assert_eq!(service.clone().oneshot((None, "tower")).await?, 5);
+    ///
+    /// // No time left: turned away before it reaches the service.
+    /// let err = service.oneshot((Some(0), "late")).await.unwrap_err();
+    /// let rejected = err.downcast_ref::<Rejected>().expect("a rejection");
+    /// assert_eq!(rejected.reason(), RejectReason::WontMakeDeadline);
+    /// assert_eq!(bh.metrics().rejected_deadline(), 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn deadline_from<F>(self, deadline: F) -> BulkheadLayer<F, P> {
+        BulkheadLayer {
+            bulkhead: self.bulkhead,
+            deadline,
+            priority: self.priority,
+        }
+    }
+
+    /// Admits each request as a call of the priority class `priority`
+    /// reads from it, as [`Bulkhead::call_as`] does, on a bulkhead with
+    /// [`priorities`](crate::BulkheadBuilder::priorities): it waits in its
+    /// class's line, a seat that frees goes to the class it is owed to,
+    /// and a full line sheds its least important waiters first
+    /// ([`RejectReason::Displaced`](crate::RejectReason::Displaced)).
+    ///
+    /// `priority` is anything that implements [`RequestPriority`](super::RequestPriority), most
+    /// often a closure `Fn(&Req) -> usize`; it runs in the service's
+    /// `call`. A class past the last is the least important one, as for
+    /// `call_as`, so a class a client sent can never make the service
+    /// panic. On a bulkhead without classes every request is a plain
+    /// call and the class is ignored; without this option, a request is a
+    /// plain call, which on a bulkhead with classes never waits (see
+    /// [`priorities`](crate::BulkheadBuilder::priorities)). With
+    /// [`deadline_from`](Self::deadline_from) too, a classed request's
+    /// expected wait counts the waiters served before it (its class and
+    /// the more important ones): it is rejected at once if it cannot make
+    /// its deadline, and waits at most until it could still finish.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use watertight::Bulkhead;
+    /// use watertight::tower::BulkheadLayer;
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// // (class, body); an HTTP server would read a header instead.
+    /// type Req = (usize, &'static str);
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower::BoxError> {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(4).priorities(&[3, 1]).build()?;
+    /// let layer = BulkheadLayer::new(bh.clone()).priority_from(|req: &Req| req.0);
+    /// let service = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|(_, q): Req| async move { Ok::<_, Infallible>(q.len()) });
+    /// assert_eq!(service.oneshot((0, "checkout")).await?, 8);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn priority_from<F>(self, priority: F) -> BulkheadLayer<D, F> {
+        BulkheadLayer {
+            bulkhead: self.bulkhead,
+            deadline: self.deadline,
+            priority,
+        }
+    }
+
+    /// The bulkhead the layer admits requests through.
+    pub fn bulkhead(&self) -> &Bulkhead {
+        &self.bulkhead
+    }
+}
+
+impl<D, P> fmt::Debug for BulkheadLayer<D, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BulkheadLayer")
+            .field("bulkhead", &self.bulkhead)
+            .field("deadline", &core::any::type_name::<D>())
+            .field("priority", &core::any::type_name::<P>())
+            .finish()
+    }
+}
+
+impl From<Bulkhead> for BulkheadLayer {
+    fn from(bulkhead: Bulkhead) -> Self {
+        Self::new(bulkhead)
+    }
+}
+
+impl<S, D: Clone, P: Clone> Layer<S> for BulkheadLayer<D, P> {
+    type Service = BulkheadService<S, D, P>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        BulkheadService {
+            inner,
+            bulkhead: self.bulkhead.clone(),
+            deadline: self.deadline.clone(),
+            priority: self.priority.clone(),
+        }
+    }
+}
