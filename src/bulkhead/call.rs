@@ -21,8 +21,9 @@ use super::Shared;
 use super::error::{BulkheadError, RejectReason, Rejected};
 use super::observer::CallOutcome;
 use super::permit::{self, Admitted, Held};
-use super::policy::{Line, Traced, poll_wait};
+use super::policy::Traced;
 use super::run::poll_run;
+use super::wait::{Line, poll_wait};
 use crate::futures::Acquire;
 use crate::timer::Deadline;
 

@@ -47,6 +47,7 @@ mod delay;
 pub(crate) mod error;
 mod export;
 pub(crate) mod guard;
+mod leak;
 mod line_timer;
 mod metrics;
 pub(crate) mod name;
@@ -56,6 +57,7 @@ pub(crate) mod policy;
 pub(crate) mod reason;
 pub(crate) mod run;
 mod seating;
+pub(crate) mod wait;
 
 pub use builder::BulkheadBuilder;
 pub use call::{Call, CallBy};
@@ -82,7 +84,8 @@ use crate::error::TryAcquireError;
 use crate::futures::{Acquire, AcquireOwned};
 use crate::semaphore::Semaphore;
 use permit::Admitted;
-use policy::{Line, Policy, Waiting};
+use policy::Policy;
+use wait::{Line, Waiting};
 
 /// Limits how many calls reach a downstream dependency at once, and decides
 /// what happens to the rest: wait in a fair line (for at most `max_wait`,

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use super::Shared;
 use super::guard::{Guard, Source};
 use super::observer::CallOutcome;
-use super::policy::{Policy, Waited};
+use super::policy::Policy;
+use super::wait::Waited;
 use std::time::Duration;
 
 /// A local bulkhead's permit, as a guard's [`Source`]: `S` is `&Shared`

@@ -4,81 +4,69 @@
 //! [`Bulkhead`](crate::Bulkhead) and the Redis bulkhead share it.
 
 use core::future::Future;
-use core::pin::Pin;
-use core::task::Poll;
-use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Wake, Waker};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-
-use pin_project_lite::pin_project;
 
 use super::delay::LineDelay;
 use super::error::{Hint, RejectReason, Rejected, nanos};
+use super::leak::{LeakWatches, Watched};
 use super::line_timer::LineTimer;
 use super::metrics::{Counters, Metrics};
 use super::name::Name;
-use super::observer::{CallOutcome, Finished, LeakSuspected, Observer, Permitted, Rejection};
+use super::observer::{CallOutcome, Finished, Observer, Permitted, Rejection};
+use super::wait::Line;
 use crate::overload::{HoldEstimate, Verdict};
-use crate::timer::{Clock, ClockSleep, Deadline, TimerGone, poll_by_waker};
+use crate::timer::Clock;
 
 /// The one owner of admission for every bulkhead (in-process, keyed,
 /// Redis): where permits come from is the caller's business, everything
 /// else (fail fast, the bounded line, `max_wait`, `call_timeout`, counters,
 /// observers, retry hints, leak watches) is decided here.
 pub(crate) struct Policy {
-    name: Name,
-    max_wait: Option<Duration>,
-    max_queue: Option<usize>,
-    call_timeout: Option<Duration>,
+    pub(super) name: Name,
+    pub(super) max_wait: Option<Duration>,
+    pub(super) max_queue: Option<usize>,
+    pub(super) call_timeout: Option<Duration>,
     /// Present whenever `max_wait` is non-zero, `call_timeout` or
     /// `leak_threshold` is set.
-    clock: Option<Clock>,
+    pub(super) clock: Option<Clock>,
     /// The exporters first, then the user's observers, so that a user's
     /// panicking hook cannot keep an exporter from seeing an event.
-    observers: Arc<[Arc<dyn Observer>]>,
-    counters: Counters,
+    pub(super) observers: Arc<[Arc<dyn Observer>]>,
+    pub(super) counters: Counters,
     /// Callers waiting for a permit now (the bounded line), counted here
     /// unless `line_of` counts them.
-    waiting: AtomicUsize,
+    pub(super) waiting: AtomicUsize,
     /// A fair semaphore whose waiters are exactly this policy's, with no
     /// `max_queue` to enforce: its own queue length is the line, and a
     /// waiting caller is spared two atomic read-modify-writes.
-    line_of: Option<Arc<crate::Semaphore>>,
+    pub(super) line_of: Option<Arc<crate::Semaphore>>,
     /// One sleep for the whole line, when the semaphore is fair and the
     /// clock can be read (see `line_timer.rs`); else each waiter arms its
     /// own `Deadline`.
-    line_timer: Option<LineTimer>,
-    /// Report permits held longer than this (needs `clock`).
-    leak_threshold: Option<Duration>,
-    /// The permits under watch for leaks, by id (only with a threshold).
-    watches: Mutex<HashMap<u64, LeakWatch>>,
-    /// The next watch id; 0 means "not watched".
-    next_watch: AtomicU64,
+    pub(super) line_timer: Option<LineTimer>,
+    /// The permits held longer than `leak_threshold` (needs `clock`).
+    pub(super) leaks: LeakWatches,
     /// Run each admitted call of `call` inside a `bulkhead_call` span
     /// (the `tracing` exporter).
     #[cfg(feature = "tracing")]
-    spans: bool,
+    pub(super) spans: bool,
     /// The limit, as last known, for retry hints.
-    hint_limit: AtomicUsize,
+    pub(super) hint_limit: AtomicUsize,
     /// A moving average of hold times in nanoseconds (0: no sample yet),
     /// from the calls that `clock` times: a [`HoldEstimate`], kept in an
     /// atomic.
-    hold_ns: AtomicU64,
+    pub(super) hold_ns: AtomicU64,
     /// Where the deadlines of calls that carry one, and controlled
     /// delay's samples, count from (see [`Line::deadline`]).
-    origin: Instant,
+    pub(super) origin: Instant,
     /// Controlled delay on the line (`queue_delay`), if on. Boxed: it is
     /// read on waiting paths only, and a pointer keeps the policy's layout
     /// (and the code of the fast path) as it is without it.
-    delay: Option<Box<LineDelay>>,
+    pub(super) delay: Option<Box<LineDelay>>,
 }
-
-/// The clock of a policy that has none (no setting of it needs a timer),
-/// for a call that carries a deadline and waits.
-static AUTO: Clock = Clock::Auto;
 
 /// The future of [`Policy::traced`].
 #[cfg(feature = "tracing")]
@@ -173,11 +161,9 @@ impl Policy {
             waiting: AtomicUsize::new(0),
             line_of: None,
             line_timer: None,
-            leak_threshold,
+            leaks: LeakWatches::new(leak_threshold),
             #[cfg(feature = "tracing")]
             spans,
-            watches: Mutex::new(HashMap::new()),
-            next_watch: AtomicU64::new(1),
             hint_limit: AtomicUsize::new(limit),
             hold_ns: AtomicU64::new(0),
             origin,
@@ -260,7 +246,7 @@ impl Policy {
     /// stands, the new front waiter looks at how long it has waited (the
     /// chain of `delay.rs`'s notes).
     #[inline(never)]
-    fn left_delayed_line(&self, delay: &LineDelay) {
+    pub(super) fn left_delayed_line(&self, delay: &LineDelay) {
         if self.queued() == 0 {
             delay.emptied();
         } else if self.line_timer.is_none() && delay.cut().is_some() {
@@ -270,14 +256,14 @@ impl Policy {
 
     /// The start of a timed wait, on the line's clock.
     #[inline(never)]
-    fn start_timed(&self) -> Option<Instant> {
+    pub(super) fn start_timed(&self) -> Option<Instant> {
         Some(self.line_now())
     }
 
     /// Controlled delay's cut, for a waiter that started at `start`: its
     /// wait if the line stands and it has waited the target, else `None`.
     #[inline(never)]
-    fn cut_now(&self, start: Option<Instant>) -> Option<Duration> {
+    pub(super) fn cut_now(&self, start: Option<Instant>) -> Option<Duration> {
         let target = self.delay.as_ref()?.cut()?;
         let waited = self.waited_since(start);
         (waited >= target).then_some(waited)
@@ -289,7 +275,7 @@ impl Policy {
     /// it how long the line is; the sample that finds it standing cuts
     /// the waiters past the target, by waking the front one.
     #[inline(never)]
-    fn timed_wait_ended(&self, start: Option<Instant>, sample: bool) -> Duration {
+    pub(super) fn timed_wait_ended(&self, start: Option<Instant>, sample: bool) -> Duration {
         let now = self.line_now();
         let waited = start.map_or(Duration::ZERO, |start| now.saturating_duration_since(start));
         if let Some(delay) = self.delay.as_ref().filter(|_| sample) {
@@ -331,7 +317,7 @@ impl Policy {
     /// the line) and marks `placed`; returns how many were waiting before
     /// this caller, if counted here.
     #[inline]
-    fn join_line(&self, placed: &mut bool) -> usize {
+    pub(super) fn join_line(&self, placed: &mut bool) -> usize {
         debug_assert!(!*placed, "a wait takes one place in line");
         if self.line_of.is_some() {
             return 0;
@@ -342,7 +328,7 @@ impl Policy {
 
     /// Gives back the place in line that `placed` says is held, if any.
     #[inline]
-    fn leave_line(&self, placed: &mut bool) {
+    pub(super) fn leave_line(&self, placed: &mut bool) {
         if core::mem::take(placed) {
             self.waiting.fetch_sub(1, Ordering::Relaxed);
         }
@@ -390,50 +376,6 @@ impl Policy {
         }
     }
 
-    /// The waiting part of admission, once no permit was free at once:
-    /// fail fast if `max_wait` is zero, else take a place in the bounded
-    /// line and wait for `acquire` for at most `max_wait`. Resolves to the
-    /// permit and the time waited. The timer is armed only if `acquire`
-    /// is still pending after its first poll.
-    #[inline]
-    pub(crate) fn wait<A>(&self, acquire: A) -> Wait<'_, A, impl Fn() -> RejectReason> {
-        self.wait_or(acquire, || RejectReason::Timeout)
-    }
-
-    /// [`wait`](Self::wait), where a wait that runs out of `max_wait` is
-    /// rejected for the reason `timed_out` gives then, rather than always
-    /// `Timeout`: the Redis bulkhead's is `Unavailable` while Redis is out
-    /// of reach.
-    #[inline]
-    pub(crate) fn wait_or<A, T>(&self, acquire: A, timed_out: T) -> Wait<'_, A, T>
-    where
-        T: Fn() -> RejectReason,
-    {
-        Wait {
-            policy: self,
-            acquire,
-            deadline: Deadline::new(),
-            line: Line::default(),
-            timed_out,
-        }
-    }
-
-    /// [`wait`](Self::wait) from `line`: a call that carries a deadline,
-    /// once [`admit_by`](Self::admit_by) has looked at it.
-    pub(crate) fn wait_in<A>(
-        &self,
-        acquire: A,
-        line: Line,
-    ) -> Wait<'_, A, impl Fn() -> RejectReason> {
-        Wait {
-            policy: self,
-            acquire,
-            deadline: Deadline::new(),
-            line,
-            timed_out: || RejectReason::Timeout,
-        }
-    }
-
     /// The admitted call, inside a `bulkhead_call` span naming the
     /// bulkhead when the `tracing` exporter is on (so the call's own events
     /// show which bulkhead admitted them); unchanged otherwise.
@@ -468,7 +410,7 @@ impl Policy {
     /// The `bulkhead_call` span of [`traced`](Self::traced).
     #[cfg(feature = "tracing")]
     #[inline]
-    fn call_span(&self) -> tracing::Span {
+    pub(super) fn call_span(&self) -> tracing::Span {
         if self.spans {
             tracing::debug_span!(target: "watertight", "bulkhead_call", bulkhead = self.name)
         } else {
@@ -481,14 +423,14 @@ impl Policy {
     /// unwinding (a guard dropped during a panic), when it is dropped: a
     /// second panic would abort the process.
     #[inline]
-    fn notify(&self, f: impl Fn(&dyn Observer)) {
+    pub(super) fn notify(&self, f: impl Fn(&dyn Observer)) {
         if !self.observers.is_empty() {
             self.notify_each(&f);
         }
     }
 
     #[cold]
-    fn notify_each(&self, f: &dyn Fn(&dyn Observer)) {
+    pub(super) fn notify_each(&self, f: &dyn Fn(&dyn Observer)) {
         if let Some(payload) = self.run_each(f) {
             resume_unwind(payload);
         }
@@ -497,7 +439,10 @@ impl Policy {
     /// Runs `f` on every observer, and returns the first panic's payload
     /// for the caller to resume, unless a panic is already unwinding.
     #[cold]
-    fn run_each(&self, f: &dyn Fn(&dyn Observer)) -> Option<Box<dyn core::any::Any + Send>> {
+    pub(super) fn run_each(
+        &self,
+        f: &dyn Fn(&dyn Observer),
+    ) -> Option<Box<dyn core::any::Any + Send>> {
         let mut panic = None;
         for observer in &*self.observers {
             if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(&**observer))) {
@@ -524,7 +469,7 @@ impl Policy {
     /// here is not taken for it.
     #[cold]
     #[inline(never)]
-    fn tell_permitted(&self, waited: Duration) {
+    pub(super) fn tell_permitted(&self, waited: Duration) {
         UNWINDING.set(None);
         self.notify_each(&|o| {
             o.on_permitted(&Permitted {
@@ -560,7 +505,12 @@ impl Policy {
     /// error. A panicking observer unwinds past a counted rejection, which
     /// is what happened.
     #[inline]
-    fn rejected(&self, reason: RejectReason, timer_gone: bool, waited_ns: u64) -> Rejected {
+    pub(super) fn rejected(
+        &self,
+        reason: RejectReason,
+        timer_gone: bool,
+        waited_ns: u64,
+    ) -> Rejected {
         let c = &self.counters;
         Counters::bump(&c.rejected[reason.index()]);
         if self.observed() {
@@ -581,7 +531,7 @@ impl Policy {
     /// ([`take_unwinding_rejection`](Self::take_unwinding_rejection)).
     #[cold]
     #[inline(never)]
-    fn tell_rejected(&self, reason: RejectReason, waited_ns: u64) {
+    pub(super) fn tell_rejected(&self, reason: RejectReason, waited_ns: u64) {
         let panic = self.run_each(&|o| {
             o.on_rejected(&Rejection {
                 name: self.name,
@@ -613,14 +563,14 @@ impl Policy {
 
     /// The policy's identity while it lives: its address (it lives in its
     /// bulkhead's shared state, which does not move).
-    fn id(&self) -> usize {
+    pub(super) fn id(&self) -> usize {
         core::ptr::from_ref(self).addr()
     }
 
     /// What a rejected caller's retry hint is computed from (see
     /// [`Rejected::retry_after`]): three loads, no division.
     #[inline]
-    fn retry_hint(&self) -> Hint {
+    pub(super) fn retry_hint(&self) -> Hint {
         Hint {
             hold_ns: self.hold_ns.load(Ordering::Relaxed),
             ahead: u32::try_from(self.queued())
@@ -644,13 +594,13 @@ impl Policy {
 
     /// Whether an observer is installed (and so sees wait times).
     #[inline]
-    fn observed(&self) -> bool {
+    pub(super) fn observed(&self) -> bool {
         !self.observers.is_empty()
     }
 
     /// Whether this grant's hold time is measured (see `clock_in`).
     #[inline]
-    fn timed(&self, busy: bool) -> bool {
+    pub(super) fn timed(&self, busy: bool) -> bool {
         let n = self.counters.permitted.load(Ordering::Relaxed);
         let every = if busy { BUSY_SAMPLE } else { HOLD_SAMPLE };
         sampled(n, every) || !self.observers.is_empty()
@@ -658,7 +608,7 @@ impl Policy {
 
     /// Folds one hold time into the moving average (weight 1/4). Racing
     /// updates may lose one sample; the average stays an average.
-    fn record_hold(&self, held: Duration) {
+    pub(super) fn record_hold(&self, held: Duration) {
         let mut estimate = HoldEstimate::from_ns(self.hold_ns.load(Ordering::Relaxed));
         estimate.record(nanos(held));
         self.hold_ns.store(estimate.ns(), Ordering::Relaxed);
@@ -682,14 +632,14 @@ impl Policy {
     /// polled by [`poll_timed`]: it carries a deadline, or the line has
     /// controlled delay.
     #[inline]
-    fn times(&self, line: &Line) -> bool {
+    pub(super) fn times(&self, line: &Line) -> bool {
         line.deadline != 0 || self.delay.is_some()
     }
 
     /// How long a timed wait that started at `start` has waited, on the
     /// line's clock.
     #[inline]
-    fn waited_since(&self, start: Option<Instant>) -> Duration {
+    pub(super) fn waited_since(&self, start: Option<Instant>) -> Duration {
         start.map_or(Duration::ZERO, |start| {
             self.line_now().saturating_duration_since(start)
         })
@@ -786,665 +736,30 @@ impl Policy {
     }
 }
 
-pin_project! {
-    /// The future of [`Policy::wait`]: [`Waiting`] with its policy, as its
-    /// own fields (see [`Run`]).
-    pub(crate) struct Wait<'a, A, T> {
-        policy: &'a Policy,
-        #[pin]
-        acquire: A,
-        #[pin]
-        deadline: Deadline,
-        line: Line,
-        // The reason for a wait that ran out of time (see `wait_or`).
-        timed_out: T,
-    }
-
-    impl<A, T> PinnedDrop for Wait<'_, A, T> {
-        fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            this.policy.leave_line(&mut this.line.placed);
-        }
-    }
-}
-
-impl<A, P, T> Future for Wait<'_, A, T>
-where
-    A: Future<Output = Result<P, RejectReason>>,
-    T: Fn() -> RejectReason,
-{
-    type Output = Result<(P, Waited), Rejected>;
-
-    #[inline]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let timed_out = &*this.timed_out;
-        poll_wait_or(
-            this.acquire,
-            this.deadline,
-            this.line,
-            this.policy,
-            cx,
-            timed_out,
-        )
-    }
-}
-
-pin_project! {
-    /// The state of a [`Wait`] without the policy it waits under, which
-    /// every poll passes in: for a future that owns its bulkhead and so
-    /// cannot also hold a borrow of its policy (the tower layer's). If it
-    /// is dropped before the wait ended, its owner *must* call
-    /// [`leave`](Self::leave) first.
-    pub(crate) struct Waiting<A> {
-        #[pin]
-        acquire: A,
-        #[pin]
-        deadline: Deadline,
-        line: Line,
-    }
-
-    impl<A> PinnedDrop for Waiting<A> {
-        fn drop(this: Pin<&mut Self>) {
-            debug_assert!(
-                !this.line.placed || std::thread::panicking(),
-                "a wait dropped before it ended must leave the line first"
-            );
-        }
-    }
-}
-
-/// Where a wait stands in the policy's line.
-#[derive(Default)]
-pub(crate) struct Line {
-    /// [`Armed::NotStarted`] until the first poll; then
-    /// [`Armed::Untimed`] for a wait that only `max_wait` bounds. Any
-    /// other: `start` was read on the line's clock ([`Policy::line_now`]),
-    /// the wait's limits are more than `max_wait` (a deadline), and
-    /// `poll_timed` polls it; then which limit its own sleep (`Deadline`)
-    /// is armed for. (One byte for both, as `started` was before: another
-    /// field to set costs an instruction on the path of every call.)
-    armed: Armed,
-    /// Whether this holds a place in the line (`Policy::waiting`): taken
-    /// on the first poll, given back when the wait ends, or by the owner
-    /// of a wait dropped before that (`Wait`'s drop, `Waiting::leave`).
-    placed: bool,
-    /// When the wait began, read only if an observer will see it (a clock
-    /// reading costs about a tenth of a contended cycle).
-    start: Option<Instant>,
-    /// With a line timer: the wait's deadline on its clock (0 until the
-    /// first pending poll).
-    ///
-    /// Before that, for a call that carries a deadline, in nanoseconds
-    /// since the policy's origin (0: none): the deadline itself until
-    /// [`Policy::admit_by`] has looked at it, then the latest time the call
-    /// may start and still finish in time (0 again if `max_wait` ends the
-    /// wait sooner), which [`poll_timed`] turns into the wait's own sleep
-    /// at the first pending poll. One field for both, not two: a `Line` is
-    /// built with every call, and another field to clear is another store
-    /// on the path of a call admitted at once.
-    deadline: u64,
-}
-
-/// Whether a wait is timed, and what its own sleep is armed for, in
-/// [`poll_timed`].
-#[derive(Default, Clone, Copy, PartialEq, Eq)]
-enum Armed {
-    /// Not polled yet.
-    #[default]
-    NotStarted,
-    /// Not a timed wait.
-    Untimed,
-    /// Not yet looked at: the wait has not been pending before.
-    None,
-    /// No own sleep: the line timer keeps the only limit, or there is none.
-    Unneeded,
-    /// `max_wait`.
-    MaxWait,
-    /// The latest start of a call that carries a deadline.
-    Until,
-    /// Controlled delay's target: past it, a waiter is cut if the line
-    /// stands (a sleep per waiter only; the line timer keeps the cut).
-    Checkpoint,
-}
-
-/// How a wait of [`poll_timed`] ran out.
-#[derive(Clone, Copy)]
-enum End {
-    /// `max_wait` passed.
-    MaxWait,
-    /// The call can no longer make its deadline.
-    Until,
-    /// Controlled delay cut it: the line stands, and it has waited the
-    /// target.
-    Cut,
-}
-
-impl Line {
-    /// How the wait ended, when the own sleep of [`poll_timed`] fired.
-    #[inline]
-    fn end(&self) -> End {
-        match self.armed {
-            Armed::Until => End::Until,
-            Armed::Checkpoint => End::Cut,
-            _ => End::MaxWait,
-        }
-    }
-
-    /// The line of a call that must be done `by`: [`Policy::admit_by`]
-    /// decides on it before the call takes a permit.
-    #[inline]
-    pub(crate) fn by(policy: &Policy, by: Instant) -> Self {
-        Self {
-            deadline: policy.since_origin(by),
-            ..Self::default()
-        }
-    }
-
-    /// Gives the place in `policy`'s line back, if this still holds one
-    /// (a wait dropped before it ended).
-    #[inline]
-    pub(crate) fn leave(&mut self, policy: &Policy) {
-        policy.leave_line(&mut self.placed);
-    }
-}
-
-/// A permit granted after waiting: how long the caller waited (measured
-/// only when an observer will see it), and when the grant was, if this
-/// call's hold time is to be measured (the same clock reading).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Waited {
-    pub(crate) waited: Duration,
-    pub(crate) since: Option<Instant>,
-}
-
-impl<A> Waiting<A> {
-    /// A wait for `acquire` (see [`Policy::wait`]); nothing happens until
-    /// it is first polled.
-    #[inline]
-    pub(crate) fn new(acquire: A) -> Self {
-        Self {
-            acquire,
-            deadline: Deadline::new(),
-            line: Line::default(),
-        }
-    }
-
-    /// [`new`](Self::new) from `line`: a call that carries a deadline,
-    /// once [`Policy::admit_by`] has looked at it.
-    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
-    #[inline]
-    pub(crate) fn in_line(acquire: A, line: Line) -> Self {
-        Self {
-            acquire,
-            deadline: Deadline::new(),
-            line,
-        }
-    }
-
-    /// Gives the place in `policy`'s line back, if this still holds one.
-    /// Call it before dropping a wait that may not have ended.
-    #[inline]
-    pub(crate) fn leave(self: Pin<&mut Self>, policy: &Policy) {
-        policy.leave_line(&mut self.project().line.placed);
-    }
-
-    /// Polls the wait under `policy`, which must be the same at every poll
-    /// (and at [`leave`](Self::leave)).
-    #[inline]
-    pub(crate) fn poll_with<P>(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        policy: &Policy,
-    ) -> Poll<Result<(P, Waited), Rejected>>
-    where
-        A: Future<Output = Result<P, RejectReason>>,
-    {
-        let this = self.project();
-        poll_wait(this.acquire, this.deadline, this.line, policy, cx)
-    }
-}
-
-/// Polls a wait in line: the body of [`Wait`], [`Waiting`] and
-/// `Bulkhead::call`'s future. `acquire` is polled first; `deadline` is
-/// armed for `max_wait` only once it is pending.
-#[inline]
-pub(crate) fn poll_wait<A, P>(
-    acquire: Pin<&mut A>,
-    deadline: Pin<&mut Deadline>,
-    line: &mut Line,
-    policy: &Policy,
-    cx: &mut Context<'_>,
-) -> Poll<Result<(P, Waited), Rejected>>
-where
-    A: Future<Output = Result<P, RejectReason>>,
-{
-    poll_wait_or(acquire, deadline, line, policy, cx, &|| {
-        RejectReason::Timeout
-    })
-}
-
-/// [`poll_wait`], rejecting a wait that ran out of `max_wait` for the
-/// reason `timed_out` gives then (see [`Policy::wait_or`]).
-#[inline]
-fn poll_wait_or<A, P>(
-    acquire: Pin<&mut A>,
-    deadline: Pin<&mut Deadline>,
-    line: &mut Line,
-    policy: &Policy,
-    cx: &mut Context<'_>,
-    timed_out: &impl Fn() -> RejectReason,
-) -> Poll<Result<(P, Waited), Rejected>>
-where
-    A: Future<Output = Result<P, RejectReason>>,
-{
-    if line.armed == Armed::NotStarted {
-        if policy.fails_fast() {
-            return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
-        }
-        let ahead = policy.join_line(&mut line.placed);
-        line.armed = Armed::Untimed;
-        if policy.max_queue.is_some_and(|max| ahead >= max) {
-            policy.leave_line(&mut line.placed);
-            return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
-        }
-        if policy.times(line) {
-            line.armed = Armed::None;
-            line.start = policy.start_timed();
-            return poll_timed(acquire, deadline, line, policy, cx, timed_out);
-        }
-        line.start = policy.observed().then(|| policy.line_now());
-    } else if line.armed != Armed::Untimed {
-        return poll_timed(acquire, deadline, line, policy, cx, timed_out);
-    }
-    let start = line.start;
-    let reason = match acquire.poll(cx) {
-        Poll::Ready(Ok(permit)) => {
-            policy.leave_line(&mut line.placed);
-            // One clock reading for both, and only if someone needs it: a
-            // granted waiter found no permit free.
-            let since = policy.clock_in(true);
-            let waited = match (start, since) {
-                (Some(start), Some(now)) => now - start,
-                _ => Duration::ZERO,
-            };
-            return Poll::Ready(Ok((permit, Waited { waited, since })));
-        }
-        Poll::Ready(Err(reason)) => reason,
-        Poll::Pending => {
-            let Some(limit) = policy.max_wait else {
-                return Poll::Pending;
-            };
-            if let Some(timer) = &policy.line_timer {
-                return match timer.expired(&mut line.deadline, limit) {
-                    Ok(false) => Poll::Pending,
-                    Ok(true) => {
-                        policy.leave_line(&mut line.placed);
-                        let waited = start.map_or(limit, |_| policy.waited_since(start));
-                        Poll::Ready(Err(policy.reject(timed_out(), waited)))
-                    }
-                    Err(_gone) => {
-                        policy.leave_line(&mut line.placed);
-                        let waited = policy.waited_since(start);
-                        Poll::Ready(Err(policy.reject_timer_gone(waited)))
-                    }
-                };
-            }
-            match deadline.poll_at(policy.clock.as_ref(), limit, cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(())) => {
-                    policy.leave_line(&mut line.placed);
-                    // The timer's own measure, unless it was read.
-                    let waited = start.map_or(limit, |_| policy.waited_since(start));
-                    return Poll::Ready(Err(policy.reject(timed_out(), waited)));
-                }
-                Poll::Ready(Err(_gone)) => {
-                    policy.leave_line(&mut line.placed);
-                    let waited = policy.waited_since(start);
-                    return Poll::Ready(Err(policy.reject_timer_gone(waited)));
-                }
-            }
-        }
-    };
-    policy.leave_line(&mut line.placed);
-    let waited = policy.waited_since(start);
-    Poll::Ready(Err(policy.reject(reason, waited)))
-}
-
-/// [`poll_wait_or`] for a wait whose limits are more than `max_wait` (see
-/// [`Line::armed`]): a call that carries a deadline, and waits at most
-/// until it could still finish in time; a line under controlled delay,
-/// where a waiter is cut once it has waited the target on a standing
-/// line. With the line timer, that keeps `max_wait` and the cut (the
-/// line's deadlines stay in arrival order) and the wait's own sleep is
-/// armed for the deadline's limit; else the own sleep is armed for
-/// whichever limit comes first. Out of line, so that the untimed wait's
-/// code (and the fast path that `Bulkhead::call` inlines with it) stays
-/// as it was.
-#[inline(never)]
-fn poll_timed<A, P>(
-    acquire: Pin<&mut A>,
-    deadline: Pin<&mut Deadline>,
-    line: &mut Line,
-    policy: &Policy,
-    cx: &mut Context<'_>,
-    timed_out: &impl Fn() -> RejectReason,
-) -> Poll<Result<(P, Waited), Rejected>>
-where
-    A: Future<Output = Result<P, RejectReason>>,
-{
-    if let Some(waited) = policy.cut_now(line.start) {
-        // Before the acquire is polled: a permit handed to it already
-        // goes back (its owner cancels it) to the next waiter.
-        policy.leave_line(&mut line.placed);
-        return Poll::Ready(Err(policy.reject(RejectReason::QueueDelay, waited)));
-    }
-    let reason = match acquire.poll(cx) {
-        Poll::Ready(Ok(permit)) => {
-            policy.leave_line(&mut line.placed);
-            let since = policy.clock_in(true);
-            let waited = policy.timed_wait_ended(line.start, true);
-            return Poll::Ready(Ok((permit, Waited { waited, since })));
-        }
-        Poll::Ready(Err(reason)) => reason,
-        Poll::Pending => {
-            let end = match timed_limits(deadline, line, policy, cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(end) => end,
-            };
-            policy.leave_line(&mut line.placed);
-            // Only a wait out of `max_wait` is a sample of the line: a
-            // deadline is the caller's patience, and a cut one waited the
-            // target.
-            let waited = policy.timed_wait_ended(line.start, matches!(end, Ok(End::MaxWait)));
-            return Poll::Ready(Err(match end {
-                Ok(End::MaxWait) => policy.reject(timed_out(), waited),
-                Ok(End::Until) => policy.reject(RejectReason::WontMakeDeadline, waited),
-                Ok(End::Cut) => policy.reject(RejectReason::QueueDelay, waited),
-                Err(_gone) => policy.reject_timer_gone(waited),
-            }));
-        }
-    };
-    policy.leave_line(&mut line.placed);
-    let waited = policy.waited_since(line.start);
-    Poll::Ready(Err(policy.reject(reason, waited)))
-}
-
-/// Whether a timed wait has run out of one of its limits (see
-/// [`poll_timed`]).
-fn timed_limits(
-    mut deadline: Pin<&mut Deadline>,
-    line: &mut Line,
-    policy: &Policy,
-    cx: &mut Context<'_>,
-) -> Poll<Result<End, TimerGone>> {
-    let clock = policy.clock.as_ref().unwrap_or(&AUTO);
-    let now = policy.line_now();
-    let waited = line
-        .start
-        .map_or(Duration::ZERO, |start| now.saturating_duration_since(start));
-    // Controlled delay: while the line stands, a waiter that has waited
-    // the target is cut (one woken to look, or past its checkpoint).
-    let cut = policy.delay.as_deref().and_then(LineDelay::cut);
-    if cut.is_some_and(|target| waited >= target) {
-        return Poll::Ready(Ok(End::Cut));
-    }
-    // What is left until the call can no longer make its deadline; the
-    // line timer takes `line.deadline` for itself at the first look.
-    let until = match (line.armed, &policy.line_timer) {
-        (Armed::None, _) | (_, None) if line.deadline != 0 => Some(Duration::from_nanos(
-            line.deadline.saturating_sub(policy.since_origin(now)),
-        )),
-        _ => None,
-    };
-    if until == Some(Duration::ZERO) {
-        return Poll::Ready(Ok(End::Until));
-    }
-    let mut arm = line.armed == Armed::None;
-    if !arm && line.armed != Armed::Unneeded {
-        match deadline.as_mut().poll_at(Some(clock), Duration::ZERO, cx) {
-            Poll::Pending => {}
-            Poll::Ready(Err(gone)) => return Poll::Ready(Err(gone)),
-            Poll::Ready(Ok(())) if line.armed == Armed::Checkpoint && cut.is_none() => {
-                // The target passed with the line not standing: sleep on
-                // for what is left of the other limits.
-                deadline.set(Deadline::new());
-                arm = true;
-            }
-            Poll::Ready(Ok(())) => return Poll::Ready(Ok(line.end())),
-        }
-    }
-    if arm {
-        let checkpoint = match (&policy.delay, &policy.line_timer, line.armed) {
-            (Some(delay), None, Armed::None) => Some(delay.target().saturating_sub(waited)),
-            _ => None,
-        };
-        // With the line timer, it keeps `max_wait` and the cut; the own
-        // sleep, only the deadline's limit.
-        let max_left = match policy.line_timer {
-            Some(_) => None,
-            None => policy.max_wait.map(|max| max.saturating_sub(waited)),
-        };
-        if policy.line_timer.is_some() {
-            line.deadline = 0;
-        }
-        let soonest = [
-            checkpoint.map(|d| (d, Armed::Checkpoint)),
-            until.map(|d| (d, Armed::Until)),
-            max_left.map(|d| (d, Armed::MaxWait)),
-        ]
-        .into_iter()
-        .flatten()
-        .min_by_key(|&(d, _)| d);
-        match soonest {
-            Some((limit, armed)) => {
-                line.armed = armed;
-                // Armed here, for `limit` from now.
-                if let Poll::Ready(fired) = deadline.as_mut().poll_at(Some(clock), limit, cx) {
-                    if armed != Armed::Checkpoint || fired.is_err() {
-                        return Poll::Ready(fired.map(|()| line.end()));
-                    }
-                    // A checkpoint already past, on a line that does not
-                    // stand: look again at the next poll.
-                    cx.waker().wake_by_ref();
-                }
-            }
-            None => line.armed = Armed::Unneeded,
-        }
-    }
-    if let Some(timer) = &policy.line_timer {
-        let max = policy.max_wait.unwrap_or(Duration::MAX);
-        return match timer.expired_by(&mut line.deadline, max, cut) {
-            Err(gone) => Poll::Ready(Err(gone)),
-            Ok(true) if cut.is_some_and(|target| target < max) => Poll::Ready(Ok(End::Cut)),
-            Ok(true) => Poll::Ready(Ok(End::MaxWait)),
-            Ok(false) => Poll::Pending,
-        };
-    }
-    Poll::Pending
-}
-
 impl Policy {
     /// Starts watching a newly granted permit for a leak, if a threshold
-    /// is set: a sleep of the threshold on the policy's timer, polled with
-    /// a waker that reports the leak once the sleep completes (so it runs
-    /// on the timer's clock, a paused tokio clock included). Returns the
-    /// watch's id (0: none), for [`unwatch`](Self::unwatch) when the permit
-    /// goes back. Call it once a guard owns the permit: a custom timer may
-    /// panic here. The watches live in the policy, so a permit's guard
-    /// holds a plain number.
+    /// is set (see [`LeakWatches::watch`]): returns the watch's id (0:
+    /// none), for [`unwatch`](Self::unwatch) when the permit goes back.
+    /// Call it once a guard owns the permit: a custom timer may panic here.
     #[inline]
     pub(crate) fn watch(&self) -> u64 {
-        match self.leak_threshold {
+        match self.leaks.threshold() {
             None => 0,
-            Some(threshold) => self.start_watch(threshold),
+            Some(_) => self.leaks.watch(&Watched {
+                name: self.name,
+                observers: &self.observers,
+                leaks: &self.counters.leaks_suspected,
+                clock: self.clock.as_ref(),
+                now: self.line_now(),
+            }),
         }
     }
 
-    /// Cancels the watch `id` (the permit went back): disarms its report
-    /// and drops its sleep, outside the watches' lock.
+    /// Cancels the watch `id` (the permit went back).
     #[inline]
     pub(crate) fn unwatch(&self, id: u64) {
         if id != 0 {
-            self.stop_watch(id);
-        }
-    }
-
-    #[cold]
-    fn stop_watch(&self, id: u64) {
-        let watch = self
-            .watches
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&id);
-        drop(watch);
-    }
-
-    #[cold]
-    fn start_watch(&self, threshold: Duration) -> u64 {
-        let Some(clock) = self.clock.as_ref() else {
-            return 0;
-        };
-        let Ok(sleep) = clock.sleep(threshold) else {
-            // The timer's runtime is gone: nothing can watch this permit.
-            return 0;
-        };
-        let check = Arc::new(LeakCheck {
-            name: self.name,
-            observers: self.observers.clone(),
-            leaks: self.counters.leaks_suspected.clone(),
-            since: self.line_now(),
-            clock: clock.clone(),
-            threshold,
-            state: AtomicU8::new(ARMED),
-            sleep: Mutex::new(Some(Box::pin(sleep))),
-            again: AtomicBool::new(false),
-        });
-        let id = self.next_watch.fetch_add(1, Ordering::Relaxed);
-        self.watches
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(
-                id,
-                LeakWatch {
-                    check: check.clone(),
-                },
-            );
-        // The first poll registers the waker; a sleep that is done already
-        // reports at once.
-        check.poll_sleep();
-        id
-    }
-}
-
-/// A permit under watch for leaks; removed when the permit goes back.
-struct LeakWatch {
-    check: Arc<LeakCheck>,
-}
-
-impl Drop for LeakWatch {
-    fn drop(&mut self) {
-        // Also breaks the cycle of a sleep that holds its watch's waker.
-        self.check.disarm();
-    }
-}
-
-const ARMED: u8 = 0;
-const DISARMED: u8 = 1;
-const FIRED: u8 = 2;
-
-/// A leak watch's state, and the waker of its sleep: when the sleep
-/// completes, the permit is still held unless the watch was disarmed.
-struct LeakCheck {
-    name: &'static str,
-    observers: Arc<[Arc<dyn Observer>]>,
-    leaks: Arc<AtomicU64>,
-    /// When the permit was granted, on `clock`.
-    since: Instant,
-    /// The policy's clock, which the sleep runs on.
-    clock: Clock,
-    threshold: Duration,
-    state: AtomicU8,
-    /// The sleep, polled only by whoever holds this lock: the watch's own
-    /// waker, which never blocks on it (see `again`). No other lock is held
-    /// while it is polled.
-    sleep: Mutex<Option<Pin<Box<ClockSleep>>>>,
-    /// Set by a wake-up that found the sleep being polled: poll it again.
-    again: AtomicBool,
-}
-
-impl LeakCheck {
-    /// The permit went back: never report, and drop the sleep (outside
-    /// the lock).
-    fn disarm(&self) {
-        self.state.store(DISARMED, Ordering::Release);
-        let sleep = self
-            .sleep
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        drop(sleep);
-    }
-
-    /// Polls the sleep, reporting the leak once it completes. A timer
-    /// that panics or whose runtime is gone ends the watch quietly: there
-    /// is no caller to tell, and the permit is unaffected.
-    fn poll_sleep(self: &Arc<Self>) {
-        let ended = poll_by_waker(&self.sleep, &self.again, |slot| {
-            let sleep = slot.as_mut()?;
-            let waker = Waker::from(self.clone());
-            let polled = catch_unwind(AssertUnwindSafe(|| {
-                sleep.as_mut().poll_sleep(&mut Context::from_waker(&waker))
-            }));
-            match polled {
-                Ok(Poll::Pending) => None,
-                Ok(Poll::Ready(Ok(()))) => Some((slot.take(), true)),
-                Ok(Poll::Ready(Err(_))) | Err(_) => Some((slot.take(), false)),
-            }
-        });
-        if let Some((sleep, elapsed)) = ended {
-            // A custom timer's sleep, outside the lock: it may panic again
-            // in its drop.
-            let _ = catch_unwind(AssertUnwindSafe(|| drop(sleep)));
-            if elapsed {
-                self.report();
-            }
-        }
-    }
-
-    /// The sleep completed: report once, unless disarmed meanwhile.
-    fn report(&self) {
-        if self
-            .state
-            .compare_exchange(ARMED, FIRED, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return;
-        }
-        self.leaks.fetch_add(1, Ordering::Relaxed);
-        let event = LeakSuspected {
-            name: self.name,
-            held: Clock::now_on(Some(&self.clock))
-                .saturating_duration_since(self.since)
-                .max(self.threshold),
-            threshold: self.threshold,
-        };
-        // Called from the timer, with nobody to pass a panic to: each
-        // observer runs, and their panics are dropped.
-        for observer in &*self.observers {
-            let _ = catch_unwind(AssertUnwindSafe(|| observer.on_leak_suspected(&event)));
-        }
-    }
-}
-
-impl Wake for LeakCheck {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        if self.state.load(Ordering::Acquire) == ARMED {
-            self.poll_sleep();
+            self.leaks.unwatch(id);
         }
     }
 }
@@ -1454,7 +769,7 @@ mod tests {
     use super::sampled;
 
     #[test]
-    fn the_sample_is_one_in_every_whatever_the_pattern_of_grants() {
+    pub(super) fn the_sample_is_one_in_every_whatever_the_pattern_of_grants() {
         assert!(sampled(0, 16) && sampled(0, 64));
         for every in [16, 64] {
             // All grants, every second one, every fourth one (the busy

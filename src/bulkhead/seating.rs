@@ -15,8 +15,8 @@ use super::Shared;
 use super::classes::{Admit, GaveUp, NONE, Sample, wake};
 use super::error::{RejectReason, Rejected};
 use super::permit::{Admitted, BulkheadPermit};
-use super::policy::Line;
-use super::policy::Waited;
+use super::wait::Line;
+use super::wait::Waited;
 use crate::timer::{Clock, Deadline};
 
 /// The clock of a bulkhead that has no timer setting, for a classed wait
