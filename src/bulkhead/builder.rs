@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use event_listener::Event;
+use super::idle::Idle;
 
 use super::classes::Classes;
 use super::error::{BuildError, BuildErrorKind};
@@ -619,8 +619,7 @@ impl BulkheadBuilder {
                 classes,
                 limit: Mutex::new(limit),
                 limit_now: AtomicUsize::new(limit),
-                idle: Event::new(),
-                idle_watchers: AtomicUsize::new(0),
+                idle: Idle::default(),
             }),
         })
     }

@@ -83,8 +83,7 @@ pin_project! {
                 // A permit handed to the acquire but never delivered goes
                 // back through the semaphore: the bulkhead may be idle now.
                 this.acquire.cancel();
-                shared.policy.left_line();
-                shared.became_idle_maybe();
+                shared.left_line(false);
             }
         }
     }
@@ -166,7 +165,7 @@ where
             ) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(((), waited))) => {
-                    shared.policy.left_line();
+                    shared.left_line(true);
                     if this.deadline.is_armed() {
                         // From `max_wait` to `call_timeout`: the same slot.
                         this.deadline.set(Deadline::new());
@@ -178,8 +177,7 @@ where
                     // Out of time (or closed): leave the semaphore's line
                     // too; a permit handed meanwhile moves on.
                     this.acquire.cancel();
-                    shared.policy.left_line();
-                    shared.became_idle_maybe();
+                    shared.left_line(false);
                     return Poll::Ready(Err(BulkheadError::Rejected(rejected)));
                 }
             }

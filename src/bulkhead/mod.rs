@@ -24,15 +24,16 @@
 //!   `reduce_permits` (the balance may go negative; calls in flight finish,
 //!   and nobody is admitted until enough have). Neither blocks.
 //! * **Idle.** A permit whose return brings the balance up to the limit
-//!   notifies an `event_listener::Event`; `wait_idle` re-checks under the
+//!   notifies the bulkhead's `Idle` (`idle.rs`); `wait_idle` re-checks under the
 //!   limit's mutex, so a racing limit change cannot make it miss the moment.
 //! * **Observers** run after the state change they report, with no lock
 //!   held, each contained (`catch_unwind`) so that one that panics cannot
 //!   keep the others from an event; time is only measured when an observer
 //!   is installed or a hold time is sampled.
 //! * **A permit handed to a cancelled waiter** goes back through the
-//!   semaphore, not a guard: `Call` and `Queued` check for idle after
-//!   cancelling the acquire.
+//!   semaphore, not a guard: every waiter leaves the line through
+//!   `Shared::left_line`, which checks for idle unless the waiter leaves
+//!   holding its permit.
 //! * **Priority classes** (`priorities`): the seats live in `classes.rs`
 //!   (`Seats` and one line per class under one mutex) and the semaphore
 //!   has no permits and is closed, so a plain call's `try_take` fails into
@@ -47,6 +48,7 @@ mod delay;
 pub(crate) mod error;
 mod export;
 pub(crate) mod guard;
+pub(crate) mod idle;
 mod leak;
 mod line_timer;
 mod metrics;
@@ -76,7 +78,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use event_listener::Event;
+use idle::Idle;
 
 use pin_project_lite::pin_project;
 
@@ -140,14 +142,7 @@ pub(crate) struct Shared {
     /// A copy of `limit` for lock-free reads (the idle check on release).
     limit_now: AtomicUsize,
     /// Notified when the balance comes back up to the limit.
-    idle: Event,
-    /// How many `wait_idle` futures are watching. Notifying an `Event`
-    /// costs a full fence even with no listener, so releases skip it unless
-    /// this is non-zero: a store-load handshake (SeqCst increment here,
-    /// then a SeqCst read of the balance; a SeqCst read-modify-write of the
-    /// balance in the release, then a SeqCst read of this) in which at least one
-    /// side sees the other.
-    idle_watchers: AtomicUsize,
+    idle: Idle,
 }
 
 impl Bulkhead {
@@ -777,18 +772,7 @@ impl Bulkhead {
     /// ```
     pub async fn wait_idle(&self) {
         let s = &*self.shared;
-        s.idle_watchers.fetch_add(1, Ordering::SeqCst);
-        let _watching = Watching(&s.idle_watchers);
-        loop {
-            if s.limit_and_in_flight().1 == 0 {
-                return;
-            }
-            let listener = s.idle.listen();
-            if s.limit_and_in_flight().1 == 0 {
-                return;
-            }
-            listener.await;
-        }
+        s.idle.wait(|| s.limit_and_in_flight().1 == 0).await;
     }
 }
 
@@ -843,8 +827,18 @@ impl Shared {
     /// lock, so a racing limit change is harmless).
     #[inline]
     pub(crate) fn became_idle(&self) {
-        if self.idle_watchers.load(Ordering::SeqCst) != 0 {
-            self.idle.notify(usize::MAX);
+        self.idle.notify();
+    }
+
+    /// A waiter left the line for good (see [`Policy::left_line`]). Unless
+    /// it leaves holding the permit it was granted, a permit handed to it
+    /// meanwhile went back through the semaphore, not a guard, and the
+    /// bulkhead may be idle now: the one place that says so.
+    #[inline]
+    pub(crate) fn left_line(&self, holds_permit: bool) {
+        self.policy.left_line();
+        if !holds_permit {
+            self.became_idle_maybe();
         }
     }
 
@@ -1045,8 +1039,7 @@ pin_project! {
             let mut this = this.project();
             if this.acquire.is_some() {
                 this.acquire.set(None);
-                this.shared.policy.left_line();
-                this.shared.became_idle_maybe();
+                this.shared.left_line(false);
             }
         }
     }
@@ -1064,7 +1057,7 @@ impl Future for Queued<'_> {
         let out = ready!(Pin::new(&mut call::Take { acquire }).poll(cx));
         // Done: nothing to hand back on drop.
         this.acquire.set(None);
-        this.shared.policy.left_line();
+        this.shared.left_line(out.is_ok());
         Poll::Ready(out)
     }
 }
@@ -1132,8 +1125,7 @@ pin_project! {
                 // As `Queued` does: a permit handed to the acquire but never
                 // delivered goes back through the semaphore.
                 this.waiting.set(None);
-                shared.policy.left_line();
-                shared.became_idle_maybe();
+                shared.left_line(false);
             }
         }
     }
@@ -1197,13 +1189,10 @@ fn poll_waiting(
         Poll::Ready(out) => out,
     };
     waiting.set(None);
-    shared.policy.left_line();
+    shared.left_line(out.is_ok());
     Poll::Ready(match out {
         Ok(((), waited)) => Ok(Admitted::Waited(waited)),
-        Err(rejected) => {
-            shared.became_idle_maybe();
-            Err(rejected)
-        }
+        Err(rejected) => Err(rejected),
     })
 }
 
@@ -1405,14 +1394,6 @@ impl Shared {
 }
 
 /// Counts a `wait_idle` future as watching until it is dropped.
-struct Watching<'a>(&'a AtomicUsize);
-
-impl Drop for Watching<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 impl fmt::Debug for Bulkhead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (limit, in_flight) = self.shared.limit_and_in_flight();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use event_listener::Event;
+use crate::bulkhead::idle::Idle;
 
 use super::attempt::Attempt;
 use super::call::{Completed, UntilLost};
@@ -47,7 +47,8 @@ struct Shared {
     sem: RedisSemaphore,
     /// Calls of this process holding a lease now.
     in_flight: AtomicUsize,
-    idle: Event,
+    /// Notified when `in_flight` comes down to zero.
+    idle: Idle,
 }
 
 /// Configures a [`RedisBulkhead`]: the settings of [`BulkheadBuilder`]
@@ -116,7 +117,7 @@ impl RedisBulkheadBuilder {
                 policy,
                 sem: self.sem,
                 in_flight: AtomicUsize::new(0),
-                idle: Event::new(),
+                idle: Idle::default(),
             }),
         })
     }
@@ -359,16 +360,9 @@ impl RedisBulkhead {
     /// Resolves once none of this process's calls is in flight.
     pub async fn wait_idle(&self) {
         let s = &*self.shared;
-        loop {
-            if s.in_flight.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            let listener = s.idle.listen();
-            if s.in_flight.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            listener.await;
-        }
+        s.idle
+            .wait(|| s.in_flight.load(Ordering::SeqCst) == 0)
+            .await;
     }
 }
 
@@ -427,7 +421,7 @@ impl Source for Lease {
         drop(self.lease.take());
         let s = &*self.shared;
         if s.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
-            s.idle.notify(usize::MAX);
+            s.idle.notify();
         }
     }
 }
