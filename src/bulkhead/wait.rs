@@ -9,13 +9,15 @@
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use pin_project_lite::pin_project;
 
 use super::delay::LineDelay;
-use super::error::{RejectReason, Rejected};
+use super::error::{RejectReason, Rejected, nanos};
 use super::policy::Policy;
+use crate::overload::{HoldEstimate, Verdict};
 use crate::timer::{Clock, Deadline, TimerGone};
 
 /// The clock of a policy that has none (no setting of it needs a timer),
@@ -23,6 +25,77 @@ use crate::timer::{Clock, Deadline, TimerGone};
 static AUTO: Clock = Clock::Auto;
 
 impl Policy {
+    /// Whether a wait that starts now is timed on the line's clock and
+    /// polled by [`poll_timed`]: it carries a deadline, or the line has
+    /// controlled delay.
+    #[inline]
+    pub(super) fn times(&self, line: &Line) -> bool {
+        line.deadline != 0 || self.delay.is_some()
+    }
+
+    /// Deadline-aware admission of a call that carries a deadline (in
+    /// `line.deadline`, see [`Line::by`]), before it takes a permit, with
+    /// `free` permits free now: rejected at once (`WontMakeDeadline`,
+    /// counted) if the deadline has passed, or if the expected wait for a
+    /// permit plus the expected hold time (the retry hint's estimate, from
+    /// the same average) exceeds the time left. Otherwise `line.deadline`
+    /// becomes the latest time the call may still start, `deadline - hold`,
+    /// or 0 if `max_wait` ends its wait before that anyway. Before the
+    /// first timed call no hold time is known: the call is admitted and
+    /// may wait until its deadline.
+    #[cold]
+    pub(crate) fn admit_by(&self, line: &mut Line, free: isize) -> Result<(), Rejected> {
+        self.admit_by_behind(line, free, self.queued())
+    }
+
+    /// [`admit_by`](Self::admit_by) for a caller served after `waiting`
+    /// others (a priority class's: the waiters of its class and the more
+    /// important ones), not the whole line.
+    #[cold]
+    pub(crate) fn admit_by_behind(
+        &self,
+        line: &mut Line,
+        free: isize,
+        waiting: usize,
+    ) -> Result<(), Rejected> {
+        let now = self.since_origin(self.line_now());
+        let remaining = line.deadline.saturating_sub(now);
+        if remaining == 0 {
+            return Err(self.reject_now(RejectReason::WontMakeDeadline));
+        }
+        let estimate = HoldEstimate::from_ns(self.hold_ns.load(Ordering::Relaxed));
+        let max_wait = self.max_wait.map(nanos);
+        let verdict = estimate.admit(
+            remaining,
+            waiting,
+            usize::try_from(free).unwrap_or(0),
+            self.hint_limit.load(Ordering::Relaxed),
+            max_wait,
+        );
+        match verdict {
+            Verdict::Reject { .. } => Err(self.reject_now(RejectReason::WontMakeDeadline)),
+            Verdict::Admit { budget } => {
+                line.deadline = match budget {
+                    Some(budget) if budget != max_wait.unwrap_or(u64::MAX) => {
+                        now.saturating_add(budget)
+                    }
+                    _ => 0,
+                };
+                Ok(())
+            }
+        }
+    }
+
+    /// After [`admit_by`](Self::admit_by): how long from now the call may
+    /// still wait and finish in time, if that ends its wait before
+    /// `max_wait` does.
+    pub(crate) fn wait_budget(&self, line: &Line) -> Option<Duration> {
+        (line.deadline != 0).then(|| {
+            let now = self.since_origin(self.line_now());
+            Duration::from_nanos(line.deadline.saturating_sub(now))
+        })
+    }
+
     /// The waiting part of admission, once no permit was free at once:
     /// fail fast if `max_wait` is zero, else take a place in the bounded
     /// line and wait for `acquire` for at most `max_wait`. Resolves to the
