@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 use event_listener::EventListener;
 
 use super::error::{Failure, LeaseError, classify};
-use super::failover::AcquireReply;
+use super::inner::Inner;
+use super::lease::Lease;
 use super::line::Slot;
-use super::permit::{Lease, LeasedPermit};
+use super::permit::LeasedPermit;
+use super::scripts::AcquireReply;
 use super::scripts::Call;
-use super::semaphore::{Inner, RedisSemaphore};
 use crate::timer::timeout::Timeout;
 
 /// What one acquire script call decided.
@@ -44,13 +45,13 @@ enum Found {
     },
 }
 
-/// The outcome of [`RedisSemaphore::attempt`].
+/// The outcome of [`attempt`].
 pub(super) enum Attempt {
     Granted(LeasedPermit),
     Busy(Busy),
 }
 
-/// Where a waiting acquire goes on from (see [`RedisSemaphore::attempt`]).
+/// Where a waiting acquire goes on from (see [`attempt`]).
 pub(super) struct Busy {
     pending: Pending,
     listener: EventListener,
@@ -58,389 +59,384 @@ pub(super) struct Busy {
     down_since: Option<Instant>,
 }
 
-impl RedisSemaphore {
-    /// One acquire attempt (one script call). Busy, or unreachable within
-    /// `outage_tolerance`, it returns the
-    /// state to go on waiting from: the same permit id, a listener
-    /// registered *before* the script ran (so a release between the answer
-    /// and the wait is not missed), and how long to sleep at most.
-    pub(super) async fn first_attempt(&self) -> Result<Attempt, LeaseError> {
-        self.attempt(self.inner.pending(self.inner.fair), None)
-            .await
-    }
+/// One acquire attempt (one script call). Busy, or unreachable within
+/// `outage_tolerance`, it returns the
+/// state to go on waiting from: the same permit id, a listener
+/// registered *before* the script ran (so a release between the answer
+/// and the wait is not missed), and how long to sleep at most.
+pub(super) async fn first_attempt(inner: &Arc<Inner>) -> Result<Attempt, LeaseError> {
+    attempt(inner, pending(&inner, inner.fair), None).await
+}
 
-    /// See [`first_attempt`](Self::first_attempt); `down_since` is when an
-    /// ongoing outage began.
-    async fn attempt(
-        &self,
-        mut pending: Pending,
-        down_since: Option<Instant>,
-    ) -> Result<Attempt, LeaseError> {
-        self.attempt_with(&mut pending, down_since, true)
-            .await
-            .map(|found| match found {
-                Found::Granted(permit) => Attempt::Granted(permit),
-                Found::Wait {
-                    listener,
-                    pause,
-                    down_since,
-                    ..
-                } => Attempt::Busy(Busy {
-                    pending,
-                    listener,
-                    pause,
-                    down_since,
-                }),
-            })
-    }
-
-    async fn attempt_with(
-        &self,
-        pending: &mut Pending,
-        down_since: Option<Instant>,
-        tolerate: bool,
-    ) -> Result<Found, LeaseError> {
-        if self.is_closed() {
-            return Err(LeaseError::Closed);
-        }
-        // A waiter in the fair line is woken through its slot only (its
-        // grant, a lost subscription, `close`).
-        let listener = match &pending.slot {
-            Some(slot) => slot.listen(),
-            None => self.inner.signals.wake.listen(),
-        };
-        let attempt_start = Instant::now();
-        // The outage began when the first failed attempt did; it may last
-        // until `outage_tolerance` after that, and no call runs past it
-        // (but the first call of an outage, which nobody knew of when it
-        // was sent, gets its whole response timeout).
-        let since = down_since.unwrap_or(attempt_start);
-        let bound = match tolerate {
-            true => Bound {
-                end: since + self.inner.outage_tolerance,
-                cut_first: down_since.is_some(),
-            },
-            // `try_acquire`: no outage to ride out. Its first call gets the
-            // whole response timeout, and a retry (of a call that failed
-            // fast: a dropped connection) only what is left of it, so an
-            // unanswering Redis costs one response timeout, not one per
-            // retry.
-            false => Bound {
-                end: attempt_start + self.inner.response_timeout,
-                cut_first: false,
-            },
-        };
-        match self.inner.grant(pending, Some(bound)).await {
-            Ok(Grant::Granted(permit)) => Ok(Found::Granted(permit)),
-            Ok(Grant::Busy {
-                retry_after,
-                limit,
-                quarantined,
-                place,
-            }) => Ok(Found::Wait {
+/// See [`first_attempt`](Self::first_attempt); `down_since` is when an
+/// ongoing outage began.
+async fn attempt(
+    inner: &Arc<Inner>,
+    mut pending: Pending,
+    down_since: Option<Instant>,
+) -> Result<Attempt, LeaseError> {
+    attempt_with(inner, &mut pending, down_since, true)
+        .await
+        .map(|found| match found {
+            Found::Granted(permit) => Attempt::Granted(permit),
+            Found::Wait {
                 listener,
-                // A lease that expires frees a permit for the line's first
-                // `limit` waiters only; the others are served by the
-                // releases and purges ahead of them (and look again every
-                // `max_poll`, should a grant message be lost).
-                pause: match place {
-                    Some(place) if place >= limit => self.inner.pause(None),
-                    _ => self.inner.pause(retry_after),
-                },
-                down_since: None,
-                retry_after,
-                limit,
-                quarantined,
-            }),
-            Err(LeaseError::Unavailable(e)) if tolerate => {
-                // `pending` keeps its id (a grant may have landed): the
-                // next attempt returns that grant, or the id is released
-                // when its owner ends.
-                if since.elapsed() >= self.inner.outage_tolerance {
-                    return Err(LeaseError::Unavailable(e));
-                }
-                Ok(Found::Wait {
-                    listener,
-                    pause: self.inner.pause(Some(Duration::from_millis(100))),
-                    down_since: Some(since),
-                    retry_after: None,
-                    limit: self.limit_seen(),
-                    quarantined: false,
-                })
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Goes on waiting after a busy [`attempt`](Self::attempt), as
-    /// [`acquire`](Self::acquire) does after its first one. `down` says,
-    /// after each attempt, whether that attempt failed to reach Redis
-    /// (rather than finding every permit leased): the Redis bulkhead's
-    /// reason for a wait that runs out of `max_wait`.
-    pub(super) async fn wait_from(
-        &self,
-        busy: Busy,
-        down: &AtomicBool,
-    ) -> Result<LeasedPermit, LeaseError> {
-        let Busy {
-            mut pending,
-            mut listener,
-            mut pause,
-            mut down_since,
-        } = busy;
-        down.store(down_since.is_some(), Ordering::Relaxed);
-        loop {
-            if let Some(permit) = self.inner.announced(&mut pending) {
-                return Ok(permit);
-            }
-            let _ = Timeout::new(listener, self.inner.timer.sleep(pause)).await;
-            if let Some(permit) = self.inner.announced(&mut pending) {
-                return Ok(permit);
-            }
-            let found = self.attempt_with(&mut pending, down_since, true).await;
-            // An attempt that failed for good (denied, refused) is no
-            // outage; the wait ends with its error anyway. A quarantine
-            // counts as one: the permits cannot be counted meanwhile.
-            down.store(
-                matches!(
-                    found,
-                    Ok(Found::Wait {
-                        down_since: Some(_),
-                        ..
-                    }) | Ok(Found::Wait {
-                        quarantined: true,
-                        ..
-                    })
-                ),
-                Ordering::Relaxed,
-            );
-            match found? {
-                Found::Granted(permit) => return Ok(permit),
-                Found::Wait {
-                    listener: next,
-                    pause: next_pause,
-                    down_since: since,
-                    ..
-                } => {
-                    listener = next;
-                    pause = next_pause;
-                    down_since = since;
-                }
-            }
-        }
-    }
-
-    /// The one attempt of [`try_acquire`](Self::try_acquire): no outage
-    /// tolerance, and a busy answer is [`LeaseError::NoPermits`].
-    pub(super) async fn sole_attempt(&self) -> Result<LeasedPermit, LeaseError> {
-        let mut pending = self.inner.pending(false);
-        match self.attempt_with(&mut pending, None, false).await? {
-            Found::Granted(permit) => Ok(permit),
-            Found::Wait {
-                quarantined: true,
-                retry_after,
+                pause,
+                down_since,
                 ..
-            } => Err(LeaseError::Quarantined {
-                retry_after: retry_after.unwrap_or_default(),
+            } => Attempt::Busy(Busy {
+                pending,
+                listener,
+                pause,
+                down_since,
             }),
+        })
+}
+
+async fn attempt_with(
+    inner: &Arc<Inner>,
+    pending: &mut Pending,
+    down_since: Option<Instant>,
+    tolerate: bool,
+) -> Result<Found, LeaseError> {
+    if inner.closed.load(Ordering::SeqCst) {
+        return Err(LeaseError::Closed);
+    }
+    // A waiter in the fair line is woken through its slot only (its
+    // grant, a lost subscription, `close`).
+    let listener = match &pending.slot {
+        Some(slot) => slot.listen(),
+        None => inner.signals.wake.listen(),
+    };
+    let attempt_start = Instant::now();
+    // The outage began when the first failed attempt did; it may last
+    // until `outage_tolerance` after that, and no call runs past it
+    // (but the first call of an outage, which nobody knew of when it
+    // was sent, gets its whole response timeout).
+    let since = down_since.unwrap_or(attempt_start);
+    let bound = match tolerate {
+        true => Bound {
+            end: since + inner.outage_tolerance,
+            cut_first: down_since.is_some(),
+        },
+        // `try_acquire`: no outage to ride out. Its first call gets the
+        // whole response timeout, and a retry (of a call that failed
+        // fast: a dropped connection) only what is left of it, so an
+        // unanswering Redis costs one response timeout, not one per
+        // retry.
+        false => Bound {
+            end: attempt_start + inner.response_timeout,
+            cut_first: false,
+        },
+    };
+    match grant(&inner, pending, Some(bound)).await {
+        Ok(Grant::Granted(permit)) => Ok(Found::Granted(permit)),
+        Ok(Grant::Busy {
+            retry_after,
+            limit,
+            quarantined,
+            place,
+        }) => Ok(Found::Wait {
+            listener,
+            // A lease that expires frees a permit for the line's first
+            // `limit` waiters only; the others are served by the
+            // releases and purges ahead of them (and look again every
+            // `max_poll`, should a grant message be lost).
+            pause: match place {
+                Some(place) if place >= limit => pause(inner, None),
+                _ => pause(inner, retry_after),
+            },
+            down_since: None,
+            retry_after,
+            limit,
+            quarantined,
+        }),
+        Err(LeaseError::Unavailable(e)) if tolerate => {
+            // `pending` keeps its id (a grant may have landed): the
+            // next attempt returns that grant, or the id is released
+            // when its owner ends.
+            if since.elapsed() >= inner.outage_tolerance {
+                return Err(LeaseError::Unavailable(e));
+            }
+            Ok(Found::Wait {
+                listener,
+                pause: pause(inner, Some(Duration::from_millis(100))),
+                down_since: Some(since),
+                retry_after: None,
+                limit: inner.limit_seen.load(Ordering::Relaxed),
+                quarantined: false,
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Goes on waiting after a busy [`attempt`](Self::attempt), as
+/// [`acquire`](Self::acquire) does after its first one. `down` says,
+/// after each attempt, whether that attempt failed to reach Redis
+/// (rather than finding every permit leased): the Redis bulkhead's
+/// reason for a wait that runs out of `max_wait`.
+pub(super) async fn wait_from(
+    inner: &Arc<Inner>,
+    busy: Busy,
+    down: &AtomicBool,
+) -> Result<LeasedPermit, LeaseError> {
+    let Busy {
+        mut pending,
+        mut listener,
+        mut pause,
+        mut down_since,
+    } = busy;
+    down.store(down_since.is_some(), Ordering::Relaxed);
+    loop {
+        if let Some(permit) = announced(&inner, &mut pending) {
+            return Ok(permit);
+        }
+        let _ = Timeout::new(listener, inner.timer.sleep(pause)).await;
+        if let Some(permit) = announced(&inner, &mut pending) {
+            return Ok(permit);
+        }
+        let found = attempt_with(inner, &mut pending, down_since, true).await;
+        // An attempt that failed for good (denied, refused) is no
+        // outage; the wait ends with its error anyway. A quarantine
+        // counts as one: the permits cannot be counted meanwhile.
+        down.store(
+            matches!(
+                found,
+                Ok(Found::Wait {
+                    down_since: Some(_),
+                    ..
+                }) | Ok(Found::Wait {
+                    quarantined: true,
+                    ..
+                })
+            ),
+            Ordering::Relaxed,
+        );
+        match found? {
+            Found::Granted(permit) => return Ok(permit),
             Found::Wait {
-                retry_after, limit, ..
-            } => Err(LeaseError::NoPermits { retry_after, limit }),
+                listener: next,
+                pause: next_pause,
+                down_since: since,
+                ..
+            } => {
+                listener = next;
+                pause = next_pause;
+                down_since = since;
+            }
         }
     }
 }
 
-impl Inner {
-    /// A new permit id; with `join`, one that joins the fair line when no
-    /// permit is free (registered in the local line at once: its grant may
-    /// be announced before the answer that put it in line is read).
-    fn pending(self: &Arc<Self>, join: bool) -> Pending {
-        let id = self.ids.next();
-        let slot = join.then(|| self.signals.line.join(&id, Instant::now()));
-        Pending {
-            inner: self.clone(),
-            id,
-            maybe_granted: false,
-            sent: false,
-            queued: false,
-            slot,
-        }
+/// The one attempt of [`try_acquire`](Self::try_acquire): no outage
+/// tolerance, and a busy answer is [`LeaseError::NoPermits`].
+pub(super) async fn sole_attempt(inner: &Arc<Inner>) -> Result<LeasedPermit, LeaseError> {
+    let mut pending = pending(&inner, false);
+    match attempt_with(inner, &mut pending, None, false).await? {
+        Found::Granted(permit) => Ok(permit),
+        Found::Wait {
+            quarantined: true,
+            retry_after,
+            ..
+        } => Err(LeaseError::Quarantined {
+            retry_after: retry_after.unwrap_or_default(),
+        }),
+        Found::Wait {
+            retry_after, limit, ..
+        } => Err(LeaseError::NoPermits { retry_after, limit }),
     }
+}
 
-    /// The permit whose grant from the fair line was announced to
-    /// `pending`'s slot, taken without a script call. The lease counts
-    /// from the latest call that found the id still waiting (the grant
-    /// came after it, so this deadline is before Redis's); if that leaves
-    /// less than half a lease's life, `None`: the acquire script then runs
-    /// again with the same id, returns the grant and extends the lease.
-    fn announced(self: &Arc<Self>, pending: &mut Pending) -> Option<LeasedPermit> {
-        let (fence, limit, since) = pending.slot.as_ref()?.take()?;
-        self.limit_seen.store(limit, Ordering::Relaxed);
-        // With `replicas`, the acquire script runs again instead: its write
-        // (the lease extended) comes after the grant, so the `WAIT` after it
-        // covers the grant too.
-        if (since + self.life).saturating_duration_since(Instant::now()) < self.life / 2
-            || self.failover.replicas.is_some()
-        {
-            return None;
-        }
-        self.fence_seen.fetch_max(fence, Ordering::Relaxed);
-        pending.settle();
-        let lease = Arc::new(Lease::new(
-            core::mem::take(&mut pending.id),
-            fence,
-            since,
-            self.life,
-        ));
-        self.lock_leases().insert(lease.id.clone(), lease.clone());
-        Some(LeasedPermit {
-            inner: self.clone(),
-            lease,
-            done: false,
-        })
+/// A new permit id; with `join`, one that joins the fair line when no
+/// permit is free (registered in the local line at once: its grant may
+/// be announced before the answer that put it in line is read).
+fn pending(inner: &Arc<Inner>, join: bool) -> Pending {
+    let id = inner.ids.next();
+    let slot = join.then(|| inner.signals.line.join(&id, Instant::now()));
+    Pending {
+        inner: inner.clone(),
+        id,
+        maybe_granted: false,
+        sent: false,
+        queued: false,
+        slot,
     }
+}
 
-    /// How long a waiter sleeps before trying again, unless woken sooner:
-    /// until the earliest lease expires, capped by `max_poll`, plus a little
-    /// jitter so that waiters across processes do not retry in lockstep.
-    fn pause(&self, retry_after: Option<Duration>) -> Duration {
-        let base = retry_after.map_or(self.max_poll, |r| r.min(self.max_poll));
-        let jitter_ms = self.ids.random() % (base.as_millis() as u64 / 10 + 1);
-        base + Duration::from_millis(jitter_ms + 1)
+/// The permit whose grant from the fair line was announced to
+/// `pending`'s slot, taken without a script call. The lease counts
+/// from the latest call that found the id still waiting (the grant
+/// came after it, so this deadline is before Redis's); if that leaves
+/// less than half a lease's life, `None`: the acquire script then runs
+/// again with the same id, returns the grant and extends the lease.
+fn announced(inner: &Arc<Inner>, pending: &mut Pending) -> Option<LeasedPermit> {
+    let (fence, limit, since) = pending.slot.as_ref()?.take()?;
+    inner.limit_seen.store(limit, Ordering::Relaxed);
+    // With `replicas`, the acquire script runs again instead: its write
+    // (the lease extended) comes after the grant, so the `WAIT` after it
+    // covers the grant too.
+    if (since + inner.life).saturating_duration_since(Instant::now()) < inner.life / 2
+        || inner.failover.replicas.is_some()
+    {
+        return None;
     }
+    inner.fence_seen.fetch_max(fence, Ordering::Relaxed);
+    pending.settle();
+    let lease = Arc::new(Lease::new(
+        core::mem::take(&mut pending.id),
+        fence,
+        since,
+        inner.life,
+    ));
+    inner.lock_leases().insert(lease.id.clone(), lease.clone());
+    Some(LeasedPermit {
+        inner: inner.clone(),
+        lease,
+        done: false,
+    })
+}
 
-    /// Runs the acquire script for `pending`'s id, retrying a transient
-    /// failure with the same id (a retry of a grant that did happen returns
-    /// that same grant). With a `bound`, no call or back-off runs past its
-    /// end. Any other failure (a denied call, refused credentials, a
-    /// failed script) is returned at once.
-    async fn grant(
-        self: &Arc<Self>,
-        pending: &mut Pending,
-        bound: Option<Bound>,
-    ) -> Result<Grant, LeaseError> {
-        let mut attempt = 0;
-        loop {
-            pending.maybe_granted = true;
-            let sent = Instant::now();
-            let first = !pending.sent;
-            pending.sent = true;
-            let mut conn = self.grant_conn();
-            let script = async {
-                // After a transient failure, the server's identity first
-                // (a promotion sets the loss flag sent below).
-                if self.failover.is_suspect() {
-                    self.check_identity().await?;
-                }
-                let mut call = Call::new(&self.scripts.acquire, &self.keys.all(), 10);
-                call.arg(&pending.id)
-                    .arg(self.ttl.as_millis() as u64)
-                    .arg(self.default_limit)
-                    .arg(&self.label)
-                    .arg(self.fence_seen.load(Ordering::Relaxed))
-                    .arg(self.quarantine_ms)
-                    .arg(u8::from(pending.slot.is_some()))
-                    .arg(&self.token)
-                    .arg(&*self.failover.epoch())
-                    .arg(self.failover.loss_flag())
-                    .arg(u8::from(first));
-                match &self.failover.replicas {
-                    None => call.invoke(&mut conn).await.map(|reply| (reply, None)),
-                    // `WAIT` in the same pipeline: it runs on the connection
-                    // (and the node) that ran the script, whatever happens
-                    // to the connection afterwards.
-                    Some(r) => call
-                        .invoke_then(&mut conn, &r.wait)
-                        .await
-                        .map(|(reply, acked)| (reply, Some(acked))),
-                }
-            };
-            let cut = bound.and_then(|b| (attempt > 0 || b.cut_first).then_some(b.end));
-            let answer: redis::RedisResult<(AcquireReply, Option<redis::Value>)> = match cut {
-                None => script.await,
-                Some(end) => {
-                    // (The bound is the script's: a `WAIT` in its pipeline
-                    // may take its own timeout on top, as it would after it.)
-                    let wait = self.failover.replicas.as_ref().map(|r| r.timeout);
-                    let left = end.saturating_duration_since(sent) + wait.unwrap_or_default();
-                    Timeout::new(script, self.timer.sleep(left))
-                        .await
-                        .unwrap_or_else(|_elapsed| Err(outage_over()))
-                }
-            };
-            match answer {
-                Ok((
-                    AcquireReply {
-                        granted,
-                        fence,
-                        ms,
-                        limit,
-                        quarantined,
-                        queued,
-                        epoch,
-                    },
-                    acked,
-                )) => {
-                    let limit = usize::try_from(limit).unwrap_or(0);
-                    self.limit_seen.store(limit, Ordering::Relaxed);
-                    if granted == 0 {
-                        if quarantined == 1 {
-                            self.failover.quarantined(epoch);
-                        }
-                        pending.maybe_granted = false;
-                        pending.queued = queued > 0;
-                        if let Some(slot) = pending.slot.as_ref().filter(|_| queued > 0) {
-                            slot.still_waiting(sent);
-                        }
-                        return Ok(Grant::Busy {
-                            retry_after: u64::try_from(ms).ok().map(Duration::from_millis),
-                            limit,
-                            quarantined: quarantined == 1,
-                            place: usize::try_from(queued - 1).ok(),
-                        });
+/// How long a waiter sleeps before trying again, unless woken sooner:
+/// until the earliest lease expires, capped by `max_poll`, plus a little
+/// jitter so that waiters across processes do not retry in lockstep.
+fn pause(inner: &Inner, retry_after: Option<Duration>) -> Duration {
+    let base = retry_after.map_or(inner.max_poll, |r| r.min(inner.max_poll));
+    let jitter_ms = inner.ids.random() % (base.as_millis() as u64 / 10 + 1);
+    base + Duration::from_millis(jitter_ms + 1)
+}
+
+/// Runs the acquire script for `pending`'s id, retrying a transient
+/// failure with the same id (a retry of a grant that did happen returns
+/// that same grant). With a `bound`, no call or back-off runs past its
+/// end. Any other failure (a denied call, refused credentials, a
+/// failed script) is returned at once.
+async fn grant(
+    inner: &Arc<Inner>,
+    pending: &mut Pending,
+    bound: Option<Bound>,
+) -> Result<Grant, LeaseError> {
+    let mut attempt = 0;
+    loop {
+        pending.maybe_granted = true;
+        let sent = Instant::now();
+        let first = !pending.sent;
+        pending.sent = true;
+        let mut conn = inner.grant_conn();
+        let script = async {
+            // After a transient failure, the server's identity first
+            // (a promotion sets the loss flag sent below).
+            if inner.failover.is_suspect() {
+                inner.check_identity().await?;
+            }
+            let mut call = Call::new(&inner.scripts.acquire, &inner.keys.all(), 10);
+            call.arg(&pending.id)
+                .arg(inner.ttl.as_millis() as u64)
+                .arg(inner.default_limit)
+                .arg(&inner.label)
+                .arg(inner.fence_seen.load(Ordering::Relaxed))
+                .arg(inner.quarantine_ms)
+                .arg(u8::from(pending.slot.is_some()))
+                .arg(&inner.token)
+                .arg(&*inner.failover.epoch())
+                .arg(inner.failover.loss_flag())
+                .arg(u8::from(first));
+            match &inner.failover.replicas {
+                None => call.invoke(&mut conn).await.map(|reply| (reply, None)),
+                // `WAIT` in the same pipeline: it runs on the connection
+                // (and the node) that ran the script, whatever happens
+                // to the connection afterwards.
+                Some(r) => call
+                    .invoke_then(&mut conn, &r.wait)
+                    .await
+                    .map(|(reply, acked)| (reply, Some(acked))),
+            }
+        };
+        let cut = bound.and_then(|b| (attempt > 0 || b.cut_first).then_some(b.end));
+        let answer: redis::RedisResult<(AcquireReply, Option<redis::Value>)> = match cut {
+            None => script.await,
+            Some(end) => {
+                // (The bound is the script's: a `WAIT` in its pipeline
+                // may take its own timeout on top, as it would after it.)
+                let wait = inner.failover.replicas.as_ref().map(|r| r.timeout);
+                let left = end.saturating_duration_since(sent) + wait.unwrap_or_default();
+                Timeout::new(script, inner.timer.sleep(left))
+                    .await
+                    .unwrap_or_else(|_elapsed| Err(outage_over()))
+            }
+        };
+        match answer {
+            Ok((
+                AcquireReply {
+                    granted,
+                    fence,
+                    ms,
+                    limit,
+                    quarantined,
+                    queued,
+                    epoch,
+                },
+                acked,
+            )) => {
+                let limit = usize::try_from(limit).unwrap_or(0);
+                inner.limit_seen.store(limit, Ordering::Relaxed);
+                if granted == 0 {
+                    if quarantined == 1 {
+                        inner.failover.quarantined(epoch);
                     }
-                    self.fence_seen.fetch_max(fence, Ordering::Relaxed);
-                    // Too few replicas: `pending` is still marked, and its
-                    // drop releases the grant.
-                    if let Some(acked) = acked {
-                        self.replicated(acked)?;
-                    }
-                    pending.settle();
-                    let lease = Arc::new(Lease::new(
-                        core::mem::take(&mut pending.id),
-                        fence,
-                        sent,
-                        self.life,
-                    ));
                     pending.maybe_granted = false;
-                    self.lock_leases().insert(lease.id.clone(), lease.clone());
-                    return Ok(Grant::Granted(LeasedPermit {
-                        inner: self.clone(),
-                        lease,
-                        done: false,
-                    }));
-                }
-                Err(e) if attempt < self.retries && classify(&e) == Failure::Transient => {
-                    self.failover.suspect();
-                    attempt += 1;
-                    let mut backoff = Duration::from_millis(20 << attempt.min(6));
-                    if let Some(b) = bound {
-                        let left = b.end.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            return Err(LeaseError::Unavailable(e));
-                        }
-                        backoff = backoff.min(left);
+                    pending.queued = queued > 0;
+                    if let Some(slot) = pending.slot.as_ref().filter(|_| queued > 0) {
+                        slot.still_waiting(sent);
                     }
-                    self.timer.sleep(backoff).await;
+                    return Ok(Grant::Busy {
+                        retry_after: u64::try_from(ms).ok().map(Duration::from_millis),
+                        limit,
+                        quarantined: quarantined == 1,
+                        place: usize::try_from(queued - 1).ok(),
+                    });
                 }
-                // `pending` is still marked: its drop releases the id (a
-                // script that failed half-way may have granted it).
-                Err(e) => {
-                    if classify(&e) == Failure::Transient {
-                        self.failover.suspect();
+                inner.fence_seen.fetch_max(fence, Ordering::Relaxed);
+                // Too few replicas: `pending` is still marked, and its
+                // drop releases the grant.
+                if let Some(acked) = acked {
+                    inner.replicated(acked)?;
+                }
+                pending.settle();
+                let lease = Arc::new(Lease::new(
+                    core::mem::take(&mut pending.id),
+                    fence,
+                    sent,
+                    inner.life,
+                ));
+                pending.maybe_granted = false;
+                inner.lock_leases().insert(lease.id.clone(), lease.clone());
+                return Ok(Grant::Granted(LeasedPermit {
+                    inner: inner.clone(),
+                    lease,
+                    done: false,
+                }));
+            }
+            Err(e) if attempt < inner.retries && classify(&e) == Failure::Transient => {
+                inner.failover.suspect();
+                attempt += 1;
+                let mut backoff = Duration::from_millis(20 << attempt.min(6));
+                if let Some(b) = bound {
+                    let left = b.end.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(LeaseError::Unavailable(e));
                     }
-                    return Err(LeaseError::of(e));
+                    backoff = backoff.min(left);
                 }
+                inner.timer.sleep(backoff).await;
+            }
+            // `pending` is still marked: its drop releases the id (a
+            // script that failed half-way may have granted it).
+            Err(e) => {
+                if classify(&e) == Failure::Transient {
+                    inner.failover.suspect();
+                }
+                return Err(LeaseError::of(e));
             }
         }
     }

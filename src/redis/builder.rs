@@ -10,9 +10,12 @@ use super::conn::{Backend, Conn, Settings};
 use super::error::{ConfigError, Failure, classify};
 use super::failover::{Failover, Replicas};
 use super::id::IdSource;
+use super::inner::Inner;
 use super::keeper;
+use super::keys::Keys;
 use super::scripts::Scripts;
-use super::semaphore::{Inner, Keys, RedisSemaphore};
+use super::semaphore::RedisSemaphore;
+use super::signals::Signals;
 use super::spawn::Spawner;
 use crate::semaphore::Semaphore;
 use crate::timer::Timer;
@@ -38,6 +41,17 @@ pub struct RedisSemaphoreBuilder {
     quarantine: bool,
     replicas: Option<(usize, Duration)>,
     fair: bool,
+}
+
+impl RedisSemaphore {
+    /// Starts configuring the semaphore `name` on `backend`: a
+    /// `redis::Client` for one server, a `redis::cluster::ClusterClient`
+    /// (feature `redis-cluster`), or [`Backend::sentinel`] (feature
+    /// `redis-sentinel`). Every process that uses the same name (and key
+    /// prefix) on the same deployment shares its permits.
+    pub fn builder(backend: impl Into<Backend>, name: impl Into<String>) -> RedisSemaphoreBuilder {
+        RedisSemaphoreBuilder::new(backend.into(), name.into())
+    }
 }
 
 impl RedisSemaphoreBuilder {
@@ -419,7 +433,7 @@ impl RedisSemaphoreBuilder {
                 .await?;
         }
         let label = self.label.unwrap_or_else(default_label);
-        let signals = Arc::new(keeper::Signals::default());
+        let signals = Arc::new(Signals::default());
         let inner = Arc::new(Inner {
             name: self.name.into(),
             keys,
@@ -451,7 +465,7 @@ impl RedisSemaphoreBuilder {
             token,
         });
         keeper::start(&inner, connected.subscriber, self.pubsub);
-        super::failover::start_watch(&inner);
+        Inner::start_watch(&inner);
         Ok(RedisSemaphore { inner })
     }
 }

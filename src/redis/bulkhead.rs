@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::bulkhead::idle::Idle;
 
-use super::attempt::Attempt;
+use super::attempt::{self, Attempt};
 use super::call::{Completed, UntilLost};
 use super::{LeaseError, LeasedPermit, Lost, LostReason, RedisSemaphore, ReleaseError};
 use crate::bulkhead::guard::{Guard, Source};
@@ -245,14 +245,14 @@ impl RedisBulkhead {
         let first = match s.policy.max_wait() {
             Some(limit) => {
                 let sleep = s.sem.inner.timer.sleep(limit);
-                match Timeout::new(s.sem.first_attempt(), sleep).await {
+                match Timeout::new(attempt::first_attempt(s.sem.inner()), sleep).await {
                     Ok(first) => first,
                     Err(_elapsed) => {
                         return Err(s.policy.reject(RejectReason::Unavailable, limit));
                     }
                 }
             }
-            None => s.sem.first_attempt().await,
+            None => attempt::first_attempt(s.sem.inner()).await,
         };
         self.note_limit();
         let (lease, waited) = match first {
@@ -269,8 +269,7 @@ impl RedisBulkhead {
             Ok(Attempt::Busy(busy)) => {
                 let down = AtomicBool::new(false);
                 let acquire = async {
-                    s.sem
-                        .wait_from(busy, &down)
+                    attempt::wait_from(s.sem.inner(), busy, &down)
                         .await
                         .map_err(|e| reason_of(&e))
                 };

@@ -51,12 +51,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use redis::{FromRedisValue, ParsingError, Value};
-
 use super::conn::Conn;
-use super::error::{Failure, LeaseError, classify};
-use super::semaphore::{Inner, Keys};
-use crate::timer::timeout::Timeout;
+use super::keys::Keys;
+use super::replication::{is_promotion, parse_replication};
 
 /// `KEYS[1]`: the epoch marker. Returns it, written first (the server's
 /// `TIME`) if it is missing.
@@ -73,19 +70,19 @@ return epoch
 /// What this process knows about the server's history.
 pub(super) struct Failover {
     /// The epoch marker as last seen (empty with the quarantine off).
-    epoch: Mutex<Arc<str>>,
+    pub(super) epoch: Mutex<Arc<str>>,
     /// The `master_replid` of the scripts' node as last read; `None`
     /// before the first read, or if `INFO` is refused.
-    replid: Mutex<Option<String>>,
+    pub(super) replid: Mutex<Option<String>>,
     /// Set when a promotion was seen (here, or by the Sentinel backend as
     /// it switches to the new primary), until a script confirms that the
     /// quarantine started.
-    loss_known: Arc<AtomicBool>,
+    pub(super) loss_known: Arc<AtomicBool>,
     /// Set when a call failed for a transient reason, or (on a Cluster) a
     /// connection to a node dropped: the server may come back as another,
     /// a replica promoted in its place. Until the replication id is read
     /// again, each grant reads it first (see [`Inner::check_identity`]).
-    suspect: Arc<AtomicBool>,
+    pub(super) suspect: Arc<AtomicBool>,
     /// `WAIT` on grants, if asked for.
     pub(super) replicas: Option<Replicas>,
 }
@@ -176,7 +173,7 @@ impl Failover {
     /// Records the ids the server has now; `true` if they show a replica
     /// promoted in place of the server read before (the loss is then
     /// known, for the next acquire script).
-    fn saw(&self, now: (String, String)) -> bool {
+    pub(super) fn saw(&self, now: (String, String)) -> bool {
         let promoted = {
             let mut seen = self.replid.lock().unwrap_or_else(PoisonError::into_inner);
             let promoted = seen.as_deref().is_some_and(|old| is_promotion(old, &now));
@@ -199,184 +196,12 @@ impl Failover {
     }
 }
 
-/// Starts the watch of the replication id (with the quarantine on): a task
-/// of its own, so that a slow `INFO` never holds up a renewal. It holds
-/// only a weak reference, and stops within `renew_every` of the last
-/// handle's drop.
-pub(super) fn start_watch(inner: &Arc<Inner>) {
-    if inner.quarantine_ms == 0 {
-        return;
-    }
-    let weak = Arc::downgrade(inner);
-    let (timer, every) = (inner.timer.clone(), inner.renew_every);
-    inner.spawner.spawn(async move {
-        loop {
-            timer.sleep(every).await;
-            let Some(inner) = weak.upgrade() else { return };
-            inner.watch_identity().await;
-        }
-    });
-}
-
-impl Inner {
-    /// The connection the acquire script runs on: the grants' own with
-    /// `replicas`, else the shared one.
-    pub(super) fn grant_conn(&self) -> Conn {
-        match &self.failover.replicas {
-            Some(r) => r.conn.clone(),
-            None => self.conn.clone(),
-        }
-    }
-
-    /// With `replicas`, after a grant: `acked` is the answer of the `WAIT`
-    /// sent in the acquire script's pipeline. On too few replicas (or an
-    /// error), the grant is not counted (the caller's pending id releases
-    /// it).
-    pub(super) fn replicated(&self, acked: Value) -> Result<(), LeaseError> {
-        let Some(r) = &self.failover.replicas else {
-            return Ok(());
-        };
-        let acked = acked
-            .extract_error()
-            .and_then(|v| Ok(redis::from_redis_value::<i64>(v)?))
-            .map_err(LeaseError::of)?;
-        let acked = usize::try_from(acked).unwrap_or(0);
-        if acked < r.count {
-            return Err(LeaseError::NotReplicated {
-                acked,
-                wanted: r.count,
-            });
-        }
-        Ok(())
-    }
-
-    /// Every `renew_every` (see [`start_watch`]): reads the replication
-    /// id, and starts the quarantine if the server is a promoted replica.
-    async fn watch_identity(&self) {
-        let f = &self.failover;
-        let read = replication_id(&self.conn, &self.keys.epoch);
-        let Ok(Ok(Some(now))) = Timeout::new(read, self.timer.sleep(self.renew_every)).await else {
-            return;
-        };
-        f.suspect.store(false, Ordering::Release);
-        // A promotion seen now, or a loss seen before whose quarantine has
-        // not been written yet (its call ran out of time, as it may while
-        // a Cluster client reads the slot map again): the quarantine is
-        // written now, or tried again at the next look. An idle client
-        // makes no acquire that would carry the loss flag, and the other
-        // clients learn of the loss only from the quarantine key.
-        let promoted = f.saw(now);
-        if (promoted || f.loss_known.load(Ordering::Acquire)) && self.quarantine_now().await {
-            f.loss_known.store(false, Ordering::Release);
-        }
-    }
-
-    /// Before a grant after a transient failure (see `Failover::suspect`):
-    /// reads the server's identity, so that a replica promoted while this
-    /// client could not reach the old primary is known before it grants
-    /// anything (the acquire script then starts the quarantine). A
-    /// transient failure is returned (the grant is retried as if its own
-    /// call had failed); `INFO` refused ends the check (there is nothing
-    /// to read); a replica's answer (the slot map of a Cluster client not
-    /// yet read again) leaves it for the next grant.
-    pub(super) async fn check_identity(&self) -> redis::RedisResult<()> {
-        let f = &self.failover;
-        let read = replication_id(&self.conn, &self.keys.epoch);
-        let r = Timeout::new(read, self.timer.sleep(self.response_timeout))
-            .await
-            .unwrap_or_else(|_elapsed| Err(super::conn::no_answer()));
-        match r {
-            Ok(Some(now)) => {
-                f.suspect.store(false, Ordering::Release);
-                f.saw(now);
-                Ok(())
-            }
-            Ok(None) => Ok(()),
-            Err(e) if classify(&e) == Failure::Transient => Err(e),
-            Err(_) => {
-                f.suspect.store(false, Ordering::Release);
-                Ok(())
-            }
-        }
-    }
-
-    /// Starts the quarantine now (the quarantine script), waiting at most
-    /// `renew_every` for the answer; `true` if Redis answered.
-    pub(super) async fn quarantine_now(&self) -> bool {
-        let mut call = self.keys.call(&self.scripts.quarantine);
-        call.key(&self.keys.quarantine)
-            .arg(self.fence_seen.load(Ordering::Relaxed))
-            .arg(self.quarantine_ms);
-        let mut conn = self.conn.clone();
-        let within = self.timer.sleep(self.renew_every);
-        matches!(
-            Timeout::new(call.invoke_async::<i64>(&mut conn), within).await,
-            Ok(Ok(_))
-        )
-    }
-}
-
 /// The `master_replid` and `master_replid2` of the node that runs the
 /// scripts for the semaphore whose epoch marker is `epoch_key`, if it is a
 /// primary (`None` for a replica: its ids are its primary's).
-async fn replication_id(
+pub(super) async fn replication_id(
     conn: &Conn,
     epoch_key: &str,
 ) -> redis::RedisResult<Option<(String, String)>> {
     Ok(parse_replication(&conn.info_replication(epoch_key).await?))
-}
-
-/// `master_replid` and `master_replid2` from an `INFO replication` answer,
-/// if the server is a primary.
-pub(in crate::redis) fn parse_replication(info: &str) -> Option<(String, String)> {
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-            .map(|v| v.trim().to_owned())
-    };
-    if field("role").as_deref() != Some("master") {
-        return None;
-    }
-    field("master_replid").zip(field("master_replid2"))
-}
-
-/// Whether a server whose ids are `now` is a replica promoted in place of
-/// the primary whose `master_replid` was `old`.
-pub(in crate::redis) fn is_promotion(old: &str, now: &(String, String)) -> bool {
-    now.0 != old && now.1 == old
-}
-
-/// The acquire script's answer (see `scripts.rs`): seven numbers, and the
-/// epoch marker when grants are quarantined.
-pub(super) struct AcquireReply {
-    pub(super) granted: i64,
-    pub(super) fence: u64,
-    pub(super) ms: i64,
-    pub(super) limit: i64,
-    pub(super) quarantined: i64,
-    pub(super) queued: i64,
-    pub(super) epoch: Option<String>,
-}
-
-impl FromRedisValue for AcquireReply {
-    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let mut items: Vec<Value> = redis::from_redis_value(v)?;
-        if !(7..=8).contains(&items.len()) {
-            return Err(format!("acquire answered {} values, not 7 or 8", items.len()).into());
-        }
-        let epoch = match items.len() {
-            8 => items.pop().map(redis::from_redis_value).transpose()?,
-            _ => None,
-        };
-        let n = |i: usize| redis::from_redis_value_ref::<i64>(&items[i]);
-        Ok(Self {
-            granted: n(0)?,
-            fence: u64::try_from(n(1)?).map_err(|e| ParsingError::from(e.to_string()))?,
-            ms: n(2)?,
-            limit: n(3)?,
-            quarantined: n(5)?,
-            queued: n(6)?,
-            epoch,
-        })
-    }
 }

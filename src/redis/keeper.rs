@@ -5,46 +5,20 @@
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use event_listener::{Event, IntoNotification};
+use event_listener::IntoNotification;
 use futures_core::Stream;
 
 use super::conn::{Subscriber, Wake};
 use super::error::LostReason;
-use super::line::{Line, Slot};
-use super::semaphore::Inner;
+use super::inner::Inner;
+use super::lease::Lease;
+use super::line::Slot;
+use super::signals::Signals;
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
-
-/// Wake-ups shared by the semaphore's handles and its background tasks.
-#[derive(Default)]
-pub(super) struct Signals {
-    /// Notified when permits may have come free (a pub/sub message, a
-    /// (re)subscription, `close`).
-    pub(super) wake: Event,
-    /// This process's waiters in the fair line, and the grants announced
-    /// to them.
-    pub(super) line: Line,
-    /// Set, and `shutdown` notified, when the last handle is gone.
-    stopped: AtomicBool,
-    shutdown: Event,
-}
-
-impl Signals {
-    fn is_stopped(&self) -> bool {
-        self.stopped.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        self.signals.stopped.store(true, Ordering::SeqCst);
-        self.signals.shutdown.notify(usize::MAX);
-    }
-}
 
 /// Starts the renewer, and the subscriber unless `pubsub` is off (then
 /// waiters poll): to this process's own channel in fair mode (where its
@@ -85,7 +59,7 @@ async fn renew_loop(
         // whichever is first: a lease whose renewals keep failing is
         // forgotten at its deadline, not a round later. (It is lost at that
         // instant whether this task runs or not: see `Lease`.)
-        pause = match inner.renew_all().await {
+        pause = match renew_all(&inner).await {
             Some(earliest) => every.min(earliest.saturating_duration_since(Instant::now())),
             None => every,
         }
@@ -93,121 +67,119 @@ async fn renew_loop(
     }
 }
 
-impl Inner {
-    /// One round of renewals; returns the earliest local deadline of the
-    /// leases still held, if any.
-    async fn renew_all(&self) -> Option<Instant> {
-        // A lease lost meanwhile (its deadline passed) is not renewed, and
-        // no longer kept here.
-        // (Checked outside the map's lock: finding a lease lost wakes its
-        // `lost()` futures.)
-        let held: Vec<_> = self.lock_leases().values().cloned().collect();
-        let (leases, lost): (Vec<_>, Vec<_>) =
-            held.into_iter().partition(|l| l.lost_reason().is_none());
-        for lease in &lost {
-            self.forget_lease(&lease.id);
-        }
-        // The waiters in the fair line are heartbeaten in the first call
-        // (or in one of their own if nothing is held).
-        let mut waiting = Some(self.signals.line.entries()).filter(|w| !w.is_empty());
-        for chunk in leases.chunks(512) {
-            let chunk: Vec<_> = chunk.iter().filter(|l| l.sending()).cloned().collect();
-            if chunk.is_empty() {
-                continue;
-            }
-            let sent = Instant::now();
-            let mut call = self.keys.call_all(&self.scripts.renew);
-            call.arg(self.ttl.as_millis() as u64);
-            for lease in &chunk {
-                call.arg(&lease.id);
-            }
-            let beats = waiting.take().unwrap_or_default();
-            add_beats(&mut call, &beats);
-            // A renewal may not outlast the earliest lease it renews: past
-            // that deadline the lease is lost (its holder knew at once),
-            // and an answer read later would not bring it back.
-            let earliest = chunk.iter().map(|l| l.deadline()).min().unwrap_or(sent);
-            let budget = earliest.saturating_duration_since(sent);
-            let mut conn = self.conn.clone();
-            let renewal = call.invoke_async(&mut conn);
-            let answer: Option<redis::RedisResult<Vec<i64>>> =
-                Timeout::new(renewal, self.timer.sleep(budget)).await.ok();
-            match answer {
-                Some(Ok(ttls)) => {
-                    let answered = Instant::now();
-                    let mut forgotten = false;
-                    beaten(&beats, ttls.get(chunk.len()..).unwrap_or(&[]), sent);
-                    for (lease, ttl) in chunk.iter().zip(ttls) {
-                        if ttl > 0 {
-                            lease.renewed(sent, self.life);
-                        } else {
-                            // Answered before the holder's own deadline,
-                            // which comes before Redis's: the renewal
-                            // reached Redis before the lease could expire
-                            // there, so Redis lost it. (Sent before the
-                            // deadline is not enough: a renewal sent just
-                            // before it may arrive after Redis's, on a
-                            // loaded machine or a slow network.) Unless it
-                            // was released meanwhile (a release forgets the
-                            // lease before it is sent, and may reach Redis
-                            // before this renewal did).
-                            let released = !self.lock_leases().contains_key(&lease.id);
-                            forgotten |= answered < lease.deadline() && !released;
-                            self.lost(lease, LostReason::Expired);
-                        }
-                    }
-                    if forgotten && self.quarantine_ms > 0 {
-                        // Redis forgot a lease it should still hold (a
-                        // restart without persistence, a failover to a
-                        // replica that was behind): stop new grants to
-                        // every client for one quarantine. Best effort: if
-                        // this call fails, the next acquire of a client
-                        // granted a lost fence still starts it.
-                        self.quarantine_now().await;
-                    }
-                }
-                Some(Err(_)) | None => {
-                    // Out of reach: each lease stays unanswered, and is
-                    // lost (`Unreachable`) when its deadline passes, unless
-                    // a later round gets through first. The server may
-                    // come back as another (a promoted replica): the next
-                    // grant reads its identity first.
-                    self.failover.suspect();
-                    for lease in &chunk {
-                        if lease.lost_reason().is_some() {
-                            self.forget_lease(&lease.id);
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(beats) = waiting {
-            self.heartbeat(&beats).await;
-        }
-        self.lock_leases().values().map(|l| l.deadline()).min()
+/// One round of renewals; returns the earliest local deadline of the
+/// leases still held, if any.
+async fn renew_all(inner: &Inner) -> Option<Instant> {
+    // A lease lost meanwhile (its deadline passed) is not renewed, and
+    // no longer kept here.
+    // (Checked outside the map's lock: finding a lease lost wakes its
+    // `lost()` futures.)
+    let held: Vec<_> = inner.lock_leases().values().cloned().collect();
+    let (leases, gone): (Vec<_>, Vec<_>) =
+        held.into_iter().partition(|l| l.lost_reason().is_none());
+    for lease in &gone {
+        inner.forget_lease(&lease.id);
     }
-
-    /// Heartbeats the waiters in the fair line when no lease is renewed
-    /// (one call; a failed one is not retried: an entry lives a whole lease
-    /// time to live, three rounds).
-    async fn heartbeat(&self, beats: &[(String, Arc<Slot>)]) {
+    // The waiters in the fair line are heartbeaten in the first call
+    // (or in one of their own if nothing is held).
+    let mut waiting = Some(inner.signals.line.entries()).filter(|w| !w.is_empty());
+    for chunk in leases.chunks(512) {
+        let chunk: Vec<_> = chunk.iter().filter(|l| l.sending()).cloned().collect();
+        if chunk.is_empty() {
+            continue;
+        }
         let sent = Instant::now();
-        let mut call = self.keys.call_all(&self.scripts.renew);
-        call.arg(self.ttl.as_millis() as u64);
-        add_beats(&mut call, beats);
-        let mut conn = self.conn.clone();
-        let within = self.timer.sleep(self.renew_every);
-        let answer: Result<redis::RedisResult<Vec<i64>>, _> =
-            Timeout::new(call.invoke_async(&mut conn), within).await;
-        if let Ok(Ok(answers)) = answer {
-            beaten(beats, &answers, sent);
+        let mut call = inner.keys.call_all(&inner.scripts.renew);
+        call.arg(inner.ttl.as_millis() as u64);
+        for lease in &chunk {
+            call.arg(&lease.id);
+        }
+        let beats = waiting.take().unwrap_or_default();
+        add_beats(&mut call, &beats);
+        // A renewal may not outlast the earliest lease it renews: past
+        // that deadline the lease is lost (its holder knew at once),
+        // and an answer read later would not bring it back.
+        let earliest = chunk.iter().map(|l| l.deadline()).min().unwrap_or(sent);
+        let budget = earliest.saturating_duration_since(sent);
+        let mut conn = inner.conn.clone();
+        let renewal = call.invoke_async(&mut conn);
+        let answer: Option<redis::RedisResult<Vec<i64>>> =
+            Timeout::new(renewal, inner.timer.sleep(budget)).await.ok();
+        match answer {
+            Some(Ok(ttls)) => {
+                let answered = Instant::now();
+                let mut forgotten = false;
+                beaten(&beats, ttls.get(chunk.len()..).unwrap_or(&[]), sent);
+                for (lease, ttl) in chunk.iter().zip(ttls) {
+                    if ttl > 0 {
+                        lease.renewed(sent, inner.life);
+                    } else {
+                        // Answered before the holder's own deadline,
+                        // which comes before Redis's: the renewal
+                        // reached Redis before the lease could expire
+                        // there, so Redis lost it. (Sent before the
+                        // deadline is not enough: a renewal sent just
+                        // before it may arrive after Redis's, on a
+                        // loaded machine or a slow network.) Unless it
+                        // was released meanwhile (a release forgets the
+                        // lease before it is sent, and may reach Redis
+                        // before this renewal did).
+                        let released = !inner.lock_leases().contains_key(&lease.id);
+                        forgotten |= answered < lease.deadline() && !released;
+                        lost(inner, lease, LostReason::Expired);
+                    }
+                }
+                if forgotten && inner.quarantine_ms > 0 {
+                    // Redis forgot a lease it should still hold (a
+                    // restart without persistence, a failover to a
+                    // replica that was behind): stop new grants to
+                    // every client for one quarantine. Best effort: if
+                    // this call fails, the next acquire of a client
+                    // granted a lost fence still starts it.
+                    inner.quarantine_now().await;
+                }
+            }
+            Some(Err(_)) | None => {
+                // Out of reach: each lease stays unanswered, and is
+                // lost (`Unreachable`) when its deadline passes, unless
+                // a later round gets through first. The server may
+                // come back as another (a promoted replica): the next
+                // grant reads its identity first.
+                inner.failover.suspect();
+                for lease in &chunk {
+                    if lease.lost_reason().is_some() {
+                        inner.forget_lease(&lease.id);
+                    }
+                }
+            }
         }
     }
-
-    fn lost(&self, lease: &super::permit::Lease, reason: LostReason) {
-        lease.mark_lost(reason);
-        self.forget_lease(&lease.id);
+    if let Some(beats) = waiting {
+        heartbeat(inner, &beats).await;
     }
+    inner.lock_leases().values().map(|l| l.deadline()).min()
+}
+
+/// Heartbeats the waiters in the fair line when no lease is renewed
+/// (one call; a failed one is not retried: an entry lives a whole lease
+/// time to live, three rounds).
+async fn heartbeat(inner: &Inner, beats: &[(String, Arc<Slot>)]) {
+    let sent = Instant::now();
+    let mut call = inner.keys.call_all(&inner.scripts.renew);
+    call.arg(inner.ttl.as_millis() as u64);
+    add_beats(&mut call, beats);
+    let mut conn = inner.conn.clone();
+    let within = inner.timer.sleep(inner.renew_every);
+    let answer: Result<redis::RedisResult<Vec<i64>>, _> =
+        Timeout::new(call.invoke_async(&mut conn), within).await;
+    if let Ok(Ok(answers)) = answer {
+        beaten(beats, &answers, sent);
+    }
+}
+
+fn lost(inner: &Inner, lease: &Lease, reason: LostReason) {
+    lease.mark_lost(reason);
+    inner.forget_lease(&lease.id);
 }
 
 /// The waiter ids after the lease ids of a renewal (see the renew script).

@@ -73,11 +73,16 @@ mod conn;
 mod error;
 mod failover;
 mod id;
+mod inner;
 mod keeper;
+mod keys;
+mod lease;
 mod line;
 mod permit;
+mod replication;
 mod scripts;
 mod semaphore;
+mod signals;
 mod spawn;
 
 pub use builder::RedisSemaphoreBuilder;

@@ -36,7 +36,7 @@
 //! may not publish on the channel (`pubsub(false)`) must not fail the
 //! script half-way, after its writes (Redis does not roll them back).
 
-use redis::{Cmd, FromRedisValue, RedisResult, Script, ToRedisArgs};
+use redis::{Cmd, FromRedisValue, ParsingError, RedisResult, Script, ToRedisArgs, Value};
 
 /// Shared by every script: the server's clock in milliseconds, and the
 /// removal of expired leases.
@@ -488,5 +488,40 @@ impl<'a> Call<'a> {
                 Ok(answer) => return Ok((T::from_redis_value(answer)?, then_answer)),
             }
         }
+    }
+}
+
+/// The acquire script's answer: seven numbers, and the
+/// epoch marker when grants are quarantined.
+pub(super) struct AcquireReply {
+    pub(super) granted: i64,
+    pub(super) fence: u64,
+    pub(super) ms: i64,
+    pub(super) limit: i64,
+    pub(super) quarantined: i64,
+    pub(super) queued: i64,
+    pub(super) epoch: Option<String>,
+}
+
+impl FromRedisValue for AcquireReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let mut items: Vec<Value> = redis::from_redis_value(v)?;
+        if !(7..=8).contains(&items.len()) {
+            return Err(format!("acquire answered {} values, not 7 or 8", items.len()).into());
+        }
+        let epoch = match items.len() {
+            8 => items.pop().map(redis::from_redis_value).transpose()?,
+            _ => None,
+        };
+        let n = |i: usize| redis::from_redis_value_ref::<i64>(&items[i]);
+        Ok(Self {
+            granted: n(0)?,
+            fence: u64::try_from(n(1)?).map_err(|e| ParsingError::from(e.to_string()))?,
+            ms: n(2)?,
+            limit: n(3)?,
+            quarantined: n(5)?,
+            queued: n(6)?,
+            epoch,
+        })
     }
 }

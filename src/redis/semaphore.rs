@@ -2,22 +2,15 @@
 //! clones share, and the release of a permit id.
 
 use core::fmt;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::attempt::Attempt;
-use super::builder::RedisSemaphoreBuilder;
-use super::conn::{Backend, Conn};
+use super::attempt::{self, Attempt};
 use super::error::LeaseError;
-use super::id::IdSource;
-use super::keeper::Signals;
-use super::permit::{Lease, LeasedPermit};
-use super::scripts::{Call, Scripts};
-use super::spawn::Spawner;
+use super::inner::{Inner, millis};
+use super::permit::LeasedPermit;
 use crate::semaphore::Semaphore;
-use crate::timer::Timer;
 
 /// A semaphore shared through Redis: each permit is a lease with a time to
 /// live, renewed while held, and a fencing token.
@@ -29,122 +22,6 @@ pub struct RedisSemaphore {
     pub(super) inner: Arc<Inner>,
 }
 
-/// The state behind every clone of one [`RedisSemaphore`].
-pub(super) struct Inner {
-    pub(super) name: Arc<str>,
-    pub(super) keys: Keys,
-    pub(super) conn: Conn,
-    pub(super) scripts: Scripts,
-    pub(super) ttl: Duration,
-    /// The time to live less the drift margin: how long after sending a
-    /// grant or renewal this process counts on the lease.
-    pub(super) life: Duration,
-    pub(super) renew_every: Duration,
-    pub(super) max_poll: Duration,
-    pub(super) label: String,
-    pub(super) default_limit: usize,
-    pub(super) retries: usize,
-    pub(super) outage_tolerance: Duration,
-    /// How long one call may go unanswered; also all that `try_acquire`
-    /// spends on retries.
-    pub(super) response_timeout: Duration,
-    pub(super) timer: Arc<dyn Timer>,
-    pub(super) spawner: Spawner,
-    pub(super) signals: Arc<Signals>,
-    /// The leases this process holds, for the keeper to renew.
-    pub(super) leases: Mutex<HashMap<String, Arc<Lease>>>,
-    pub(super) closed: AtomicBool,
-    /// The limit in Redis, as of the last script that read it.
-    pub(super) limit_seen: AtomicUsize,
-    pub(super) ids: IdSource,
-    /// The highest fence this process was granted: a server whose counter
-    /// is below it lost writes (see the acquire script's quarantine).
-    pub(super) fence_seen: AtomicU64,
-    /// The quarantine after such a loss, in ms (0: off).
-    pub(super) quarantine_ms: u64,
-    /// The other signs of a loss, and `WAIT` on grants.
-    pub(super) failover: super::failover::Failover,
-    /// Whether a waiting acquire joins the fair line (see
-    /// [`RedisSemaphoreBuilder::fair`]).
-    pub(super) fair: bool,
-    /// This handle's suffix of its own channel, `{channel}:{token}`, where
-    /// its waiters' grants are announced (hex digits).
-    pub(super) token: String,
-}
-
-/// The names of the semaphore's keys (see `scripts.rs`).
-pub(super) struct Keys {
-    pub(super) leases: String,
-    pub(super) info: String,
-    pub(super) fence: String,
-    pub(super) limit: String,
-    pub(super) channel: String,
-    pub(super) quarantine: String,
-    pub(super) epoch: String,
-    pub(super) queue: String,
-    pub(super) queue_beat: String,
-    pub(super) queue_info: String,
-    pub(super) queue_seq: String,
-}
-
-impl Keys {
-    /// A call of `script` with the keys every script takes, `KEYS[1]` to
-    /// `KEYS[5]` in the order `scripts.rs` gives (the quarantine script
-    /// adds the quarantine key; the scripts that change leases take
-    /// [`call_all`](Self::call_all)).
-    pub(super) fn call<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
-        let mut call = script.prepare_invoke();
-        call.key(&self.leases)
-            .key(&self.info)
-            .key(&self.fence)
-            .key(&self.limit)
-            .key(&self.channel);
-        call
-    }
-
-    /// A call of `script` with all ten keys (`KEYS[6]` the quarantine,
-    /// `KEYS[7]` to `KEYS[10]` the fair line): for the scripts that change
-    /// leases, since each of them serves the line.
-    pub(super) fn call_all<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
-        let mut call = self.call(script);
-        call.key(&self.quarantine)
-            .key(&self.queue)
-            .key(&self.queue_beat)
-            .key(&self.queue_info)
-            .key(&self.queue_seq);
-        call
-    }
-
-    /// The ten keys of [`call_all`](Self::call_all), in order, and the
-    /// epoch marker: the acquire script's eleven keys are all of them, the
-    /// release script's the first ten (see [`Call`](super::scripts::Call)).
-    pub(super) fn all(&self) -> [&str; 11] {
-        [
-            &self.leases,
-            &self.info,
-            &self.fence,
-            &self.limit,
-            &self.channel,
-            &self.quarantine,
-            &self.queue,
-            &self.queue_beat,
-            &self.queue_info,
-            &self.queue_seq,
-            &self.epoch,
-        ]
-    }
-}
-
-/// What the release script found.
-pub(super) enum ReleaseOutcome {
-    /// The lease was unexpired and is now gone.
-    InTime,
-    /// The lease had expired this long ago (still in Redis, now removed).
-    Late(Duration),
-    /// Nothing was held under the id.
-    Gone,
-}
-
 /// One lease holder, as listed by [`RedisSemaphore::holders`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -153,7 +30,7 @@ pub struct Holder {
     pub id: String,
     /// The grant's fencing token.
     pub fence: u64,
-    /// The holder's label (see [`RedisSemaphoreBuilder::label`]).
+    /// The holder's label (see [`RedisSemaphoreBuilder::label`](super::RedisSemaphoreBuilder::label)).
     pub label: String,
     /// How long ago the permit was granted, by Redis's clock.
     pub age: Duration,
@@ -162,13 +39,10 @@ pub struct Holder {
 }
 
 impl RedisSemaphore {
-    /// Starts configuring the semaphore `name` on `backend`: a
-    /// `redis::Client` for one server, a `redis::cluster::ClusterClient`
-    /// (feature `redis-cluster`), or [`Backend::sentinel`] (feature
-    /// `redis-sentinel`). Every process that uses the same name (and key
-    /// prefix) on the same deployment shares its permits.
-    pub fn builder(backend: impl Into<Backend>, name: impl Into<String>) -> RedisSemaphoreBuilder {
-        RedisSemaphoreBuilder::new(backend.into(), name.into())
+    /// The state behind the handle, for the attempts of the Redis
+    /// bulkhead, which drives them itself.
+    pub(super) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
     }
 
     /// The semaphore's name.
@@ -194,7 +68,7 @@ impl RedisSemaphore {
     /// Waits for a permit: one script call per attempt, woken by pub/sub
     /// when a lease is released or expires, and by the earliest lease's
     /// deadline or `max_poll` otherwise. In fair mode (the default, see
-    /// [`RedisSemaphoreBuilder::fair`]) a busy first attempt joins the line
+    /// [`RedisSemaphoreBuilder::fair`](super::RedisSemaphoreBuilder::fair)) a busy first attempt joins the line
     /// in Redis, and the release that frees a permit grants it to the
     /// line's head and tells its process: the waiter takes it without
     /// another script call.
@@ -218,9 +92,11 @@ impl RedisSemaphore {
     /// the line, and handing on a permit granted to it), and expires
     /// within its time to live if Redis cannot be reached.
     pub async fn acquire(&self) -> Result<LeasedPermit, LeaseError> {
-        match self.first_attempt().await? {
+        match attempt::first_attempt(&self.inner).await? {
             Attempt::Granted(permit) => Ok(permit),
-            Attempt::Busy(busy) => self.wait_from(busy, &AtomicBool::new(false)).await,
+            Attempt::Busy(busy) => {
+                attempt::wait_from(&self.inner, busy, &AtomicBool::new(false)).await
+            }
         }
     }
 
@@ -235,7 +111,7 @@ impl RedisSemaphore {
     /// connection, is retried within it, up to `retries` times); otherwise
     /// as for [`acquire`](Self::acquire).
     pub async fn try_acquire(&self) -> Result<LeasedPermit, LeaseError> {
-        self.sole_attempt().await
+        attempt::sole_attempt(&self.inner).await
     }
 
     /// Lists the unexpired leases, earliest deadline first, with their age,
@@ -350,48 +226,4 @@ impl fmt::Debug for RedisSemaphore {
             .field("held_here", &self.held_here())
             .finish_non_exhaustive()
     }
-}
-
-impl Inner {
-    /// The channel this process subscribes to: its own in fair mode, where
-    /// its waiters' grants are announced, else the shared one.
-    pub(super) fn channel(&self) -> String {
-        match self.fair {
-            true => format!("{}:{}", self.keys.channel, self.token),
-            false => self.keys.channel.clone(),
-        }
-    }
-
-    pub(super) fn lock_leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Lease>>> {
-        self.leases.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(super) fn forget_lease(&self, id: &str) {
-        self.lock_leases().remove(id);
-    }
-
-    pub(super) async fn release_id(&self, id: &str) -> redis::RedisResult<ReleaseOutcome> {
-        let mut call = Call::new(&self.scripts.release, &self.keys.all()[..10], 1);
-        call.arg(id);
-        let left: Option<i64> = call.invoke(&mut self.conn.clone()).await?;
-        Ok(match left {
-            None => ReleaseOutcome::Gone,
-            Some(ms) if ms > 0 => ReleaseOutcome::InTime,
-            Some(ms) => ReleaseOutcome::Late(millis(-ms)),
-        })
-    }
-
-    /// Releases `id` without waiting for the answer: for dropped permits
-    /// and abandoned grants. If Redis cannot be reached, the lease expires
-    /// within its time to live.
-    pub(super) fn release_in_background(self: &Arc<Self>, id: String) {
-        let inner = self.clone();
-        self.spawner.spawn(async move {
-            let _ = inner.release_id(&id).await;
-        });
-    }
-}
-
-fn millis(ms: i64) -> Duration {
-    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }

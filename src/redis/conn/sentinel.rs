@@ -15,7 +15,7 @@ use redis::{Cmd, Pipeline, RedisResult, Value};
 
 use super::{Conn, Connected, Settings, Subscriber, Subscription, no_answer};
 use crate::redis::error::{ConfigError, Failure, classify};
-use crate::redis::failover::{is_promotion, parse_replication};
+use crate::redis::replication::{is_promotion, parse_replication};
 use crate::redis::spawn::Spawner;
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
