@@ -830,6 +830,16 @@ impl Shared {
         self.idle.notify();
     }
 
+    /// An admitted call's permit, borrowed, as a guard whose outcome is
+    /// `Cancelled` until it is set; the observers are told of the
+    /// admission.
+    #[inline]
+    fn hold(&self, admitted: Admitted) -> permit::Held<&Shared> {
+        let held = permit::held(self, admitted, CallOutcome::Cancelled);
+        self.policy.permitted(admitted.waited());
+        held
+    }
+
     /// A waiter left the line for good (see [`Policy::left_line`]). Unless
     /// it leaves holding the permit it was granted, a permit handed to it
     /// meanwhile went back through the semaphore, not a guard, and the
@@ -1256,9 +1266,7 @@ impl Bulkhead {
     pub(crate) async fn hold_waiting(&self) -> Result<permit::Held<&Shared>, Rejected> {
         let shared = &*self.shared;
         let admitted = shared.admit_waiting().await?;
-        let held = permit::held(shared, admitted, CallOutcome::Cancelled);
-        shared.policy.permitted(admitted.waited());
-        Ok(held)
+        Ok(shared.hold(admitted))
     }
 
     /// The line of a call that must be done `by`, for
@@ -1294,9 +1302,7 @@ impl Bulkhead {
     ) -> Result<permit::Held<&Shared>, Rejected> {
         let shared = &*self.shared;
         let admitted = shared.admit_waiting_in(line).await?;
-        let held = permit::held(shared, admitted, CallOutcome::Cancelled);
-        shared.policy.permitted(admitted.waited());
-        Ok(held)
+        Ok(shared.hold(admitted))
     }
 
     /// [`hold_waiting`](Self::hold_waiting) for a caller that waits for
@@ -1311,9 +1317,7 @@ impl Bulkhead {
     ) -> Result<permit::Held<&Shared>, Rejected> {
         let shared = &*self.shared;
         let admitted = shared.admit_waiting_after(line, gate).await?;
-        let held = permit::held(shared, admitted, CallOutcome::Cancelled);
-        shared.policy.permitted(admitted.waited());
-        Ok(held)
+        Ok(shared.hold(admitted))
     }
 
     /// [`acquire`](Self::acquire) (with `line`, the wait of
