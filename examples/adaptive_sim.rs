@@ -23,7 +23,11 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::{env, fs, process};
 
-use watertight::adaptive::sim::{Bucket, Report, Scenario, run, standard_strategies};
+/// The simulation, shared with the tests (`tests/adaptive.rs`).
+#[path = "sim/adaptive.rs"]
+pub mod sim;
+
+use sim::{Bucket, Report, Scenario, run, standard_strategies};
 
 fn main() {
     let (svg, csv) = parse_args();

@@ -9,7 +9,6 @@ use std::thread;
 use std::time::Duration;
 
 use futures::executor::block_on;
-use watertight::adaptive::sim::{Fixed, Report, Scenario, run, standard_strategies};
 use watertight::adaptive::{
     self, AdaptiveLimiter, Aimd, Gradient, LimitAlgorithm, Sample, Verdict,
 };
@@ -19,6 +18,8 @@ use watertight::{Bulkhead, CallOutcome};
 #[allow(dead_code)]
 #[path = "../examples/adaptive_sim.rs"]
 mod example;
+
+use example::sim::{Fixed, Report, Scenario, run, standard_strategies};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -658,4 +659,18 @@ async fn aimd_drives_a_real_bulkhead_on_tokio() {
         limiter.limit()
     );
     limiter.detach();
+}
+
+/// The simulation against arithmetic: 5 calls at a time, 50 ms each, is
+/// about 100 calls a second.
+#[test]
+fn a_fixed_limit_in_the_simulation_serves_what_it_can() {
+    let mut scenario = Scenario::standard();
+    scenario.duration = 5.0;
+    let report = run(&scenario, "fixed 5", &mut Fixed(5));
+    assert!(
+        (90.0..110.0).contains(&report.summary.goodput),
+        "{}",
+        report.summary.goodput
+    );
 }

@@ -36,5 +36,8 @@ fn a_waiting_call_is_no_bigger_than_its_bound() {
     assert!(plain_by <= 328, "Bulkhead::call_by is {plain_by} bytes");
     // Each of its two stages keeps a wait of its own.
     assert!(keyed <= 936, "KeyedBulkhead::call is {keyed} bytes");
-    assert!(keyed_by <= 1088, "KeyedBulkhead::call_by is {keyed_by} bytes");
+    assert!(
+        keyed_by <= 1088,
+        "KeyedBulkhead::call_by is {keyed_by} bytes"
+    );
 }

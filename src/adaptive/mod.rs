@@ -55,8 +55,6 @@
 
 mod aimd;
 mod gradient;
-#[doc(hidden)]
-pub mod sim;
 
 pub use aimd::Aimd;
 pub use gradient::Gradient;

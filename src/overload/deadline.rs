@@ -45,6 +45,7 @@ pub(crate) enum Verdict {
 }
 
 impl HoldEstimate {
+    #[cfg(test)]
     /// No sample yet.
     pub(crate) const fn new() -> Self {
         Self { hold_ns: 0 }
@@ -76,6 +77,7 @@ impl HoldEstimate {
         };
     }
 
+    #[cfg(test)]
     /// The average hold time in nanoseconds, once known.
     #[inline]
     pub(crate) fn hold(&self) -> Option<u64> {

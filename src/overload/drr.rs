@@ -95,6 +95,7 @@ impl<K: Hash + Eq + Clone> Drr<K> {
         }
     }
 
+    #[cfg(test)]
     /// The waiters of `key`.
     pub(crate) fn waiting(&self, key: &K) -> usize {
         self.flows.get(key).map_or(0, |f| f.waiting)

@@ -1,6 +1,6 @@
 //! Overload control: the decisions a bulkhead makes when more callers want
-//! seats than it has (issue 14). Each is a small state machine with no
-//! clock and no lock, that the bulkhead's policy will own and drive:
+//! seats than it has. Each is a small state machine with no
+//! clock and no lock, that the bulkhead's policy owns and drives:
 //!
 //! - [`QueueDelay`] (`queue_delay.rs`): controlled delay on the waiting
 //!   line, and adaptive LIFO. A line whose waits have stood at or above a
@@ -33,14 +33,13 @@
 //! on each priority class's line), the bulkhead runs [`Seats`] (priority
 //! classes, through `bulkhead/classes.rs`), and the keyed bulkhead runs
 //! [`Drr`] (fair shares of its global limit, through `keyed/fair.rs`). A
-//! few of their methods serve only the simulation and the unit tests,
-//! hence the `dead_code` allowance outside test builds. Each counts and
+//! few of their methods serve only the simulation and the unit tests, and
+//! are compiled for the tests alone. Each counts and
 //! decides; none owns the waiters. The line itself (who waits,
 //! in what order inside a class or key, whose deadline is when) stays with
 //! its owner, so that a cancelled waiter costs one call (`leave`) and no
 //! search, and a hand-off to a waiter that is gone meanwhile is undone by
 //! giving the seat back and picking again.
-#![cfg_attr(not(test), allow(dead_code))]
 
 mod deadline;
 mod drr;

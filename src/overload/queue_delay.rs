@@ -105,6 +105,7 @@ impl QueueDelay {
         self.lifo && self.overloaded
     }
 
+    #[cfg(test)]
     /// How long a waiter may wait in all, given the bulkhead's `max_wait`
     /// (`None`: unbounded): the target while overloaded, if shorter.
     #[inline]

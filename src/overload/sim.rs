@@ -31,7 +31,9 @@
 //! Latency is what the caller of an admitted call would have seen: from
 //! arrival to the end of the call, wasted calls included.
 
-use crate::adaptive::sim::Rng;
+#[path = "../../examples/sim/rng.rs"]
+mod rng;
+use rng::Rng;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
@@ -845,7 +847,7 @@ pub(crate) fn reservations() -> &'static [Reservation] {
 mod tests {
     use super::*;
 
-    /// Issue 14's first target, where FIFO serves callers who have given
+    /// Controlled delay's promise, where FIFO serves callers who have given
     /// up: every caller has the same 500 ms timeout, and `max_wait` is
     /// that timeout.
     #[test]
@@ -880,7 +882,7 @@ mod tests {
         }
     }
 
-    /// Issue 14's second target: met with a reservation that covers the
+    /// Priority classes' promise: met with a reservation that covers the
     /// critical class's demand at 5x with headroom (60 % of the seats for
     /// a demand of 50 %); 94 % with a reservation of exactly its demand.
     #[test]

@@ -65,7 +65,7 @@ pub(super) struct Busy {
 /// registered *before* the script ran (so a release between the answer
 /// and the wait is not missed), and how long to sleep at most.
 pub(super) async fn first_attempt(inner: &Arc<Inner>) -> Result<Attempt, LeaseError> {
-    attempt(inner, pending(&inner, inner.fair), None).await
+    attempt(inner, pending(inner, inner.fair), None).await
 }
 
 /// See [`first_attempt`](Self::first_attempt); `down_since` is when an
@@ -129,7 +129,7 @@ async fn attempt_with(
             cut_first: false,
         },
     };
-    match grant(&inner, pending, Some(bound)).await {
+    match grant(inner, pending, Some(bound)).await {
         Ok(Grant::Granted(permit)) => Ok(Found::Granted(permit)),
         Ok(Grant::Busy {
             retry_after,
@@ -189,11 +189,11 @@ pub(super) async fn wait_from(
     } = busy;
     down.store(down_since.is_some(), Ordering::Relaxed);
     loop {
-        if let Some(permit) = announced(&inner, &mut pending) {
+        if let Some(permit) = announced(inner, &mut pending) {
             return Ok(permit);
         }
         let _ = Timeout::new(listener, inner.timer.sleep(pause)).await;
-        if let Some(permit) = announced(&inner, &mut pending) {
+        if let Some(permit) = announced(inner, &mut pending) {
             return Ok(permit);
         }
         let found = attempt_with(inner, &mut pending, down_since, true).await;
@@ -232,7 +232,7 @@ pub(super) async fn wait_from(
 /// The one attempt of [`try_acquire`](Self::try_acquire): no outage
 /// tolerance, and a busy answer is [`LeaseError::NoPermits`].
 pub(super) async fn sole_attempt(inner: &Arc<Inner>) -> Result<LeasedPermit, LeaseError> {
-    let mut pending = pending(&inner, false);
+    let mut pending = pending(inner, false);
     match attempt_with(inner, &mut pending, None, false).await? {
         Found::Granted(permit) => Ok(permit),
         Found::Wait {

@@ -3,8 +3,8 @@
 //! the adaptive guide (`watertight::guide::adaptive`),
 //! `examples/adaptive_sim.rs` and `tests/adaptive.rs`.
 //!
-//! Not a stable API (hidden from the docs); it lives in the library so the
-//! example and the tests run the very same code.
+//! It drives the crate's public limit algorithms only. The example and
+//! the tests include this file by path, so both run the very same code.
 //!
 //! # The model
 //!
@@ -34,7 +34,11 @@
 
 use std::time::Duration;
 
-use super::{Aimd, Gradient, LimitAlgorithm, Sample};
+use watertight::adaptive::{Aimd, Gradient, LimitAlgorithm, Sample};
+
+#[path = "rng.rs"]
+mod rng;
+use rng::Rng;
 
 /// The downstream dependency and the traffic.
 #[derive(Debug, Clone)]
@@ -214,39 +218,8 @@ struct Job {
     work: f64,
 }
 
-/// xorshift64*: small, fast, and the same everywhere. Also the overload
-/// simulation's (`overload/sim.rs`).
-#[derive(Debug, Clone)]
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
-        Self(seed.max(1))
-    }
-
-    /// Uniform in [0, 1).
-    pub(crate) fn next_f64(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let x = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        (x >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-/// Runs `scenario` with the limit `algorithm` learns.
-///
-/// # Examples
-///
-/// ```
-/// use watertight::adaptive::sim::{Fixed, Scenario, run};
-///
-/// let mut scenario = Scenario::standard();
-/// scenario.duration = 5.0;
-/// let report = run(&scenario, "fixed 5", &mut Fixed(5));
-/// // 5 calls at a time, 50 ms each: about 100 calls a second.
-/// assert!((90.0..110.0).contains(&report.summary.goodput));
-/// ```
+/// Runs `scenario` with the limit `algorithm` learns (`tests/adaptive.rs`
+/// has a run of a fixed limit checked against its arithmetic).
 pub fn run(scenario: &Scenario, name: &str, algorithm: &mut dyn LimitAlgorithm) -> Report {
     let s = scenario;
     let mut rng = Rng::new(s.seed);
