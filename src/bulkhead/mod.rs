@@ -770,6 +770,10 @@ impl Bulkhead {
     /// assert_eq!(bh.metrics().in_flight(), 0);
     /// # });
     /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// It holds nothing: dropping it only stops the wait.
     pub async fn wait_idle(&self) {
         let s = &*self.shared;
         s.idle.wait(|| s.limit_and_in_flight().1 == 0).await;

@@ -888,6 +888,10 @@ where
     /// assert_eq!(tenants.metrics_for("acme").unwrap().in_flight(), 0);
     /// # });
     /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// It holds nothing: dropping it only stops the wait.
     pub async fn wait_idle(&self) {
         let entries = self.inner.registry.entries();
         for entry in entries {

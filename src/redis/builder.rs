@@ -342,6 +342,12 @@ impl RedisSemaphoreBuilder {
     /// [`replicas`](Self::replicas) setting that cannot work
     /// ([`BadReplicas`](ConfigError::BadReplicas)). None of them is
     /// retried.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it mid-way leaves no connection or task behind; what it may
+    /// have written to Redis (the limit, if none was stored, and the epoch
+    /// marker) is what every build writes.
     pub async fn build(self) -> Result<RedisSemaphore, ConfigError> {
         // Both are checked alike: the keys are `{prefix}:{{name}}:...`, and
         // the name in braces must be the first hash tag, so that one

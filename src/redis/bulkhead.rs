@@ -155,6 +155,13 @@ impl RedisBulkhead {
     /// [`BulkheadError::Rejected`] if not admitted (including
     /// [`RejectReason::Unavailable`]), [`BulkheadError::CallTimeout`],
     /// [`BulkheadError::Inner`], [`BulkheadError::LeaseLost`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Bulkhead::call`](crate::Bulkhead::call): dropped while it waits,
+    /// it leaves the line (a lease granted to it meanwhile is released in the
+    /// background); dropped while the call runs, it drops the call and
+    /// releases the lease in the background.
     pub async fn call<F, T, E>(&self, call: F) -> Result<T, BulkheadError<E>>
     where
         F: Future<Output = Result<T, E>>,
@@ -182,6 +189,10 @@ impl RedisBulkhead {
     /// For work that must not stop half-way: the caller learns afterwards
     /// that it may have overlapped with another holder (who holds a higher
     /// [fence](RedisBulkheadPermit::fence)), and can undo or check it.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`call`](Self::call).
     pub async fn call_to_end<F, T, E>(&self, call: F) -> Completed<Result<T, BulkheadError<E>>>
     where
         F: Future<Output = Result<T, E>>,
@@ -208,6 +219,11 @@ impl RedisBulkhead {
     /// # Errors
     ///
     /// [`Rejected`], with the [reason](Rejected::reason).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while it waits, it leaves the line; a lease granted to it
+    /// meanwhile is released in the background.
     pub async fn acquire(&self) -> Result<RedisBulkheadPermit, Rejected> {
         self.acquire_as(CallOutcome::Released).await
     }
@@ -218,6 +234,10 @@ impl RedisBulkhead {
     ///
     /// [`Rejected`] with [`RejectReason::Full`], [`RejectReason::Closed`]
     /// or [`RejectReason::Unavailable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`RedisSemaphore::try_acquire`].
     pub async fn try_acquire(&self) -> Result<RedisBulkheadPermit, Rejected> {
         let s = &self.shared;
         let first = s.sem.try_acquire().await;
@@ -341,6 +361,10 @@ impl RedisBulkhead {
     /// # Errors
     ///
     /// The Redis error if the change could not be made.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`RedisSemaphore::set_limit`].
     pub async fn set_max_concurrent_calls(&self, limit: usize) -> Result<(), redis::RedisError> {
         self.shared.sem.set_limit(limit).await
     }
@@ -357,6 +381,10 @@ impl RedisBulkhead {
     }
 
     /// Resolves once none of this process's calls is in flight.
+    ///
+    /// # Cancel safety
+    ///
+    /// It holds nothing: dropping it only stops the wait.
     pub async fn wait_idle(&self) {
         let s = &*self.shared;
         s.idle
@@ -465,6 +493,11 @@ impl RedisBulkheadPermit {
     /// # Errors
     ///
     /// As [`LeasedPermit::release`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LeasedPermit::release`]: the lease is released in the background
+    /// if the future is dropped first.
     pub async fn release(mut self) -> Result<(), ReleaseError> {
         let lease = self.guard.source_mut().lease.take();
         let released = lease.expect("released once").release().await;

@@ -106,6 +106,11 @@ impl LeasedPermit {
     /// (the lease then expires by itself); [`ReleaseError::Denied`],
     /// [`ReleaseError::Auth`] or [`ReleaseError::Script`] if Redis refused
     /// the call.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it before Redis answers still releases the lease, in the
+    /// background, as dropping the permit does; only the report is lost.
     pub async fn release(mut self) -> Result<(), ReleaseError> {
         // From here the permit's drop does nothing: until the answer is
         // read, the release itself is guarded (if this future is dropped

@@ -110,6 +110,12 @@ impl RedisSemaphore {
     /// one `response_timeout` (a call that failed fast, such as a dropped
     /// connection, is retried within it, up to `retries` times); otherwise
     /// as for [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it before Redis answers releases the permit id in the
+    /// background: a lease the script may have granted meanwhile goes back at
+    /// once, or expires within its time to live if Redis cannot be reached.
     pub async fn try_acquire(&self) -> Result<LeasedPermit, LeaseError> {
         attempt::sole_attempt(&self.inner).await
     }
@@ -121,6 +127,10 @@ impl RedisSemaphore {
     /// # Errors
     ///
     /// The Redis error, if the call failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// It only reads: dropping it changes nothing.
     pub async fn holders(&self) -> Result<Vec<Holder>, redis::RedisError> {
         let inner = &*self.inner;
         let raw: Vec<redis::Value> = inner
@@ -168,6 +178,11 @@ impl RedisSemaphore {
     /// # Errors
     ///
     /// The Redis error, if the call failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it changes nothing, except that a limit it was installing
+    /// (none was stored) may or may not be stored.
     pub async fn limit(&self) -> Result<usize, redis::RedisError> {
         // `holders` reads the limit with the same consistency.
         self.holders().await?;
@@ -185,6 +200,12 @@ impl RedisSemaphore {
     /// # Panics
     ///
     /// If `limit` exceeds [`Semaphore::MAX_PERMITS`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it before Redis answers may leave the limit changed or not,
+    /// as one script call either ran or did not: read it back with
+    /// [`limit`](Self::limit).
     pub async fn set_limit(&self, limit: usize) -> Result<(), redis::RedisError> {
         assert!(
             limit <= Semaphore::MAX_PERMITS,

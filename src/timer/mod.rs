@@ -198,12 +198,16 @@ impl<T: Timer + ?Sized> Timer for Arc<T> {
 /// explicitly to opt into the background thread case by case.
 ///
 /// The choice is made when this is called: a `TokioTimer` picked inside a
-/// runtime keeps using that runtime, and its sleeps panic once the runtime
-/// has shut down. Tokio offers no way to ask whether a runtime has its time
-/// driver, so inside a runtime built without `enable_time` (or
-/// `enable_all`, which `#[tokio::main]` uses) the `TokioTimer` picked here
-/// panics when it makes a sleep, with tokio's message saying so; pass
-/// another timer explicitly there.
+/// runtime keeps using that runtime.
+///
+/// # Panics
+///
+/// Not here, but in the timer it returns: a `TokioTimer`'s sleeps panic
+/// once its runtime has shut down, and, since tokio offers no way to ask
+/// whether a runtime has its time driver, inside a runtime built without
+/// `enable_time` (or `enable_all`, which `#[tokio::main]` uses) the
+/// `TokioTimer` picked here panics when it makes a sleep, with tokio's
+/// message saying so; pass another timer explicitly there.
 ///
 /// # Examples
 ///
