@@ -78,15 +78,22 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if *this.stage == Stage::Waiting {
-                let shared = *this.shared;
-                this.line.leave(&shared.policy);
-                // A permit handed to the acquire but never delivered goes
-                // back through the semaphore: the bulkhead may be idle now.
-                this.acquire.cancel();
-                shared.left_line(false);
+                leave_waiting(*this.shared, this.line, this.acquire);
             }
         }
     }
+}
+
+/// A `Call` dropped while it waits leaves the line, out of line: the drop
+/// of every other call stays a test of its stage.
+#[cold]
+#[inline(never)]
+fn leave_waiting(shared: &Shared, line: &mut Line, acquire: Pin<&mut Acquire<'_>>) {
+    line.leave(&shared.policy);
+    // A permit handed to the acquire but never delivered goes back through
+    // the semaphore: the bulkhead may be idle now.
+    acquire.cancel();
+    shared.left_line(false);
 }
 
 impl<'a, F> Call<'a, F> {

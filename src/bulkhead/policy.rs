@@ -346,6 +346,7 @@ impl Policy {
     }
 
     /// The timer's kind, for `Debug`.
+    #[inline]
     pub(crate) fn clock(&self) -> Option<&Clock> {
         self.clock.as_ref()
     }
@@ -588,7 +589,15 @@ impl Policy {
     /// `HOLD_SAMPLE` of the rest).
     #[inline]
     pub(crate) fn clock_in(&self, busy: bool) -> Option<Instant> {
-        self.timed(busy).then(|| self.line_now())
+        self.timed(busy).then(|| self.read_clock())
+    }
+
+    /// [`line_now`](Self::line_now), out of line: for the sampled reads
+    /// of the grant paths, which stay small enough to inline into the
+    /// caller's future.
+    #[inline(never)]
+    fn read_clock(&self) -> Instant {
+        self.line_now()
     }
 
     /// Whether an observer is installed (and so sees wait times).
@@ -642,7 +651,7 @@ impl Policy {
     #[inline]
     pub(crate) fn finished(&self, since: Option<Instant>, outcome: CallOutcome) {
         let held = since.map_or(Duration::ZERO, |t| {
-            self.line_now().saturating_duration_since(t)
+            self.read_clock().saturating_duration_since(t)
         });
         if since.is_some() {
             self.record_hold(held);

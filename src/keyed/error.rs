@@ -235,6 +235,7 @@ pub struct KeyedRejected {
 }
 
 impl KeyedRejected {
+    #[cold]
     pub(crate) fn new(
         reason: KeyedRejectReason,
         waited: Duration,
@@ -253,6 +254,8 @@ impl KeyedRejected {
 
     /// Maps a rejection by the key's bulkhead (`global == false`) or by the
     /// global one.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn from_bulkhead(
         rejected: Rejected,
         global: bool,

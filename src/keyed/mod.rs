@@ -1233,15 +1233,19 @@ where
         let mut deadline = pin!(Deadline::new());
         let limit = self.call_timeout;
         let clock = self.clock.as_ref();
-        let ran = poll_fn(|cx| poll_call(call.as_mut(), deadline.as_mut(), limit, clock, cx)).await;
-        ran.settle(
-            KeyedError::Inner,
-            || {
-                bump(&entry.call_timeouts);
-                KeyedError::CallTimeout
-            },
-            || KeyedError::Rejected(self.unavailable()),
-        )
+        poll_fn(|cx| {
+            poll_call(call.as_mut(), deadline.as_mut(), limit, clock, cx).map(|ran| {
+                ran.settle(
+                    KeyedError::Inner,
+                    || {
+                        bump(&entry.call_timeouts);
+                        KeyedError::CallTimeout
+                    },
+                    || KeyedError::Rejected(self.unavailable()),
+                )
+            })
+        })
+        .await
     }
 
     /// Looks `key` up, tracking it if it is new, and counts the caller as
@@ -1331,6 +1335,8 @@ where
         )
     }
 
+    #[cold]
+    #[inline(never)]
     fn rejected_closed(&self) -> KeyedRejected {
         bump(&self.counters.rejected_closed);
         KeyedRejected::new(
@@ -1342,6 +1348,8 @@ where
         )
     }
 
+    #[cold]
+    #[inline(never)]
     fn key_rejected(&self, rejected: Rejected) -> KeyedRejected {
         let waited = rejected.waited();
         KeyedRejected::from_bulkhead(
@@ -1353,6 +1361,8 @@ where
         )
     }
 
+    #[cold]
+    #[inline(never)]
     fn global_rejected(
         &self,
         entry: &Entry,
@@ -1372,6 +1382,8 @@ where
     /// The wait for a global permit ended without the global bulkhead
     /// saying no: our budget ran out (or its timer cannot run), or we were
     /// closed.
+    #[cold]
+    #[inline(never)]
     fn global_gave_up(
         &self,
         entry: &Entry,
