@@ -352,7 +352,7 @@ where
         // back as `Cancelled`.
         let user = inner.enter(key)?;
         let entry = &*user.entry;
-        // `if let`, not `match`: the decision is not kept across the wait.
+        // `if let`, not `match`, so that the decision does not live across the wait.
         let mut start = None;
         let mut key_held = if let Some(held) = entry.bulkhead.hold_now(true) {
             held.map_err(|r| inner.key_rejected(r))?
