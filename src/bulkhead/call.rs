@@ -78,7 +78,7 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if *this.stage == Stage::Waiting {
-                leave_waiting(*this.shared, this.line, this.acquire);
+                leave_waiting(this.shared, this.line, this.acquire);
             }
         }
     }
