@@ -39,6 +39,7 @@ use std::hint::black_box;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
+use watertight::CallOptions;
 
 use watertight::keyed::KeyedBulkhead;
 use watertight::{Bulkhead, BulkheadBuilder};
@@ -98,7 +99,9 @@ fn call_by(calls: u64) {
     let bh = builder().build().unwrap();
     let by = Instant::now() + Duration::from_secs(60);
     for _ in 0..calls {
-        let out = poll(bh.call_by(by, async { Ok::<_, ()>(black_box(1u32)) }));
+        let out = poll(bh.call_with(CallOptions::new().deadline(by), async {
+            Ok::<_, ()>(black_box(1u32))
+        }));
         assert!(matches!(black_box(out), Poll::Ready(Ok(1))));
     }
 }
@@ -175,7 +178,7 @@ fn keyed_call_by(calls: u64) {
     track(&kb);
     let by = Instant::now() + Duration::from_secs(60);
     for _ in 0..calls {
-        let call = kb.call_by(black_box(&417u64), by, async {
+        let call = kb.call_with(black_box(&417u64), CallOptions::new().deadline(by), async {
             Ok::<_, ()>(black_box(1u32))
         });
         assert!(matches!(black_box(poll(call)), Poll::Ready(Ok(1))));

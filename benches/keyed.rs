@@ -39,6 +39,7 @@ use std::hint::black_box;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
+use watertight::CallOptions;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use watertight::Bulkhead;
@@ -189,8 +190,12 @@ macro_rules! plain_call {
 macro_rules! keyed_call_by {
     ($kb:expr, $key:expr, $by:expr) => {{
         black_box(
-            ready($kb.call_by(black_box($key), $by, async { Ok::<_, ()>(black_box(1u32)) }))
-                .unwrap(),
+            ready(
+                $kb.call_with(black_box($key), CallOptions::new().deadline($by), async {
+                    Ok::<_, ()>(black_box(1u32))
+                }),
+            )
+            .unwrap(),
         );
     }};
 }

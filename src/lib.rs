@@ -171,7 +171,7 @@ compile_error!(
 #[cfg(not(loom))]
 pub use bulkhead::{
     BuildError, BuildErrorKind, Bulkhead, BulkheadBuilder, BulkheadError, BulkheadPermit,
-    CallOutcome, ClassSeats, Metrics, Observer, RejectReason, Rejected,
+    CallOptions, CallOutcome, ClassSeats, Metrics, Observer, RejectReason, Rejected,
 };
 pub use error::{AcquireError, LostReason, TryAcquireError};
 #[cfg(not(loom))]
@@ -191,6 +191,6 @@ pub mod observer {
 /// hand.
 pub mod futures {
     #[cfg(not(loom))]
-    pub use crate::bulkhead::{Call, CallBy};
+    pub use crate::bulkhead::Call;
     pub use crate::semaphore::{Acquire, AcquireOwned};
 }

@@ -21,6 +21,7 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
+use watertight::CallOptions;
 
 use watertight::futures::Call;
 use watertight::keyed::{KeyedBulkhead, KeyedBulkheadBuilder, KeyedError, KeyedRejectReason};
@@ -254,24 +255,34 @@ fn deadline_paths(timer: &str, make: &dyn Fn(BulkheadBuilder) -> Bulkhead, drive
     );
     let soon = || std::time::Instant::now() + Duration::from_secs(5);
     assert_no_allocation(&format!("{timer}: call_by, admitted at once"), || {
-        let out = poll_once(pin!(bh.call_by(soon(), async { Ok::<_, ()>(1) })));
+        let out = poll_once(pin!(
+            bh.call_with(CallOptions::new().deadline(soon()), async {
+                Ok::<_, ()>(1)
+            })
+        ));
         assert_eq!(out, Poll::Ready(Ok(1)));
     });
     assert_no_allocation(&format!("{timer}: call_by, after waiting"), || {
         let held = bh.try_acquire().unwrap();
-        let mut call = pin!(bh.call_by(soon(), async { Ok::<_, ()>(2) }));
+        let mut call = pin!(bh.call_with(CallOptions::new().deadline(soon()), async {
+            Ok::<_, ()>(2)
+        }));
         assert!(poll_once(call.as_mut()).is_pending());
         drop(held);
         assert_eq!(poll_once(call.as_mut()), Poll::Ready(Ok(2)));
     });
     assert_no_allocation(&format!("{timer}: call_by, a passed deadline"), || {
         let passed = std::time::Instant::now() - Duration::from_millis(1);
-        let out = poll_once(pin!(bh.call_by(passed, async { Ok::<_, ()>(3) })));
+        let out = poll_once(pin!(
+            bh.call_with(CallOptions::new().deadline(passed), async {
+                Ok::<_, ()>(3)
+            })
+        ));
         assert_rejected(out, RejectReason::WontMakeDeadline);
     });
     assert_no_allocation(&format!("{timer}: acquire_by, after waiting"), || {
         let held = bh.try_acquire().unwrap();
-        let mut acquire = pin!(bh.acquire_by(soon()));
+        let mut acquire = pin!(bh.acquire_with(CallOptions::new().deadline(soon())));
         assert!(poll_once(acquire.as_mut()).is_pending());
         drop(held);
         assert!(matches!(poll_once(acquire.as_mut()), Poll::Ready(Ok(_))));
@@ -283,14 +294,20 @@ fn deadline_paths(timer: &str, make: &dyn Fn(BulkheadBuilder) -> Bulkhead, drive
     let held = bh.try_acquire().unwrap();
     assert_no_allocation(&format!("{timer}: call_by, the estimate says no"), || {
         let by = std::time::Instant::now() + Duration::from_millis(2);
-        let out = poll_once(pin!(bh.call_by(by, async { Ok::<_, ()>(4) })));
+        let out =
+            poll_once(pin!(bh.call_with(CallOptions::new().deadline(by), async {
+                Ok::<_, ()>(4)
+            })));
         assert_rejected(out, RejectReason::WontMakeDeadline);
     });
     assert_no_allocation(&format!("{timer}: call_by, out of time in line"), || {
         let by = std::time::Instant::now() + Duration::from_millis(60);
         let mut out = None;
         drive(pin!(async {
-            out = Some(bh.call_by(by, async { Ok::<_, ()>(5) }).await)
+            out = Some(
+                bh.call_with(CallOptions::new().deadline(by), async { Ok::<_, ()>(5) })
+                    .await,
+            )
         }));
         assert_rejected(Poll::Ready(out.unwrap()), RejectReason::WontMakeDeadline);
     });
@@ -705,7 +722,11 @@ fn keyed_every_path(
     // Deadline-aware admission at both stages, and controlled delay on
     // every line: admitted at once, and after waiting for each stage.
     let by = Instant::now() + Duration::from_secs(60);
-    let call_by = |key: &'static u64, n: u32| kb.call_by(key, by, async move { Ok::<_, ()>(n) });
+    let call_by = |key: &'static u64, n: u32| {
+        kb.call_with(key, CallOptions::new().deadline(by), async move {
+            Ok::<_, ()>(n)
+        })
+    };
     assert_no_allocation(&format!("{timer}: keyed call_by, admitted at once"), || {
         assert_eq!(poll_once(pin!(call_by(&KEY, 10))), Poll::Ready(Ok(10)));
     });
@@ -749,7 +770,11 @@ fn keyed_every_path(
             let held = fair.try_acquire(&OTHER).unwrap();
             let mut gone = pin!(Some(fair.call(&10, async { Ok::<_, ()>(0) })));
             let mut first = pin!(fair.call(&KEY, async { Ok::<_, ()>(15) }));
-            let mut second = pin!(fair.call_by(&THIRD, by, async { Ok::<_, ()>(16) }));
+            let mut second = pin!(
+                fair.call_with(&THIRD, CallOptions::new().deadline(by), async {
+                    Ok::<_, ()>(16)
+                })
+            );
             let mut left = pin!(Some(fair.call(&11, async { Ok::<_, ()>(0) })));
             assert!(poll_once(gone.as_mut().as_pin_mut().unwrap()).is_pending());
             assert!(poll_once(first.as_mut()).is_pending());
@@ -891,39 +916,47 @@ fn priority_class_paths_allocate_nothing() {
         .build()
         .unwrap();
     assert_no_allocation("classed, at once", || {
-        let mut call = pin!(bh.call_as(0, async { Ok::<_, ()>(()) }));
+        let mut call = pin!(bh.call_with(CallOptions::new().class(0), async { Ok::<_, ()>(()) }));
         assert!(matches!(poll_once(call.as_mut()), Poll::Ready(Ok(()))));
     });
     assert_no_allocation("classed, after waiting", || {
-        let held = bh.try_acquire_as(1).unwrap();
-        let mut call = pin!(bh.call_as(0, async { Ok::<_, ()>(()) }));
+        let held = bh.try_acquire_with(CallOptions::new().class(1)).unwrap();
+        let mut call = pin!(bh.call_with(CallOptions::new().class(0), async { Ok::<_, ()>(()) }));
         assert!(poll_once(call.as_mut()).is_pending());
         drop(held);
         assert!(matches!(poll_once(call.as_mut()), Poll::Ready(Ok(()))));
     });
     assert_no_allocation("classed, displaced", || {
-        let held = bh.try_acquire_as(1).unwrap();
-        let mut low = pin!(bh.acquire_as(1));
+        let held = bh.try_acquire_with(CallOptions::new().class(1)).unwrap();
+        let mut low = pin!(bh.acquire_with(CallOptions::new().class(1)));
         assert!(poll_once(low.as_mut()).is_pending());
-        let mut high = pin!(bh.acquire_as(0));
+        let mut high = pin!(bh.acquire_with(CallOptions::new().class(0)));
         assert!(poll_once(high.as_mut()).is_pending());
         assert!(matches!(poll_once(low.as_mut()), Poll::Ready(Err(_))));
         drop(held);
         assert!(matches!(poll_once(high.as_mut()), Poll::Ready(Ok(_))));
     });
     assert_no_allocation("classed, out of max_wait", || {
-        let _held = bh.try_acquire_as(0).unwrap();
-        let r = futures::executor::block_on(bh.acquire_as(1));
+        let _held = bh.try_acquire_with(CallOptions::new().class(0)).unwrap();
+        let r = futures::executor::block_on(bh.acquire_with(CallOptions::new().class(1)));
         assert_eq!(r.unwrap_err().reason(), RejectReason::Timeout);
     });
     let by = std::time::Instant::now() + Duration::from_secs(60);
     assert_no_allocation("classed with a deadline, at once", || {
-        let mut call = pin!(bh.call_as_by(0, by, async { Ok::<_, ()>(()) }));
+        let mut call = pin!(
+            bh.call_with(CallOptions::new().class(0).deadline(by), async {
+                Ok::<_, ()>(())
+            })
+        );
         assert!(matches!(poll_once(call.as_mut()), Poll::Ready(Ok(()))));
     });
     assert_no_allocation("classed with a deadline, after waiting", || {
-        let held = bh.try_acquire_as(1).unwrap();
-        let mut call = pin!(bh.call_as_by(0, by, async { Ok::<_, ()>(()) }));
+        let held = bh.try_acquire_with(CallOptions::new().class(1)).unwrap();
+        let mut call = pin!(
+            bh.call_with(CallOptions::new().class(0).deadline(by), async {
+                Ok::<_, ()>(())
+            })
+        );
         assert!(poll_once(call.as_mut()).is_pending());
         drop(held);
         assert!(matches!(poll_once(call.as_mut()), Poll::Ready(Ok(()))));
@@ -937,20 +970,27 @@ fn priority_class_paths_allocate_nothing() {
         .build()
         .unwrap();
     assert_no_allocation("classed with controlled delay, after waiting", || {
-        let held = delayed.try_acquire_as(1).unwrap();
-        let mut call = pin!(delayed.call_as(0, async { Ok::<_, ()>(()) }));
+        let held = delayed
+            .try_acquire_with(CallOptions::new().class(1))
+            .unwrap();
+        let mut call =
+            pin!(delayed.call_with(CallOptions::new().class(0), async { Ok::<_, ()>(()) }));
         assert!(poll_once(call.as_mut()).is_pending());
         drop(held);
         assert!(matches!(poll_once(call.as_mut()), Poll::Ready(Ok(()))));
     });
     assert_no_allocation("classed with controlled delay, past the target", || {
-        let _held = delayed.try_acquire_as(0).unwrap();
-        let r = futures::executor::block_on(delayed.acquire_as(1));
+        let _held = delayed
+            .try_acquire_with(CallOptions::new().class(0))
+            .unwrap();
+        let r = futures::executor::block_on(delayed.acquire_with(CallOptions::new().class(1)));
         assert_eq!(r.unwrap_err().reason(), RejectReason::Timeout);
     });
     assert_no_allocation("classed with a deadline, rejected", || {
         let passed = std::time::Instant::now() - Duration::from_millis(1);
-        let r = futures::executor::block_on(bh.acquire_as_by(1, passed));
+        let r = futures::executor::block_on(
+            bh.acquire_with(CallOptions::new().class(1).deadline(passed)),
+        );
         assert_eq!(r.unwrap_err().reason(), RejectReason::WontMakeDeadline);
     });
 }

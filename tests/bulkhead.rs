@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
+use watertight::CallOptions;
 
 mod common;
 
@@ -572,10 +573,11 @@ fn traits() {
     fn is_send<T: Send>(_: &T) {}
     is_send(&fut);
     let by = std::time::Instant::now() + std::time::Duration::from_secs(1);
-    let fut: watertight::futures::CallBy<'_, _> = bh.call_by(by, async { Ok::<_, ()>(()) });
-    is_send(&fut);
-    assert!(format!("{fut:?}").starts_with("CallBy"));
-    is_send(&bh.acquire_by(by));
+    let fut: watertight::futures::Call<'_, _> = bh.call(async { Ok::<_, ()>(()) });
+    assert!(format!("{fut:?}").starts_with("Call"));
+    let options = CallOptions::new().deadline(by).class(1);
+    is_send(&bh.call_with(options, async { Ok::<_, ()>(()) }));
+    is_send(&bh.acquire_with(CallOptions::new().deadline(by)));
     assert_eq!(CallOutcome::Success.to_string(), "success");
 }
 

@@ -6,6 +6,7 @@
 
 use std::mem::size_of_val;
 use std::time::Instant;
+use watertight::CallOptions;
 
 use watertight::Bulkhead;
 use watertight::keyed::KeyedBulkhead;
@@ -25,19 +26,25 @@ fn a_waiting_call_is_no_bigger_than_its_bound() {
         .unwrap();
     let call = size_of_val(&one_byte());
     let plain = size_of_val(&bh.call(one_byte()));
-    let plain_by = size_of_val(&bh.call_by(Instant::now(), one_byte()));
+    let by = CallOptions::new().deadline(Instant::now());
+    let plain_with = size_of_val(&bh.call_with(by, one_byte()));
     let keyed = size_of_val(&kb.call(&7, one_byte()));
-    let keyed_by = size_of_val(&kb.call_by(&7, Instant::now(), one_byte()));
+    let keyed_with = size_of_val(&kb.call_with(&7, by, one_byte()));
     println!(
-        "around a {call}-byte call: Bulkhead::call {plain} B, call_by {plain_by} B; \
-         KeyedBulkhead::call {keyed} B, call_by {keyed_by} B"
+        "around a {call}-byte call: Bulkhead::call {plain} B, call_with {plain_with} B; \
+         KeyedBulkhead::call {keyed} B, call_with {keyed_with} B"
     );
     assert!(plain <= 312, "Bulkhead::call is {plain} bytes");
-    assert!(plain_by <= 328, "Bulkhead::call_by is {plain_by} bytes");
-    // Each of its two stages keeps a wait of its own.
-    assert!(keyed <= 936, "KeyedBulkhead::call is {keyed} bytes");
+    // A call with options may be classed: the larger of the two ways in.
     assert!(
-        keyed_by <= 1088,
-        "KeyedBulkhead::call_by is {keyed_by} bytes"
+        plain_with <= 400,
+        "Bulkhead::call_with is {plain_with} bytes"
+    );
+    // Each of its two stages keeps a wait of its own; `call` is
+    // `call_with` without options.
+    assert!(keyed <= 1072, "KeyedBulkhead::call is {keyed} bytes");
+    assert!(
+        keyed_with <= 1072,
+        "KeyedBulkhead::call_with is {keyed_with} bytes"
     );
 }

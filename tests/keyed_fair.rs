@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
+use watertight::CallOptions;
 
 use common::poll_noop;
 use watertight::keyed::{
@@ -194,10 +195,10 @@ fn every_way_in_waits_its_keys_turn() {
         let call = kb.call("noisy", record("noisy"));
         futs.push(Box::pin(async move { call.await.unwrap() }));
     }
-    let call_by = kb.call_by("quiet", by, record("quiet"));
+    let call_by = kb.call_with("quiet", CallOptions::new().deadline(by), record("quiet"));
     futs.push(Box::pin(async move { call_by.await.unwrap() }));
     let order2 = order.clone();
-    let acquire_by = kb.acquire_by("calm", by);
+    let acquire_by = kb.acquire_with("calm", CallOptions::new().deadline(by));
     futs.push(Box::pin(async move {
         let _p = acquire_by.await.unwrap();
         order2.lock().unwrap().push("calm");
@@ -412,7 +413,7 @@ async fn a_deadline_ends_the_wait_in_the_keys_line() {
     // b must be done in 50 ms; no hold time is known yet, so it may wait
     // until then, in its key's line.
     let by = (tokio::time::Instant::now() + Duration::from_millis(50)).into_std();
-    let mut b: Acquiring<'_> = Box::pin(kb.acquire_by("b", by));
+    let mut b: Acquiring<'_> = Box::pin(kb.acquire_with("b", CallOptions::new().deadline(by)));
     assert!(poll_noop(b.as_mut()).is_pending());
     waiting.extend(waiters(&kb, &["c"]));
     tokio::time::advance(Duration::from_millis(60)).await;

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
+use watertight::CallOptions;
 
 use watertight::Bulkhead;
 use watertight::keyed::KeyedBulkhead;
@@ -95,9 +96,15 @@ const ALL: [Way; 5] = [
 fn panics(kb: &KeyedBulkhead<u32>, way: Way, key: u32, by: Instant) -> bool {
     catch_unwind(AssertUnwindSafe(|| match way {
         Way::Call => drop(block_on(kb.call(&key, async { Ok::<_, ()>(()) }))),
-        Way::CallBy => drop(block_on(kb.call_by(&key, by, async { Ok::<_, ()>(()) }))),
+        Way::CallBy => drop(block_on(kb.call_with(
+            &key,
+            CallOptions::new().deadline(by),
+            async { Ok::<_, ()>(()) },
+        ))),
         Way::Acquire => drop(block_on(kb.acquire(&key))),
-        Way::AcquireBy => drop(block_on(kb.acquire_by(&key, by))),
+        Way::AcquireBy => drop(block_on(
+            kb.acquire_with(&key, CallOptions::new().deadline(by)),
+        )),
         Way::TryAcquire => drop(kb.try_acquire(&key)),
     }))
     .is_err()
@@ -148,7 +155,9 @@ fn usable_again(kb: &KeyedBulkhead<u32>, keys: impl IntoIterator<Item = u32>, wh
     for key in keys {
         let by = Instant::now() + Duration::from_secs(10);
         assert_eq!(
-            block_on(kb.call_by(&key, by, async { Ok::<_, ()>(key) })),
+            block_on(kb.call_with(&key, CallOptions::new().deadline(by), async {
+                Ok::<_, ()>(key)
+            })),
             Ok(key),
             "{what}: key {key}"
         );
@@ -266,15 +275,26 @@ fn a_global_queue_delay_cut_whose_observer_panics_is_counted_for_its_key() {
     for (way, key) in WAITING.into_iter().zip((2..).step_by(2)) {
         let holder = kb.try_acquire(&0).unwrap();
         let ahead = key - 1;
-        let mut first = Box::pin(kb.call_by(&ahead, by, async { Ok::<_, ()>(()) }));
+        let mut first = Box::pin(
+            kb.call_with(&ahead, CallOptions::new().deadline(by), async {
+                Ok::<_, ()>(())
+            }),
+        );
         assert!(poll_once(first.as_mut()).is_pending());
         let mut second: Pin<Box<dyn Future<Output = ()>>> = match way {
             Way::Call => Box::pin(async { drop(kb.call(&key, async { Ok::<_, ()>(()) }).await) }),
-            Way::CallBy => {
-                Box::pin(async { drop(kb.call_by(&key, by, async { Ok::<_, ()>(()) }).await) })
-            }
+            Way::CallBy => Box::pin(async {
+                drop(
+                    kb.call_with(&key, CallOptions::new().deadline(by), async {
+                        Ok::<_, ()>(())
+                    })
+                    .await,
+                )
+            }),
             Way::Acquire => Box::pin(async { drop(kb.acquire(&key).await) }),
-            Way::AcquireBy => Box::pin(async { drop(kb.acquire_by(&key, by).await) }),
+            Way::AcquireBy => Box::pin(async {
+                drop(kb.acquire_with(&key, CallOptions::new().deadline(by)).await)
+            }),
             Way::TryAcquire => unreachable!(),
         };
         assert!(poll_once(second.as_mut()).is_pending());

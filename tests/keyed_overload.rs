@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
+use watertight::CallOptions;
 
 use watertight::keyed::{KeyedBulkhead, KeyedError, KeyedRejectReason, KeyedRejected};
 use watertight::observer::{Observer, Rejection};
@@ -358,7 +359,7 @@ fn a_passed_deadline_is_rejected_at_once_by_the_key_and_the_call_never_runs() {
         .unwrap();
     for by in [Instant::now() - MS, Instant::now()] {
         let ran = std::cell::Cell::new(false);
-        let call = pin!(kb.call_by(&1, by, async {
+        let call = pin!(kb.call_with(&1, CallOptions::new().deadline(by), async {
             ran.set(true);
             Ok::<_, ()>(())
         }));
@@ -378,7 +379,8 @@ fn a_passed_deadline_is_rejected_at_once_by_the_key_and_the_call_never_runs() {
             "keyed bulkhead t: the key cannot serve the call before its deadline"
         );
     }
-    let r = block_on(kb.acquire_by(&1, Instant::now() - MS)).unwrap_err();
+    let r = block_on(kb.acquire_with(&1, CallOptions::new().deadline(Instant::now() - MS)))
+        .unwrap_err();
     assert_eq!(r.reason(), KeyedRejectReason::KeyWontMakeDeadline);
     let m = kb.metrics_for(&1).unwrap();
     assert_eq!(
@@ -389,10 +391,12 @@ fn a_passed_deadline_is_rejected_at_once_by_the_key_and_the_call_never_runs() {
     // Time to spare: admitted by both stages.
     let by = Instant::now() + Duration::from_secs(5);
     assert_eq!(
-        block_on(kb.call_by(&1, by, async { Ok::<_, ()>(7) })),
+        block_on(kb.call_with(&1, CallOptions::new().deadline(by), async {
+            Ok::<_, ()>(7)
+        })),
         Ok(7)
     );
-    let permit = block_on(kb.acquire_by(&1, by)).unwrap();
+    let permit = block_on(kb.acquire_with(&1, CallOptions::new().deadline(by))).unwrap();
     assert!(permit.has_global());
     drop(permit);
     assert_eq!(kb.metrics_for(&1).unwrap().admitted(), 2);
@@ -404,7 +408,11 @@ fn a_deadline_the_key_cannot_meet_is_rejected_at_once() {
     let seen = Arc::new(Seen::default());
     let kb = held_for(false, 100 * MS, &seen);
     // A free permit, but less time than one call takes.
-    let out = block_on(kb.call_by(&1, Instant::now() + 50 * MS, async { Ok::<_, ()>(()) }));
+    let out = block_on(kb.call_with(
+        &1,
+        CallOptions::new().deadline(Instant::now() + 50 * MS),
+        async { Ok::<_, ()>(()) },
+    ));
     assert_eq!(
         rejected(out).reason(),
         KeyedRejectReason::KeyWontMakeDeadline
@@ -413,7 +421,11 @@ fn a_deadline_the_key_cannot_meet_is_rejected_at_once() {
     // fit in 150 ms: rejected at once, not after waiting.
     let held = kb.try_acquire(&1).unwrap();
     let started = Instant::now();
-    let call = pin!(kb.call_by(&1, started + 150 * MS, async { Ok::<_, ()>(()) }));
+    let call = pin!(
+        kb.call_with(&1, CallOptions::new().deadline(started + 150 * MS), async {
+            Ok::<_, ()>(())
+        })
+    );
     let r = match poll_once(call) {
         Poll::Ready(out) => rejected(out),
         Poll::Pending => panic!("expected a rejection at once"),
@@ -422,7 +434,9 @@ fn a_deadline_the_key_cannot_meet_is_rejected_at_once() {
     assert!(r.retry_after().is_some(), "the usual hint");
     // At once: ready at the first poll (not a bound on the time taken,
     // which a descheduled thread would break).
-    let r = match poll_once(pin!(kb.acquire_by(&1, Instant::now() + 150 * MS))) {
+    let r = match poll_once(pin!(
+        kb.acquire_with(&1, CallOptions::new().deadline(Instant::now() + 150 * MS))
+    )) {
         Poll::Ready(r) => r.unwrap_err(),
         Poll::Pending => panic!("expected acquire_by's rejection at once"),
     };
@@ -430,7 +444,9 @@ fn a_deadline_the_key_cannot_meet_is_rejected_at_once() {
     // Another key has no hold time yet: admitted.
     let by = Instant::now() + 150 * MS;
     assert_eq!(
-        block_on(kb.call_by(&2, by, async { Ok::<_, ()>(2) })),
+        block_on(kb.call_with(&2, CallOptions::new().deadline(by), async {
+            Ok::<_, ()>(2)
+        })),
         Ok(2)
     );
     drop(held);
@@ -452,10 +468,12 @@ fn a_deadline_the_global_limit_cannot_meet_is_rejected_at_once() {
     let held = kb.try_acquire(&1).unwrap();
     let started = Instant::now();
     let ran = std::cell::Cell::new(false);
-    let call = pin!(kb.call_by(&2, started + 150 * MS, async {
-        ran.set(true);
-        Ok::<_, ()>(())
-    }));
+    let call = pin!(
+        kb.call_with(&2, CallOptions::new().deadline(started + 150 * MS), async {
+            ran.set(true);
+            Ok::<_, ()>(())
+        })
+    );
     let r = match poll_once(call) {
         Poll::Ready(out) => rejected(out),
         Poll::Pending => panic!("expected a rejection at once"),
@@ -467,7 +485,9 @@ fn a_deadline_the_global_limit_cannot_meet_is_rejected_at_once() {
         r.to_string(),
         "keyed bulkhead t: the global limit cannot serve the call before its deadline"
     );
-    let r = match poll_once(pin!(kb.acquire_by(&2, Instant::now() + 150 * MS))) {
+    let r = match poll_once(pin!(
+        kb.acquire_with(&2, CallOptions::new().deadline(Instant::now() + 150 * MS))
+    )) {
         Poll::Ready(r) => r.unwrap_err(),
         Poll::Pending => panic!("expected acquire_by's rejection at once"),
     };
@@ -507,7 +527,11 @@ fn an_admitted_deadline_waits_at_most_until_it_could_still_finish() {
         let key = if global { 3 } else { 1 };
         let started = Instant::now();
         let by = started + 500 * MS;
-        let r = rejected(block_on(kb.call_by(&key, by, async { Ok::<_, ()>(()) })));
+        let r = rejected(block_on(kb.call_with(
+            &key,
+            CallOptions::new().deadline(by),
+            async { Ok::<_, ()>(()) },
+        )));
         let waited = started.elapsed();
         let expected = match global {
             false => KeyedRejectReason::KeyWontMakeDeadline,
@@ -531,7 +555,9 @@ fn an_admitted_deadline_waits_at_most_until_it_could_still_finish() {
             drop(held);
         });
         assert_eq!(
-            block_on(kb.call_by(&key, by, async { Ok::<_, ()>(9) })),
+            block_on(kb.call_with(&key, CallOptions::new().deadline(by), async {
+                Ok::<_, ()>(9)
+            })),
             Ok(9)
         );
         releaser.join().unwrap();
@@ -563,9 +589,11 @@ fn cancelling_a_deadline_call_at_each_await_point_leaves_nothing_behind() {
         // Waiting for its key (key 1 held).
         let held = kb.try_acquire(&1).unwrap();
         {
-            let mut call = pin!(kb.call_by(&1, by(), async { Ok::<_, ()>(()) }));
+            let mut call = pin!(kb.call_with(&1, CallOptions::new().deadline(by()), async {
+                Ok::<_, ()>(())
+            }));
             assert!(poll_once(call.as_mut()).is_pending());
-            let mut acquire = pin!(kb.acquire_by(&1, by()));
+            let mut acquire = pin!(kb.acquire_with(&1, CallOptions::new().deadline(by())));
             assert!(poll_once(acquire.as_mut()).is_pending());
             assert_eq!(kb.metrics_for(&1).unwrap().queued(), 2);
         }
@@ -573,9 +601,11 @@ fn cancelling_a_deadline_call_at_each_await_point_leaves_nothing_behind() {
 
         // Waiting for the global permit (key 1 holds it).
         {
-            let mut call = pin!(kb.call_by(&2, by(), async { Ok::<_, ()>(()) }));
+            let mut call = pin!(kb.call_with(&2, CallOptions::new().deadline(by()), async {
+                Ok::<_, ()>(())
+            }));
             assert!(poll_once(call.as_mut()).is_pending());
-            let mut acquire = pin!(kb.acquire_by(&3, by()));
+            let mut acquire = pin!(kb.acquire_with(&3, CallOptions::new().deadline(by())));
             assert!(poll_once(acquire.as_mut()).is_pending());
             let (m2, m3) = (kb.metrics_for(&2).unwrap(), kb.metrics_for(&3).unwrap());
             assert_eq!((m2.waiting_for_global(), m3.waiting_for_global()), (1, 1));
@@ -586,7 +616,7 @@ fn cancelling_a_deadline_call_at_each_await_point_leaves_nothing_behind() {
 
         // Running.
         {
-            let mut call = pin!(kb.call_by(&4, by(), async {
+            let mut call = pin!(kb.call_with(&4, CallOptions::new().deadline(by()), async {
                 pending::<()>().await;
                 Ok::<_, ()>(())
             }));
@@ -596,10 +626,12 @@ fn cancelling_a_deadline_call_at_each_await_point_leaves_nothing_behind() {
         }
         assert_at_rest(&kb, "after cancelling a running call");
         assert_eq!(
-            block_on(kb.call_by(&5, by(), async { Ok::<_, ()>(5) })),
+            block_on(kb.call_with(&5, CallOptions::new().deadline(by()), async {
+                Ok::<_, ()>(5)
+            })),
             Ok(5)
         );
-        drop(block_on(kb.acquire_by(&5, by())).unwrap());
+        drop(block_on(kb.acquire_with(&5, CallOptions::new().deadline(by()))).unwrap());
         assert_at_rest(&kb, "at the end");
     }
 }
@@ -632,7 +664,9 @@ impl Observer for Panicky {
 fn a_panicking_observer_leaves_no_permit_or_gauge_wrong() {
     let panics = |kb: &KeyedBulkhead<u32>, key: u32, by: Instant| {
         catch_unwind(AssertUnwindSafe(|| {
-            block_on(kb.call_by(&key, by, async { Ok::<_, ()>(()) }))
+            block_on(kb.call_with(&key, CallOptions::new().deadline(by), async {
+                Ok::<_, ()>(())
+            }))
         }))
         .is_err()
     };
@@ -686,8 +720,12 @@ fn a_panicking_observer_leaves_no_permit_or_gauge_wrong() {
     let kb = build(rejecting());
     let held = kb.try_acquire(&1).unwrap();
     let by = Instant::now() + Duration::from_secs(10);
-    let mut first = Box::pin(kb.call_by(&4, by, async { Ok::<_, ()>(4) }));
-    let mut second = Box::pin(kb.call_by(&5, by, async { Ok::<_, ()>(5) }));
+    let mut first = Box::pin(kb.call_with(&4, CallOptions::new().deadline(by), async {
+        Ok::<_, ()>(4)
+    }));
+    let mut second = Box::pin(kb.call_with(&5, CallOptions::new().deadline(by), async {
+        Ok::<_, ()>(5)
+    }));
     assert!(poll_once(first.as_mut()).is_pending());
     assert!(poll_once(second.as_mut()).is_pending());
     thread::sleep(5 * MS);
@@ -711,11 +749,11 @@ fn a_panicking_observer_leaves_no_permit_or_gauge_wrong() {
     // The same after waiting for the global permit (its limit 0 meanwhile).
     let blocker = kb.global().unwrap().clone();
     blocker.set_max_concurrent_calls(0);
-    let mut waiter = Box::pin(
-        kb.call_by(&7, Instant::now() + Duration::from_secs(5), async {
-            Ok::<_, ()>(7)
-        }),
-    );
+    let mut waiter = Box::pin(kb.call_with(
+        &7,
+        CallOptions::new().deadline(Instant::now() + Duration::from_secs(5)),
+        async { Ok::<_, ()>(7) },
+    ));
     assert!(poll_once(waiter.as_mut()).is_pending());
     assert_eq!(kb.metrics_for(&7).unwrap().waiting_for_global(), 1);
     blocker.set_max_concurrent_calls(1);

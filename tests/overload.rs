@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
+use watertight::CallOptions;
 
 use watertight::observer::{Observer, Rejection};
 use watertight::timer::{Sleep, ThreadTimer, Timer};
@@ -98,7 +99,7 @@ fn a_passed_deadline_is_rejected_at_once_and_the_call_never_runs() {
         .unwrap();
     for by in [Instant::now() - MS, Instant::now()] {
         let ran = std::cell::Cell::new(false);
-        let call = pin!(bh.call_by(by, async {
+        let call = pin!(bh.call_with(CallOptions::new().deadline(by), async {
             ran.set(true);
             Ok::<_, ()>(())
         }));
@@ -114,7 +115,8 @@ fn a_passed_deadline_is_rejected_at_once_and_the_call_never_runs() {
             "bulkhead ledger cannot serve the call before its deadline"
         );
     }
-    let r = block_on(bh.acquire_by(Instant::now() - MS)).unwrap_err();
+    let r =
+        block_on(bh.acquire_with(CallOptions::new().deadline(Instant::now() - MS))).unwrap_err();
     assert_eq!(r.reason(), RejectReason::WontMakeDeadline);
     let m = bh.metrics();
     assert_eq!(
@@ -129,8 +131,11 @@ fn a_passed_deadline_is_rejected_at_once_and_the_call_never_runs() {
 fn nothing_known_admits_every_deadline_with_time_left() {
     let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
     let by = Instant::now() + Duration::from_secs(5);
-    assert_eq!(block_on(bh.call_by(by, async { Ok::<_, ()>(1) })), Ok(1));
-    drop(block_on(bh.acquire_by(by)).unwrap());
+    assert_eq!(
+        block_on(bh.call_with(CallOptions::new().deadline(by), async { Ok::<_, ()>(1) })),
+        Ok(1)
+    );
+    drop(block_on(bh.acquire_with(CallOptions::new().deadline(by))).unwrap());
     assert_eq!(bh.metrics().rejected_deadline(), 0);
 }
 
@@ -145,17 +150,28 @@ fn a_deadline_the_estimate_cannot_meet_is_rejected_at_once() {
     );
     // A free permit, but less time than one call takes.
     let started = Instant::now();
-    let out = block_on(bh.call_by(started + 50 * MS, async { Ok::<_, ()>(()) }));
+    let out = block_on(
+        bh.call_with(CallOptions::new().deadline(started + 50 * MS), async {
+            Ok::<_, ()>(())
+        }),
+    );
     assert_eq!(rejected(out).reason(), RejectReason::WontMakeDeadline);
     // A free permit and time enough: admitted.
     let by = Instant::now() + Duration::from_secs(5);
-    assert_eq!(block_on(bh.call_by(by, async { Ok::<_, ()>(2) })), Ok(2));
+    assert_eq!(
+        block_on(bh.call_with(CallOptions::new().deadline(by), async { Ok::<_, ()>(2) })),
+        Ok(2)
+    );
 
     // The permit busy: a wait of about one hold, then one hold of work,
     // does not fit in 150 ms; rejected at once, not after waiting.
     let held = bh.try_acquire().unwrap();
     let started = Instant::now();
-    let call = pin!(bh.call_by(started + 150 * MS, async { Ok::<_, ()>(()) }));
+    let call = pin!(
+        bh.call_with(CallOptions::new().deadline(started + 150 * MS), async {
+            Ok::<_, ()>(())
+        })
+    );
     let r = match poll_once(call) {
         Poll::Ready(out) => rejected(out),
         Poll::Pending => panic!("expected a rejection at once"),
@@ -167,7 +183,9 @@ fn a_deadline_the_estimate_cannot_meet_is_rejected_at_once() {
     // down to about 75 ms after the instant call above).
     let hint = r.retry_after().expect("a hold time is known");
     assert!(hint >= 60 * MS, "{hint:?}");
-    let r = match poll_once(pin!(bh.acquire_by(Instant::now() + 150 * MS))) {
+    let r = match poll_once(pin!(
+        bh.acquire_with(CallOptions::new().deadline(Instant::now() + 150 * MS))
+    )) {
         Poll::Ready(r) => r.unwrap_err(),
         Poll::Pending => panic!("expected acquire_by's rejection at once"),
     };
@@ -195,7 +213,9 @@ fn an_admitted_deadline_waits_at_most_until_it_could_still_finish() {
         // waits, for at most 500 - 100 = 400 ms, though max_wait is 10 s.
         let started = Instant::now();
         let by = started + 500 * MS;
-        let r = rejected(block_on(bh.call_by(by, async { Ok::<_, ()>(()) })));
+        let r = rejected(block_on(
+            bh.call_with(CallOptions::new().deadline(by), async { Ok::<_, ()>(()) }),
+        ));
         let waited = started.elapsed();
         assert_eq!(r.reason(), RejectReason::WontMakeDeadline, "{kind}");
         // Until the deadline less the hold average the bulkhead judged by
@@ -222,7 +242,8 @@ fn an_admitted_deadline_waits_at_most_until_it_could_still_finish() {
             waited < 500 * MS,
             "{kind}: rejected after {waited:?}, past the deadline"
         );
-        let r = block_on(bh.acquire_by(Instant::now() + 500 * MS)).unwrap_err();
+        let r = block_on(bh.acquire_with(CallOptions::new().deadline(Instant::now() + 500 * MS)))
+            .unwrap_err();
         assert_eq!(r.reason(), RejectReason::WontMakeDeadline, "{kind}");
         drop(held);
 
@@ -235,7 +256,7 @@ fn an_admitted_deadline_waits_at_most_until_it_could_still_finish() {
         });
         let by = Instant::now() + Duration::from_secs(5);
         assert_eq!(
-            block_on(bh.call_by(by, async { Ok::<_, ()>(3) })),
+            block_on(bh.call_with(CallOptions::new().deadline(by), async { Ok::<_, ()>(3) })),
             Ok(3),
             "{kind}"
         );
@@ -260,7 +281,9 @@ fn max_wait_still_bounds_a_deadline_it_ends_sooner() {
         let held = bh.try_acquire().unwrap();
         let by = Instant::now() + Duration::from_secs(5);
         let started = Instant::now();
-        let r = rejected(block_on(bh.call_by(by, async { Ok::<_, ()>(()) })));
+        let r = rejected(block_on(
+            bh.call_with(CallOptions::new().deadline(by), async { Ok::<_, ()>(()) }),
+        ));
         assert_eq!(r.reason(), RejectReason::Timeout, "{kind}");
         assert!(started.elapsed() < Duration::from_secs(1), "{kind}");
         drop(held);
@@ -280,7 +303,9 @@ fn a_deadline_without_max_wait_or_a_timer_of_its_own_still_ends() {
     let held = bh.try_acquire().unwrap();
     let started = Instant::now();
     let r = rejected(block_on(
-        bh.call_by(started + 500 * MS, async { Ok::<_, ()>(()) }),
+        bh.call_with(CallOptions::new().deadline(started + 500 * MS), async {
+            Ok::<_, ()>(())
+        }),
     ));
     assert_eq!(r.reason(), RejectReason::WontMakeDeadline);
     let waited = started.elapsed();
@@ -315,7 +340,8 @@ fn a_cancelled_deadline_call_leaves_the_counts_right() {
 
         // Waiting, then dropped.
         let held = bh.try_acquire().unwrap();
-        let mut call = Box::pin(bh.call_by(by(), async { Ok::<_, ()>(()) }));
+        let mut call =
+            Box::pin(bh.call_with(CallOptions::new().deadline(by()), async { Ok::<_, ()>(()) }));
         assert!(poll_once(call.as_mut()).is_pending(), "{kind}");
         assert!(poll_once(call.as_mut()).is_pending(), "{kind}");
         assert_eq!(bh.metrics().queued(), 1, "{kind}");
@@ -323,7 +349,8 @@ fn a_cancelled_deadline_call_leaves_the_counts_right() {
         assert_eq!(bh.metrics().queued(), 0, "{kind}");
 
         // Handed the permit while waiting, dropped before it saw it.
-        let mut call = Box::pin(bh.call_by(by(), async { Ok::<_, ()>(()) }));
+        let mut call =
+            Box::pin(bh.call_with(CallOptions::new().deadline(by()), async { Ok::<_, ()>(()) }));
         assert!(poll_once(call.as_mut()).is_pending(), "{kind}");
         drop(held);
         drop(call);
@@ -332,7 +359,7 @@ fn a_cancelled_deadline_call_leaves_the_counts_right() {
 
         // `acquire_by` waiting, then dropped.
         let held = bh.try_acquire().unwrap();
-        let mut acquire = Box::pin(bh.acquire_by(by()));
+        let mut acquire = Box::pin(bh.acquire_with(CallOptions::new().deadline(by())));
         assert!(poll_once(acquire.as_mut()).is_pending(), "{kind}");
         assert_eq!(bh.metrics().queued(), 1, "{kind}");
         drop(acquire);
@@ -341,7 +368,7 @@ fn a_cancelled_deadline_call_leaves_the_counts_right() {
         assert_eq!((m.queued(), m.in_flight()), (0, 0), "{kind}");
 
         // Running, then dropped.
-        let mut call = Box::pin(bh.call_by(by(), async {
+        let mut call = Box::pin(bh.call_with(CallOptions::new().deadline(by()), async {
             pending::<()>().await;
             Ok::<_, ()>(())
         }));
@@ -352,7 +379,10 @@ fn a_cancelled_deadline_call_leaves_the_counts_right() {
         assert_eq!((m.queued(), m.in_flight()), (0, 0), "{kind}");
         assert!(seen.seen().is_empty(), "{kind}: {:?}", seen.seen());
         // The line still works.
-        assert_eq!(block_on(bh.call_by(by(), async { Ok::<_, ()>(4) })), Ok(4));
+        assert_eq!(
+            block_on(bh.call_with(CallOptions::new().deadline(by()), async { Ok::<_, ()>(4) })),
+            Ok(4)
+        );
     }
 }
 
@@ -370,7 +400,10 @@ async fn a_deadline_on_the_paused_tokio_clock() {
     let held = bh.try_acquire().unwrap();
     let started = tokio::time::Instant::now();
     let by = (started + Duration::from_secs(30)).into_std();
-    let r = rejected(bh.call_by(by, async { Ok::<_, ()>(()) }).await);
+    let r = rejected(
+        bh.call_with(CallOptions::new().deadline(by), async { Ok::<_, ()>(()) })
+            .await,
+    );
     assert_eq!(r.reason(), RejectReason::WontMakeDeadline);
     // Nothing is known of hold times: it waited until the deadline.
     let waited = started.elapsed();

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
+use watertight::CallOptions;
 
 use common::{Counted, poll_noop};
 use watertight::{Bulkhead, BulkheadPermit, RejectReason, Rejected};
@@ -69,7 +70,10 @@ fn assert_at_rest(bh: &Bulkhead) {
         "{seats:?}"
     );
     let permits: Vec<_> = (0..m.max_concurrent_calls())
-        .map(|_| bh.try_acquire_as(0).expect("every seat is free"))
+        .map(|_| {
+            bh.try_acquire_with(CallOptions::new().class(0))
+                .expect("every seat is free")
+        })
         .collect();
     drop(permits);
 }
@@ -100,13 +104,16 @@ async fn a_class_line_whose_last_waiter_finds_it_standing_is_left_empty_not_stan
         let wait = |bh: &Bulkhead| {
             let bh = bh.clone();
             tokio::spawn(async move {
-                let permit = bh.acquire_as(0).await.map_err(|r| r.reason())?;
+                let permit = bh
+                    .acquire_with(CallOptions::new().class(0))
+                    .await
+                    .map_err(|r| r.reason())?;
                 tokio::time::sleep(50 * MS).await;
                 drop(permit);
                 Ok::<_, RejectReason>(())
             })
         };
-        let seat = bh.try_acquire_as(0).unwrap();
+        let seat = bh.try_acquire_with(CallOptions::new().class(0)).unwrap();
         let first = wait(&bh);
         tokio::time::sleep(50 * MS).await;
         // Served after 50 ms, with nobody behind it.
@@ -141,13 +148,13 @@ async fn a_panicking_waker_woken_as_a_classed_waiter_is_served_loses_no_seat() {
         .max_wait(Duration::from_secs(60))
         .build()
         .unwrap();
-    let seat = bh.try_acquire_as(0).unwrap();
-    let mut a: Waiter<'_> = Box::pin(bh.acquire_as(0));
+    let seat = bh.try_acquire_with(CallOptions::new().class(0)).unwrap();
+    let mut a: Waiter<'_> = Box::pin(bh.acquire_with(CallOptions::new().class(0)));
     assert!(poll_noop(a.as_mut()).is_pending());
     tokio::time::advance(15 * MS).await;
     let bad = Arc::new(PanicsOnFirstWake::default());
     let bad_waker = Waker::from(bad.clone());
-    let mut b: Waiter<'_> = Box::pin(bh.acquire_as(0));
+    let mut b: Waiter<'_> = Box::pin(bh.acquire_with(CallOptions::new().class(0)));
     assert!(poll_with(b.as_mut(), &bad_waker).is_pending());
     tokio::time::advance(5 * MS).await;
     // a is served after 20 ms: its sample finds the line standing, and
@@ -186,12 +193,12 @@ fn a_panicking_waker_of_a_displaced_waiter_strands_no_seat() {
         .max_queue(1)
         .build()
         .unwrap();
-    let seat = bh.try_acquire_as(1).unwrap();
+    let seat = bh.try_acquire_with(CallOptions::new().class(1)).unwrap();
     let bad = Arc::new(PanicsOnFirstWake::default());
     let bad_waker = Waker::from(bad.clone());
-    let mut victim: Waiter<'_> = Box::pin(bh.acquire_as(1));
+    let mut victim: Waiter<'_> = Box::pin(bh.acquire_with(CallOptions::new().class(1)));
     assert!(poll_with(victim.as_mut(), &bad_waker).is_pending());
-    let mut newcomer: Waiter<'_> = Box::pin(bh.acquire_as(0));
+    let mut newcomer: Waiter<'_> = Box::pin(bh.acquire_with(CallOptions::new().class(0)));
     let polled = catch_unwind(AssertUnwindSafe(|| poll_noop(newcomer.as_mut())));
     assert_eq!(bad.wakes(), 1, "the displaced waiter was woken");
     match polled {
@@ -236,13 +243,13 @@ struct TwoWaiters<'a> {
 }
 
 fn two_waiters(bh: &Bulkhead) -> TwoWaiters<'_> {
-    let seat = bh.try_acquire_as(0).unwrap();
+    let seat = bh.try_acquire_with(CallOptions::new().class(0)).unwrap();
     let bad = Arc::new(PanicsOnFirstWake::default());
     let bad_waker = Waker::from(bad.clone());
-    let mut first: Waiter<'_> = Box::pin(bh.acquire_as(0));
+    let mut first: Waiter<'_> = Box::pin(bh.acquire_with(CallOptions::new().class(0)));
     assert!(poll_with(first.as_mut(), &bad_waker).is_pending());
     let good = Counted::new();
-    let mut second: Waiter<'_> = Box::pin(bh.acquire_as(1));
+    let mut second: Waiter<'_> = Box::pin(bh.acquire_with(CallOptions::new().class(1)));
     good.assert_pending(second.as_mut());
     TwoWaiters {
         seat,
@@ -326,11 +333,11 @@ fn a_panicking_waker_woken_as_a_panicking_classed_call_unwinds_does_not_abort() 
         }
         panic!("the call panics");
     });
-    let mut call = Box::pin(bh.call_as(0, work));
+    let mut call = Box::pin(bh.call_with(CallOptions::new().class(0), work));
     assert!(poll_noop(call.as_mut()).is_pending());
     let bad = Arc::new(PanicsOnFirstWake::default());
     let bad_waker = Waker::from(bad.clone());
-    let mut waiter: Waiter<'_> = Box::pin(bh.acquire_as(0));
+    let mut waiter: Waiter<'_> = Box::pin(bh.acquire_with(CallOptions::new().class(0)));
     assert!(poll_with(waiter.as_mut(), &bad_waker).is_pending());
     let polled = catch_unwind(AssertUnwindSafe(|| poll_noop(call.as_mut())));
     assert!(polled.is_err(), "the call's panic reaches its caller");
@@ -436,10 +443,13 @@ fn a_plain_deadline_call_on_a_classed_bulkhead_counts_the_free_seats() {
         // (Counted as busy, the wait of one hold more would not.)
         let by = Instant::now() + hold * 3 / 2;
         let case = format!("classes {classes}");
-        let called = futures::executor::block_on(bh.call_by(by, async { Ok::<_, ()>(7) }));
+        let called = futures::executor::block_on(
+            bh.call_with(CallOptions::new().deadline(by), async { Ok::<_, ()>(7) }),
+        );
         assert_eq!(called.map_err(|e| format!("{e}")), Ok(7), "{case}");
         let by = Instant::now() + hold * 3 / 2;
-        let acquired = futures::executor::block_on(bh.acquire_by(by));
+        let acquired =
+            futures::executor::block_on(bh.acquire_with(CallOptions::new().deadline(by)));
         assert!(acquired.is_ok(), "{case}: {:?}", acquired.map(drop));
         drop(acquired);
         assert_eq!(bh.metrics().rejected_deadline(), 0, "{case}");
@@ -499,8 +509,8 @@ fn a_huge_queue_delay_target_and_interval_are_a_line_that_never_stands() {
                 builder = builder.priorities(&[1, 1]);
             }
             let bh = builder.build().unwrap();
-            let held = bh.try_acquire_as(0).unwrap();
-            let mut waiter: Waiter<'_> = Box::pin(bh.acquire_as(0));
+            let held = bh.try_acquire_with(CallOptions::new().class(0)).unwrap();
+            let mut waiter: Waiter<'_> = Box::pin(bh.acquire_with(CallOptions::new().class(0)));
             assert!(poll_noop(waiter.as_mut()).is_pending(), "{kind}");
             std::thread::sleep(2 * MS);
             assert!(poll_noop(waiter.as_mut()).is_pending(), "{kind}");
@@ -584,7 +594,8 @@ async fn classes_with_delay_lifo_and_limit_changes_lose_nothing() {
     for step in 0..4_000 {
         match rand(20) {
             0..=7 => {
-                let mut w: Waiter<'_> = Box::pin(bh.acquire_as(rand(3)));
+                let mut w: Waiter<'_> =
+                    Box::pin(bh.acquire_with(CallOptions::new().class(rand(3))));
                 if rand(10) == 0 {
                     // Dropped before its first poll.
                     drop(w);
@@ -693,7 +704,8 @@ fn classes_with_wakers_that_panic_lose_nothing() {
                 } else {
                     Waker::noop().clone()
                 };
-                let mut w: Waiter<'_> = Box::pin(bh.acquire_as(rand(3)));
+                let mut w: Waiter<'_> =
+                    Box::pin(bh.acquire_with(CallOptions::new().class(rand(3))));
                 let mut out = None;
                 // A displaced waiter's waker may panic in this poll.
                 if panicked(|| out = Some(poll_with(w.as_mut(), &waker))) {
@@ -912,11 +924,11 @@ async fn a_raised_limit_serves_a_standing_line_newest_first() {
             builder = builder.priorities(&[1]);
         }
         let bh = builder.build().unwrap();
-        let held = bh.try_acquire_as(0).unwrap();
-        let mut first: Waiter<'_> = Box::pin(bh.acquire_as(0));
+        let held = bh.try_acquire_with(CallOptions::new().class(0)).unwrap();
+        let mut first: Waiter<'_> = Box::pin(bh.acquire_with(CallOptions::new().class(0)));
         assert!(poll_noop(first.as_mut()).is_pending(), "{kind}");
         tokio::time::advance(target + 50 * MS).await;
-        let mut oldest: Waiter<'_> = Box::pin(bh.acquire_as(0));
+        let mut oldest: Waiter<'_> = Box::pin(bh.acquire_with(CallOptions::new().class(0)));
         assert!(poll_noop(oldest.as_mut()).is_pending(), "{kind}");
         drop(held);
         // Served past the target with `oldest` behind it: the line stands.
@@ -926,7 +938,7 @@ async fn a_raised_limit_serves_a_standing_line_newest_first() {
         };
         tokio::time::advance(MS).await;
         let mut newer: Vec<Waiter<'_>> = (0..3)
-            .map(|_| Box::pin(bh.acquire_as(0)) as Waiter<'_>)
+            .map(|_| Box::pin(bh.acquire_with(CallOptions::new().class(0))) as Waiter<'_>)
             .collect();
         for w in &mut newer {
             assert!(poll_noop(w.as_mut()).is_pending(), "{kind}");

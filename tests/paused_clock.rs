@@ -6,6 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use watertight::CallOptions;
 
 use tokio::time::{Instant, sleep};
 use watertight::observer::{LeakSuspected, Observer};
@@ -120,7 +121,10 @@ async fn a_deadline_verdict_uses_the_paused_hold_average() {
     let _held = bh.try_acquire().unwrap();
     let start = Instant::now();
     let out = bh
-        .call_by((start + 50 * MS).into_std(), async { Ok::<_, ()>(()) })
+        .call_with(
+            CallOptions::new().deadline((start + 50 * MS).into_std()),
+            async { Ok::<_, ()>(()) },
+        )
         .await;
     match out {
         Err(BulkheadError::Rejected(r)) => {
@@ -133,9 +137,10 @@ async fn a_deadline_verdict_uses_the_paused_hold_average() {
     // A deadline that leaves room for the wait and the hold is admitted.
     drop(_held);
     let out = bh
-        .call_by((Instant::now() + 500 * MS).into_std(), async {
-            Ok::<_, ()>(())
-        })
+        .call_with(
+            CallOptions::new().deadline((Instant::now() + 500 * MS).into_std()),
+            async { Ok::<_, ()>(()) },
+        )
         .await;
     assert!(out.is_ok(), "{out:?}");
 }

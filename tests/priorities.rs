@@ -11,6 +11,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
+use watertight::CallOptions;
 
 use watertight::observer::{CallOutcome, Finished, Observer, Permitted, Rejection};
 use watertight::{
@@ -33,7 +34,7 @@ fn bulkhead(limit: usize, shares: &[u32]) -> Bulkhead {
 
 /// A caller of `class` that finds no seat and waits (polled once).
 fn waiter(bh: &Bulkhead, class: usize) -> Waiter<'_> {
-    let mut w: Waiter<'_> = Box::pin(bh.acquire_as(class));
+    let mut w: Waiter<'_> = Box::pin(bh.acquire_with(CallOptions::new().class(class)));
     assert!(poll(w.as_mut()).is_pending(), "class {class} should wait");
     w
 }
@@ -63,11 +64,15 @@ fn seats(bh: &Bulkhead) -> Vec<ClassSeats> {
 #[test]
 fn idle_seats_are_lent_to_any_class() {
     let bh = bulkhead(4, &[3, 1]);
-    let permits: Vec<_> = (0..4).map(|_| bh.try_acquire_as(1).unwrap()).collect();
+    let permits: Vec<_> = (0..4)
+        .map(|_| bh.try_acquire_with(CallOptions::new().class(1)).unwrap())
+        .collect();
     assert_eq!(held(&bh), [0, 4]);
     assert_eq!(bh.metrics().in_flight(), 4);
     assert_eq!(
-        bh.try_acquire_as(0).unwrap_err().reason(),
+        bh.try_acquire_with(CallOptions::new().class(0))
+            .unwrap_err()
+            .reason(),
         RejectReason::Full
     );
     drop(permits);
@@ -81,7 +86,9 @@ fn a_class_always_gets_its_reserved_share_when_it_asks() {
     // the high class asks for its 6 reserved seats: each of the next 6
     // seats to free is its own.
     let bh = bulkhead(10, &[60, 40]);
-    let mut low_held: Vec<_> = (0..10).map(|_| bh.try_acquire_as(1).unwrap()).collect();
+    let mut low_held: Vec<_> = (0..10)
+        .map(|_| bh.try_acquire_with(CallOptions::new().class(1)).unwrap())
+        .collect();
     let mut low: Vec<_> = (0..100).map(|_| Some(waiter(&bh, 1))).collect();
     let mut high: Vec<_> = (0..6).map(|_| Some(waiter(&bh, 0))).collect();
     assert_eq!(bh.metrics().queued(), 106);
@@ -111,7 +118,9 @@ fn borrowed_capacity_is_returned_as_soon_as_the_owner_asks() {
     // the low class (4 reserved) asks: it gets the very next seat, and
     // the next ones until it holds its 4, then no more.
     let bh = bulkhead(10, &[60, 40]);
-    let mut high_held: Vec<_> = (0..10).map(|_| bh.try_acquire_as(0).unwrap()).collect();
+    let mut high_held: Vec<_> = (0..10)
+        .map(|_| bh.try_acquire_with(CallOptions::new().class(0)).unwrap())
+        .collect();
     let mut high: Vec<_> = (0..50).map(|_| Some(waiter(&bh, 0))).collect();
     let mut low: Vec<_> = (0..5).map(|_| Some(waiter(&bh, 1))).collect();
     let mut low_held = Vec::new();
@@ -137,7 +146,9 @@ fn a_higher_class_never_waits_behind_a_lower_one() {
     // share, then to class 1 (though its callers came first), then class 2
     // takes back its own.
     let bh = bulkhead(6, &[1, 1, 1]);
-    let mut c2_held: Vec<_> = (0..6).map(|_| bh.try_acquire_as(2).unwrap()).collect();
+    let mut c2_held: Vec<_> = (0..6)
+        .map(|_| bh.try_acquire_with(CallOptions::new().class(2)).unwrap())
+        .collect();
     let mut line: Vec<Option<Waiter<'_>>> = Vec::new();
     let classes = [1, 1, 1, 2, 2, 0, 0, 0];
     for &c in &classes {
@@ -199,7 +210,7 @@ fn every_grant_keeps_the_guarantees() {
         match rand(10) {
             0..=4 => {
                 let class = rand(3);
-                let mut w: Waiter<'_> = Box::pin(bh.acquire_as(class));
+                let mut w: Waiter<'_> = Box::pin(bh.acquire_with(CallOptions::new().class(class)));
                 match poll(w.as_mut()) {
                     Poll::Ready(Ok(p)) => running.push((class, p)),
                     Poll::Ready(Err(r)) => assert_eq!(r.reason(), RejectReason::Full),
@@ -284,7 +295,7 @@ fn the_least_important_are_shed_first() {
         .observer(seen.clone())
         .build()
         .unwrap();
-    let _running = bh.try_acquire_as(2).unwrap();
+    let _running = bh.try_acquire_with(CallOptions::new().class(2)).unwrap();
     let mut mid = waiter(&bh, 1);
     let mut low_old = waiter(&bh, 2);
     let mut low_new = waiter(&bh, 2);
@@ -307,7 +318,7 @@ fn the_least_important_are_shed_first() {
     let _c = waiter(&bh, 0);
     assert!(matches!(poll(mid.as_mut()), Poll::Ready(Err(_))));
     // Nobody less important left: the newcomer is rejected, `Full`.
-    let mut d = Box::pin(bh.acquire_as(0));
+    let mut d = Box::pin(bh.acquire_with(CallOptions::new().class(0)));
     assert_eq!(
         match poll(d.as_mut()) {
             Poll::Ready(Err(r)) => r.reason(),
@@ -342,7 +353,7 @@ fn a_displaced_waiter_dropped_before_it_looks_is_counted() {
         .observer(seen.clone())
         .build()
         .unwrap();
-    let _running = bh.try_acquire_as(1).unwrap();
+    let _running = bh.try_acquire_with(CallOptions::new().class(1)).unwrap();
     let low = waiter(&bh, 1);
     let _high = waiter(&bh, 0);
     drop(low);
@@ -358,7 +369,9 @@ fn limit_changes_recompute_the_reserved_seats() {
         seats(&bh).iter().map(|c| c.reserved).collect::<Vec<_>>(),
         [2, 2]
     );
-    let mut high_held: Vec<_> = (0..4).map(|_| bh.try_acquire_as(0).unwrap()).collect();
+    let mut high_held: Vec<_> = (0..4)
+        .map(|_| bh.try_acquire_with(CallOptions::new().class(0)).unwrap())
+        .collect();
     let mut line: Vec<_> = [1, 1, 1, 0, 0]
         .iter()
         .map(|&c| Some(waiter(&bh, c)))
@@ -414,8 +427,8 @@ fn a_plain_call_is_of_the_least_class_and_never_waits() {
         assert_eq!(held(&bh), [0, 1]);
     });
     // A plain call does not take a seat while a classed caller waits.
-    let p = bh.try_acquire_as(0).unwrap();
-    let q = bh.try_acquire_as(0).unwrap();
+    let p = bh.try_acquire_with(CallOptions::new().class(0)).unwrap();
+    let q = bh.try_acquire_with(CallOptions::new().class(0)).unwrap();
     let mut w = waiter(&bh, 1);
     drop(p);
     assert!(bh.try_acquire().is_err());
@@ -430,32 +443,36 @@ fn a_plain_call_is_of_the_least_class_and_never_waits() {
 #[test]
 fn a_class_past_the_last_is_the_least_important() {
     let bh = bulkhead(2, &[1, 1]);
-    let p = bh.try_acquire_as(5).unwrap();
+    let p = bh.try_acquire_with(CallOptions::new().class(5)).unwrap();
     let seats = bh.priority_seats();
     assert_eq!((seats[0].held, seats[1].held), (0, 1));
     // The least important class's next caller borrows the idle seat, and
     // then waits in that class's line.
-    let q = bh.try_acquire_as(2).unwrap();
+    let q = bh.try_acquire_with(CallOptions::new().class(2)).unwrap();
     assert_eq!(bh.priority_seats()[1].held, 2);
-    let mut w = Box::pin(bh.acquire_as(usize::MAX));
+    let mut w = Box::pin(bh.acquire_with(CallOptions::new().class(usize::MAX)));
     assert!(poll(w.as_mut()).is_pending());
     assert_eq!(bh.priority_seats()[1].waiting, 1);
     drop(p);
     assert!(poll(w.as_mut()).is_ready());
     drop((q, w));
     assert_eq!(
-        futures::executor::block_on(bh.call_as(7, async { Ok::<_, ()>(1) })),
+        futures::executor::block_on(
+            bh.call_with(CallOptions::new().class(7), async { Ok::<_, ()>(1) })
+        ),
         Ok(1)
     );
     // Without classes there is one class, 0.
     let plain = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
     assert!(plain.priority_seats().is_empty());
     assert_eq!(
-        futures::executor::block_on(plain.call_as(0, async { Ok::<_, ()>(3) })),
+        futures::executor::block_on(
+            plain.call_with(CallOptions::new().class(0), async { Ok::<_, ()>(3) })
+        ),
         Ok(3)
     );
-    drop(plain.try_acquire_as(0).unwrap());
-    drop(futures::executor::block_on(plain.acquire_as(1)).unwrap());
+    drop(plain.try_acquire_with(CallOptions::new().class(0)).unwrap());
+    drop(futures::executor::block_on(plain.acquire_with(CallOptions::new().class(1))).unwrap());
 }
 
 #[test]
@@ -473,13 +490,13 @@ fn bad_shares_are_build_errors() {
     // A class with no share has no reserved seat but borrows.
     let bh = bulkhead(2, &[0, 1]);
     assert_eq!(seats(&bh)[0].reserved, 0);
-    drop(bh.try_acquire_as(0).unwrap());
+    drop(bh.try_acquire_with(CallOptions::new().class(0)).unwrap());
 }
 
 #[test]
 fn cancelled_waiters_lose_no_seat() {
     let bh = bulkhead(1, &[1, 1]);
-    let running = bh.try_acquire_as(1).unwrap();
+    let running = bh.try_acquire_with(CallOptions::new().class(1)).unwrap();
     // Dropped while queued: it leaves the line.
     let a = waiter(&bh, 0);
     let b = waiter(&bh, 0);
@@ -501,7 +518,7 @@ fn cancelled_waiters_lose_no_seat() {
     drop(p);
     assert_eq!((bh.metrics().in_flight(), bh.metrics().queued()), (0, 0));
     // A seat granted to the last waiter, dropped: the bulkhead is idle.
-    let p = bh.try_acquire_as(0).unwrap();
+    let p = bh.try_acquire_with(CallOptions::new().class(0)).unwrap();
     let w = waiter(&bh, 1);
     drop(p);
     drop(w);
@@ -518,14 +535,17 @@ fn a_running_classed_call_cancelled_or_panicking_gives_its_seat_back() {
         .observer(seen.clone())
         .build()
         .unwrap();
-    let mut call = Box::pin(bh.call_as(1, std::future::pending::<Result<(), ()>>()));
+    let mut call = Box::pin(bh.call_with(
+        CallOptions::new().class(1),
+        std::future::pending::<Result<(), ()>>(),
+    ));
     assert!(poll(call.as_mut()).is_pending());
     assert_eq!(held(&bh), [0, 1]);
     let mut w = waiter(&bh, 0);
     drop(call);
     assert!(poll(w.as_mut()).is_ready());
     let panicked = catch_unwind(AssertUnwindSafe(|| {
-        let mut call = Box::pin(bh.call_as(1, async {
+        let mut call = Box::pin(bh.call_with(CallOptions::new().class(1), async {
             panic!("the guarded call panics");
             #[allow(unreachable_code)]
             Ok::<(), ()>(())
@@ -563,18 +583,23 @@ fn a_panicking_observer_loses_no_seat() {
         .build()
         .unwrap();
     // Taken at once: the guard owns the seat before the observer runs.
-    assert!(catch_unwind(AssertUnwindSafe(|| bh.try_acquire_as(0))).is_err());
+    assert!(
+        catch_unwind(AssertUnwindSafe(
+            || bh.try_acquire_with(CallOptions::new().class(0))
+        ))
+        .is_err()
+    );
     assert_eq!(bh.metrics().in_flight(), 0);
     // Handed over from the line: the panic comes out of the waiter's poll.
     bh.set_max_concurrent_calls(0);
-    let mut w = Box::pin(bh.acquire_as(1));
+    let mut w = Box::pin(bh.acquire_with(CallOptions::new().class(1)));
     assert!(poll(w.as_mut()).is_pending());
     bh.set_max_concurrent_calls(1);
     assert!(catch_unwind(AssertUnwindSafe(|| poll(w.as_mut()))).is_err());
     drop(w);
     assert_eq!((bh.metrics().in_flight(), bh.metrics().queued()), (0, 0));
     // A classed call.
-    let mut call = Box::pin(bh.call_as(0, async { Ok::<_, ()>(()) }));
+    let mut call = Box::pin(bh.call_with(CallOptions::new().class(0), async { Ok::<_, ()>(()) }));
     assert!(catch_unwind(AssertUnwindSafe(|| poll(call.as_mut()))).is_err());
     drop(call);
     assert_eq!(bh.metrics().in_flight(), 0);
@@ -584,7 +609,7 @@ fn a_panicking_observer_loses_no_seat() {
 #[test]
 fn close_rejects_every_classed_waiter() {
     let bh = bulkhead(1, &[1, 1]);
-    let p = bh.try_acquire_as(0).unwrap();
+    let p = bh.try_acquire_with(CallOptions::new().class(0)).unwrap();
     let mut a = waiter(&bh, 0);
     let mut b = waiter(&bh, 1);
     bh.close();
@@ -596,7 +621,9 @@ fn close_rejects_every_classed_waiter() {
     }
     assert_eq!(bh.metrics().queued(), 0);
     assert_eq!(
-        bh.try_acquire_as(1).unwrap_err().reason(),
+        bh.try_acquire_with(CallOptions::new().class(1))
+            .unwrap_err()
+            .reason(),
         RejectReason::Closed
     );
     assert_eq!(bh.try_acquire().unwrap_err().reason(), RejectReason::Closed);
@@ -615,9 +642,12 @@ async fn max_wait_bounds_a_classed_wait() {
         .max_wait(Duration::from_millis(100))
         .build()
         .unwrap();
-    let p = bh.try_acquire_as(0).unwrap();
+    let p = bh.try_acquire_with(CallOptions::new().class(0)).unwrap();
     let start = tokio::time::Instant::now();
-    let r = bh.acquire_as(1).await.unwrap_err();
+    let r = bh
+        .acquire_with(CallOptions::new().class(1))
+        .await
+        .unwrap_err();
     assert_eq!(r.reason(), RejectReason::Timeout);
     assert_eq!(start.elapsed(), Duration::from_millis(100));
     assert_eq!(bh.metrics().rejected_timeout(), 1);
@@ -625,7 +655,10 @@ async fn max_wait_bounds_a_classed_wait() {
     // A waiter served in time is not rejected, and wakes without polling.
     let waiting = tokio::spawn({
         let bh = bh.clone();
-        async move { bh.call_as(0, async { Ok::<_, ()>(5) }).await }
+        async move {
+            bh.call_with(CallOptions::new().class(0), async { Ok::<_, ()>(5) })
+                .await
+        }
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(bh.metrics().queued(), 1);
@@ -642,8 +675,8 @@ fn fail_fast_classes_never_wait() {
         .max_wait(Duration::ZERO)
         .build()
         .unwrap();
-    let _p = bh.try_acquire_as(1).unwrap();
-    let r = futures::executor::block_on(bh.acquire_as(0)).unwrap_err();
+    let _p = bh.try_acquire_with(CallOptions::new().class(1)).unwrap();
+    let r = futures::executor::block_on(bh.acquire_with(CallOptions::new().class(0))).unwrap_err();
     assert_eq!(r.reason(), RejectReason::Full);
     assert_eq!(bh.metrics().queued(), 0);
 }
@@ -665,7 +698,7 @@ async fn threads_lose_no_seat() {
             let bh = bh.clone();
             let inside = inside.clone();
             tokio::spawn(async move {
-                let call = bh.call_as(i % 3, async {
+                let call = bh.call_with(CallOptions::new().class(i % 3), async {
                     let n = inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     // Counted out on drop: the call may be cancelled.
                     let _out = Out(&inside);
@@ -754,7 +787,7 @@ async fn the_tower_layer_picks_the_class_per_request() {
     let plain = ServiceBuilder::new()
         .layer(BulkheadLayer::new(bh.clone()))
         .service_fn(|()| async { Ok::<_, std::convert::Infallible>(()) });
-    let _held = bh.try_acquire_as(0).unwrap();
+    let _held = bh.try_acquire_with(CallOptions::new().class(0)).unwrap();
     let err = plain.oneshot(()).await.unwrap_err();
     assert_eq!(
         err.downcast_ref::<Rejected>().unwrap().reason(),
@@ -784,7 +817,7 @@ async fn a_classed_deadline_counts_only_the_waiters_ahead() {
     // clock, which hold times are measured on (enough calls for the
     // sample of timed grants to fill the average).
     for _ in 0..200 {
-        let p = bh.acquire_as(0).await.unwrap();
+        let p = bh.acquire_with(CallOptions::new().class(0)).await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
         drop(p);
     }
@@ -799,7 +832,7 @@ async fn a_classed_deadline_counts_only_the_waiters_ahead() {
                 }),
         )
         .service_fn(|_: Req| async { Ok::<_, std::convert::Infallible>(()) });
-    let held = bh.try_acquire_as(1).unwrap();
+    let held = bh.try_acquire_with(CallOptions::new().class(1)).unwrap();
     let batch: Vec<_> = (0..20).map(|_| waiter(&bh, 1)).collect();
     // A batch request with 300 ms: 20 ahead of it at ~20 ms each do not
     // fit; turned away at once.
@@ -822,7 +855,7 @@ async fn a_classed_deadline_counts_only_the_waiters_ahead() {
     drop(batch);
     // A critical one whose wait runs past its deadline: out of time,
     // `WontMakeDeadline`, well before a `max_wait` (none is set).
-    let held = bh.try_acquire_as(0).unwrap();
+    let held = bh.try_acquire_with(CallOptions::new().class(0)).unwrap();
     let start = Instant::now();
     let err = service.clone().oneshot((0, 120)).await.unwrap_err();
     assert_eq!(
@@ -863,18 +896,25 @@ async fn call_as_by_counts_only_the_waiters_served_before_it() {
             tokio::time::sleep(ms(20)).await;
             Ok::<_, ()>(())
         };
-        bh.call_as_by(0, at(ms(1000)), held).await.unwrap();
+        bh.call_with(CallOptions::new().class(0).deadline(at(ms(1000))), held)
+            .await
+            .unwrap();
     }
-    let held = bh.try_acquire_as(1).unwrap();
+    let held = bh.try_acquire_with(CallOptions::new().class(1)).unwrap();
     let batch: Vec<_> = (0..20).map(|_| waiter(&bh, 1)).collect();
     // Batch work with 300 ms behind 20 batch waiters of ~20 ms: turned
     // away at once, not after waiting.
     let start = Instant::now();
-    let r = bh.acquire_as_by(1, at(ms(300))).await.unwrap_err();
+    let r = bh
+        .acquire_with(CallOptions::new().class(1).deadline(at(ms(300))))
+        .await
+        .unwrap_err();
     assert_eq!(r.reason(), RejectReason::WontMakeDeadline);
     assert_eq!(start.elapsed(), Duration::ZERO);
     let r = bh
-        .call_as_by(1, at(ms(300)), async { Ok::<_, ()>(()) })
+        .call_with(CallOptions::new().class(1).deadline(at(ms(300))), async {
+            Ok::<_, ()>(())
+        })
         .await
         .unwrap_err();
     assert!(
@@ -885,7 +925,12 @@ async fn call_as_by_counts_only_the_waiters_served_before_it() {
     let critical = tokio::spawn({
         let bh = bh.clone();
         let by = at(ms(300));
-        async move { bh.call_as_by(0, by, async { Ok::<_, ()>(9) }).await }
+        async move {
+            bh.call_with(CallOptions::new().class(0).deadline(by), async {
+                Ok::<_, ()>(9)
+            })
+            .await
+        }
     });
     while bh.metrics().queued() < 21 {
         tokio::task::yield_now().await;
@@ -897,9 +942,12 @@ async fn call_as_by_counts_only_the_waiters_served_before_it() {
     // still finishes (120 ms less the average hold, which the instant
     // critical call above brought under 20 ms): rejected then, on the
     // paused clock, before its deadline.
-    let held = bh.try_acquire_as(0).unwrap();
+    let held = bh.try_acquire_with(CallOptions::new().class(0)).unwrap();
     let start = Instant::now();
-    let r = bh.acquire_as_by(0, at(ms(120))).await.unwrap_err();
+    let r = bh
+        .acquire_with(CallOptions::new().class(0).deadline(at(ms(120))))
+        .await
+        .unwrap_err();
     assert_eq!(r.reason(), RejectReason::WontMakeDeadline);
     assert!(
         (ms(1)..ms(120)).contains(&start.elapsed()),
@@ -923,7 +971,11 @@ async fn call_as_by_counts_only_the_waiters_served_before_it() {
     );
     // `acquire_as_by` hands the caller a permit it manages: released, not
     // cancelled, when dropped.
-    drop(bh.acquire_as_by(1, at(ms(1000))).await.unwrap());
+    drop(
+        bh.acquire_with(CallOptions::new().class(1).deadline(at(ms(1000))))
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         seen.finished.lock().unwrap().last(),
         Some(&CallOutcome::Released)
@@ -935,16 +987,29 @@ fn call_as_by_without_classes_is_call_by_whatever_its_class() {
     use std::time::Instant;
     let plain = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
     let by = Instant::now() + Duration::from_secs(5);
-    let ok = futures::executor::block_on(plain.call_as_by(0, by, async { Ok::<_, ()>(4) }));
+    let ok = futures::executor::block_on(
+        plain.call_with(CallOptions::new().class(0).deadline(by), async {
+            Ok::<_, ()>(4)
+        }),
+    );
     assert_eq!(ok, Ok(4));
-    let ok = futures::executor::block_on(plain.call_as_by(3, by, async { Ok::<_, ()>(5) }));
+    let ok = futures::executor::block_on(
+        plain.call_with(CallOptions::new().class(3).deadline(by), async {
+            Ok::<_, ()>(5)
+        }),
+    );
     assert_eq!(ok, Ok(5));
     let passed = Instant::now() - Duration::from_millis(1);
-    let r = futures::executor::block_on(plain.acquire_as_by(0, passed)).unwrap_err();
+    let r = futures::executor::block_on(
+        plain.acquire_with(CallOptions::new().class(0).deadline(passed)),
+    )
+    .unwrap_err();
     assert_eq!(r.reason(), RejectReason::WontMakeDeadline);
     // With classes, a class past the last is the least important.
     let bh = bulkhead(2, &[1, 1]);
-    let held = futures::executor::block_on(bh.acquire_as_by(2, by)).unwrap();
+    let held =
+        futures::executor::block_on(bh.acquire_with(CallOptions::new().class(2).deadline(by)))
+            .unwrap();
     assert_eq!(bh.priority_seats()[1].held, 1);
     drop(held);
 }
@@ -961,11 +1026,18 @@ fn a_classed_call_by_cancelled_or_panicking_loses_no_seat() {
         .build()
         .unwrap();
     // Dropped while it runs.
-    let mut call = Box::pin(bh.call_as_by(1, by, std::future::pending::<Result<(), ()>>()));
+    let mut call = Box::pin(bh.call_with(
+        CallOptions::new().class(1).deadline(by),
+        std::future::pending::<Result<(), ()>>(),
+    ));
     assert!(poll(call.as_mut()).is_pending());
     assert_eq!(held(&bh), [0, 1]);
     // Dropped while it waits, and after a seat was handed to it.
-    let mut queued = Box::pin(bh.call_as_by(0, by, async { Ok::<_, ()>(()) }));
+    let mut queued = Box::pin(
+        bh.call_with(CallOptions::new().class(0).deadline(by), async {
+            Ok::<_, ()>(())
+        }),
+    );
     assert!(poll(queued.as_mut()).is_pending());
     assert_eq!(bh.metrics().queued(), 1);
     let mut next = waiter(&bh, 1);
@@ -976,11 +1048,13 @@ fn a_classed_call_by_cancelled_or_panicking_loses_no_seat() {
     assert_eq!(held(&bh), [0, 0]);
     // The guarded call panics.
     let panicked = catch_unwind(AssertUnwindSafe(|| {
-        let mut call = Box::pin(bh.call_as_by(0, by, async {
-            panic!("the guarded call panics");
-            #[allow(unreachable_code)]
-            Ok::<(), ()>(())
-        }));
+        let mut call = Box::pin(
+            bh.call_with(CallOptions::new().class(0).deadline(by), async {
+                panic!("the guarded call panics");
+                #[allow(unreachable_code)]
+                Ok::<(), ()>(())
+            }),
+        );
         let _ = poll(call.as_mut());
     }));
     assert!(panicked.is_err());
@@ -999,11 +1073,15 @@ fn a_classed_call_by_cancelled_or_panicking_loses_no_seat() {
         .observer(Arc::new(PanicsOnPermit))
         .build()
         .unwrap();
-    let mut call = Box::pin(bh.call_as_by(1, by, async { Ok::<_, ()>(()) }));
+    let mut call = Box::pin(
+        bh.call_with(CallOptions::new().class(1).deadline(by), async {
+            Ok::<_, ()>(())
+        }),
+    );
     assert!(catch_unwind(AssertUnwindSafe(|| poll(call.as_mut()))).is_err());
     drop(call);
     bh.set_max_concurrent_calls(0);
-    let mut w = Box::pin(bh.acquire_as_by(0, by));
+    let mut w = Box::pin(bh.acquire_with(CallOptions::new().class(0).deadline(by)));
     assert!(poll(w.as_mut()).is_pending());
     bh.set_max_concurrent_calls(1);
     assert!(catch_unwind(AssertUnwindSafe(|| poll(w.as_mut()))).is_err());
@@ -1041,7 +1119,7 @@ async fn controlled_delay_cuts_only_the_class_whose_line_stands() {
             sleep(ms(10 * i)).await;
             let arrived = origin.elapsed();
             let r = bh
-                .acquire_as(class)
+                .acquire_with(CallOptions::new().class(class))
                 .await
                 .map(|permit| (permit, arrived))
                 .map_err(|r| r.reason());
@@ -1088,10 +1166,18 @@ async fn controlled_delay_cuts_only_the_class_whose_line_stands() {
     assert_eq!(m.rejected_queue_delay(), cut as u64);
     assert_eq!((m.in_flight(), m.queued()), (0, 0));
     // The line emptied: a long wait now is served, not cut.
-    let held = [bh.try_acquire_as(1).unwrap(), bh.try_acquire_as(1).unwrap()];
+    let held = [
+        bh.try_acquire_with(CallOptions::new().class(1)).unwrap(),
+        bh.try_acquire_with(CallOptions::new().class(1)).unwrap(),
+    ];
     let waiter = tokio::spawn({
         let bh = bh.clone();
-        async move { bh.acquire_as(1).await.map(drop).map_err(|r| r.reason()) }
+        async move {
+            bh.acquire_with(CallOptions::new().class(1))
+                .await
+                .map(drop)
+                .map_err(|r| r.reason())
+        }
     });
     sleep(ms(30)).await;
     drop(held);
@@ -1130,14 +1216,17 @@ async fn a_standing_class_line_is_cut_at_once_even_if_an_observer_panics() {
         let bh = bh.clone();
         tokio::spawn(async move {
             sleep(ms(at)).await;
-            let r = bh.acquire_as(1).await.map_err(|r| r.reason());
+            let r = bh
+                .acquire_with(CallOptions::new().class(1))
+                .await
+                .map_err(|r| r.reason());
             if r.is_ok() {
                 sleep(ms(hold)).await;
             }
             r.map(drop)
         })
     };
-    let seat = bh.try_acquire_as(1).unwrap();
+    let seat = bh.try_acquire_with(CallOptions::new().class(1)).unwrap();
     // Served at 20 ms after 20 ms, holds to 130 ms.
     let first = spawn_waiter(0, 110);
     // Served at 130 ms after 110: the interval is full, the line stands.
@@ -1192,14 +1281,17 @@ async fn adaptive_lifo_serves_a_standing_class_newest_first() {
         let (bh, served) = (bh.clone(), served.clone());
         tokio::spawn(async move {
             sleep(ms(at)).await;
-            let permit = bh.acquire_as(1).await.map_err(|r| r.reason())?;
+            let permit = bh
+                .acquire_with(CallOptions::new().class(1))
+                .await
+                .map_err(|r| r.reason())?;
             served.lock().unwrap().push(name);
             sleep(ms(hold)).await;
             drop(permit);
             Ok::<_, RejectReason>(())
         })
     };
-    let seat = bh.try_acquire_as(1).unwrap();
+    let seat = bh.try_acquire_with(CallOptions::new().class(1)).unwrap();
     // Served at 20 ms after 20: the first long wait.
     let w1 = spawn_waiter("w1", 0, 105);
     // Served at 125 ms after 115: the interval is full, the line stands.
@@ -1216,7 +1308,7 @@ async fn adaptive_lifo_serves_a_standing_class_newest_first() {
     assert_eq!(*served.lock().unwrap(), ["w1", "w2", "c", "b", "a"]);
     // The line emptied: first come, first served again.
     served.lock().unwrap().clear();
-    let seat = bh.try_acquire_as(1).unwrap();
+    let seat = bh.try_acquire_with(CallOptions::new().class(1)).unwrap();
     let tasks = [
         spawn_waiter("x", 0, 1),
         spawn_waiter("y", 1, 1),
@@ -1240,7 +1332,7 @@ fn a_share_too_small_for_a_seat_borrows_only() {
     let reserved: Vec<_> = bh.priority_seats().iter().map(|c| c.reserved).collect();
     assert_eq!(reserved, [1, 0]);
     // Idle, the seat is lent to the seatless class.
-    let borrowed = bh.try_acquire_as(1).unwrap();
+    let borrowed = bh.try_acquire_with(CallOptions::new().class(1)).unwrap();
     // Both classes wait for it; it goes to class 0, which it is owed to,
     // although class 1 asked first.
     let mut second = waiter(&bh, 1);

@@ -33,8 +33,9 @@ use crate::timer::{Clock, Timer};
 /// | `adaptive_lifo` | off | with `queue_delay`: serve the newest waiter first while the line stands |
 /// | `priorities` | off | priority classes with reserved, borrowable shares of the limit |
 ///
-/// A call may also carry its own deadline
-/// ([`Bulkhead::call_by`](crate::Bulkhead::call_by)): no setting needed.
+/// A call may also carry options of its own, a deadline, a shorter
+/// `max_wait`, a priority class ([`CallOptions`](crate::CallOptions)): no
+/// setting needed.
 ///
 /// # Examples
 ///
@@ -496,9 +497,10 @@ impl BulkheadBuilder {
     /// seat at the limit (`&[1, 1]` with 1 seat reserves 1 and 0), like a
     /// class with a share of 0, is guaranteed nothing: it borrows idle
     /// seats only, until the limit grows. A call names its class with
-    /// [`Bulkhead::call_as`](crate::Bulkhead::call_as),
-    /// [`acquire_as`](crate::Bulkhead::acquire_as) or
-    /// [`try_acquire_as`](crate::Bulkhead::try_acquire_as); then:
+    /// [`CallOptions::class`](crate::CallOptions::class), through
+    /// [`Bulkhead::call_with`](crate::Bulkhead::call_with),
+    /// [`acquire_with`](crate::Bulkhead::acquire_with) or
+    /// [`try_acquire_with`](crate::Bulkhead::try_acquire_with); then:
     ///
     /// * **idle seats are lent**: a caller that finds a seat free and
     ///   nobody waiting takes it, whatever its class;
@@ -522,11 +524,11 @@ impl BulkheadBuilder {
     ///
     /// Within a class, waiters are served first come, first served, and
     /// `max_wait` bounds each wait (with a sleep per waiter: the line
-    /// timer serves unclassed lines only). A **plain** `call`, `acquire`,
-    /// `try_acquire`, `call_by` or `acquire_by` on a bulkhead with classes
-    /// is a call of the least important class that **never waits**: it
-    /// takes a seat that is free with nobody waiting, or is rejected with
-    /// `Full` (call `call_as` to wait). The seats live with the classes
+    /// timer serves unclassed lines only). A **plain** call, one whose
+    /// options name no class (`call`, `acquire`, `try_acquire`), on a
+    /// bulkhead with classes is a call of the least important class that
+    /// **never waits**: it takes a seat that is free with nobody waiting,
+    /// or is rejected with `Full` (name a class to wait). The seats live with the classes
     /// then, so `fair(false)` changes nothing. With `queue_delay`, each
     /// class's line has controlled delay of its own: a class whose line
     /// stands is cut to the target, and no other class is. Every waiter and every seat

@@ -13,13 +13,12 @@ use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
-use std::time::Instant;
-
 use pin_project_lite::pin_project;
 
 use super::Shared;
 use super::error::{BulkheadError, RejectReason, Rejected};
 use super::observer::CallOutcome;
+use super::options::CallOptions;
 use super::permit::{self, Admitted, Held};
 use super::policy::Traced;
 use super::run::poll_run;
@@ -113,16 +112,19 @@ impl<'a, F> Call<'a, F> {
         }
     }
 
-    /// Deadline-aware admission of a call not yet polled, which must be
-    /// done `by`: admitted at once, rejected (returned), or left waiting
-    /// with its limit in `line`; the next poll goes on from there.
+    /// The first look at a call with options (see
+    /// [`CallOptions`](super::CallOptions)), before it is polled: admitted
+    /// at once, rejected (returned), or left waiting with its limit in
+    /// `line`; the next poll goes on from there.
     #[cold]
-    fn start_by(self: Pin<&mut Self>, by: Instant) -> Option<Rejected> {
+    fn start_with(self: Pin<&mut Self>, options: &CallOptions) -> Option<Rejected> {
         let this = self.project();
         let shared = *this.shared;
-        debug_assert!(*this.stage == Stage::Start, "a deadline is looked at first");
-        *this.line = Line::by(&shared.policy, by);
-        match shared.admit_now_by(this.line) {
+        debug_assert!(
+            *this.stage == Stage::Start,
+            "the options are looked at first"
+        );
+        match shared.admit_now_with(options, this.line) {
             Some(Ok(admitted)) => {
                 admit(shared, this.held, this.stage, admitted);
                 None
@@ -211,43 +213,34 @@ where
 }
 
 pin_project! {
-    /// The future returned by [`Bulkhead::call_by`](crate::Bulkhead::call_by):
-    /// a [`Call`] whose first poll is deadline-aware admission.
+    /// The future of [`Bulkhead::call_with`](crate::Bulkhead::call_with)
+    /// for a call without a class: a [`Call`] whose first poll reads the
+    /// call's options.
     ///
     /// A future of its own, rather than a `Call` that remembers whether it
-    /// carries a deadline: a plain call's every poll would test that.
-    /// Nothing is allocated, on any path.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Call`]'s.
-    ///
-    /// # Panics
-    ///
-    /// As [`Call`]'s.
-    #[must_use = "futures do nothing unless polled; a call that is never polled is never admitted"]
-    pub struct CallBy<'a, F> {
+    /// has options: a plain call's every poll would test that.
+    pub(super) struct CallWith<'a, F> {
         #[pin]
         call: Call<'a, F>,
-        // The deadline, until the first poll has looked at it.
-        by: Option<Instant>,
+        // The options, until the first poll has looked at them.
+        options: Option<CallOptions>,
     }
 }
 
-impl<'a, F> CallBy<'a, F> {
+impl<'a, F> CallWith<'a, F> {
     #[inline]
-    pub(crate) fn new(shared: &'a Shared, by: Instant, call: F) -> Self
+    pub(super) fn new(shared: &'a Shared, options: CallOptions, call: F) -> Self
     where
         F: Future,
     {
         Self {
             call: Call::new(shared, call),
-            by: Some(by),
+            options: (!options.waits_plainly()).then_some(options),
         }
     }
 }
 
-impl<F, T, E> Future for CallBy<'_, F>
+impl<F, T, E> Future for CallWith<'_, F>
 where
     F: Future<Output = Result<T, E>>,
 {
@@ -256,21 +249,12 @@ where
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        if let Some(by) = this.by.take() {
-            if let Some(rejected) = this.call.as_mut().start_by(by) {
+        if let Some(options) = this.options.take() {
+            if let Some(rejected) = this.call.as_mut().start_with(&options) {
                 return Poll::Ready(Err(BulkheadError::Rejected(rejected)));
             }
         }
         this.call.poll(cx)
-    }
-}
-
-impl<F> fmt::Debug for CallBy<'_, F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CallBy")
-            .field("by", &self.by)
-            .field("call", &self.call)
-            .finish()
     }
 }
 

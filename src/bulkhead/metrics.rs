@@ -305,12 +305,12 @@ impl Metrics {
     ///
     /// ```
     /// use std::time::{Duration, Instant};
-    /// use watertight::Bulkhead;
+    /// use watertight::{Bulkhead, CallOptions};
     ///
     /// # futures::executor::block_on(async {
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
-    /// let passed = Instant::now() - Duration::from_millis(1);
-    /// assert!(bh.call_by(passed, async { Ok::<(), ()>(()) }).await.is_err());
+    /// let passed = CallOptions::new().deadline(Instant::now() - Duration::from_millis(1));
+    /// assert!(bh.call_with(passed, async { Ok::<(), ()>(()) }).await.is_err());
     /// assert_eq!(bh.metrics().rejected_deadline(), 1);
     /// # });
     /// ```

@@ -16,7 +16,7 @@
 //!   `fetch_add` and undo; without it, the semaphore's queue is the line),
 //!   raced against an inline sleep for `max_wait` that is armed only once
 //!   the acquire is pending. `call` does all of it in one hand-written
-//!   future ([`Call`], `call.rs`); `acquire` in `Policy::wait`. Nothing is
+//!   future ([`Call`], `call.rs`); `acquire` in `Policy::wait_in`. Nothing is
 //!   allocated on any path.
 //! * **Limit changes** run under a small mutex that only
 //!   `set_max_concurrent_calls` and readers of `in_flight` take: growing is
@@ -54,18 +54,21 @@ mod line_timer;
 mod metrics;
 pub(crate) mod name;
 pub(crate) mod observer;
-mod permit;
+mod options;
+pub(crate) mod permit;
 pub(crate) mod policy;
 pub(crate) mod reason;
 pub(crate) mod run;
-mod seating;
+pub(crate) mod seating;
 pub(crate) mod wait;
 
 pub use builder::BulkheadBuilder;
-pub use call::{Call, CallBy};
+pub use call::Call;
+use call::CallWith;
 pub use error::{BuildError, BuildErrorKind, BulkheadError, RejectReason, Rejected};
 pub use metrics::Metrics;
 pub use observer::{CallOutcome, Observer};
+pub use options::CallOptions;
 pub use permit::BulkheadPermit;
 #[cfg(feature = "tower")]
 pub(crate) use seating::AdmissionAs;
@@ -76,7 +79,7 @@ use core::pin::Pin;
 use core::task::{Context, Poll, ready};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use idle::Idle;
 
@@ -85,7 +88,8 @@ use pin_project_lite::pin_project;
 use crate::error::TryAcquireError;
 use crate::futures::{Acquire, AcquireOwned};
 use crate::semaphore::Semaphore;
-use permit::Admitted;
+use guard::Guard;
+pub(crate) use permit::Admitted;
 use policy::Policy;
 use wait::{Line, Waiting};
 
@@ -202,47 +206,47 @@ impl Bulkhead {
         Call::new(&self.shared, call)
     }
 
-    /// [`call`](Self::call) for a call that must be done `by` a deadline
-    /// (deadline-aware admission, from the Google SRE book's "Addressing
-    /// Cascading Failures"): it is rejected at once, with
-    /// [`RejectReason::WontMakeDeadline`], if the deadline has passed or if
-    /// the wait it can expect plus the time a call holds its permit (the
-    /// averages behind [`Rejected::retry_after`]) does not fit in the time
-    /// left; otherwise it waits at most until `by` minus that hold time
-    /// (or `max_wait`, if sooner), since past that it could not finish in
-    /// time.
+    /// [`call`](Self::call) with [`CallOptions`]: a deadline
+    /// (deadline-aware admission), a `max_wait` of its own, a priority
+    /// class. What each does is said on [`CallOptions`];
+    /// `call_with(CallOptions::new(), f)` is `call(f)`.
     ///
-    /// The deadline is read on the bulkhead's clock: inside a tokio
-    /// runtime with the default timer, tokio's (so take it from
-    /// `tokio::time::Instant::now().into_std()` under a paused test clock),
-    /// else the system's. Both estimates are averages, so a call admitted
-    /// near its deadline may still miss it: pass an earlier `by` for a
-    /// margin. Until a call's hold time has been measured, every call that
-    /// has time left is admitted. A call without a deadline
-    /// ([`call`](Self::call)) pays nothing for this.
+    /// With a class, on a bulkhead with
+    /// [`priorities`](crate::BulkheadBuilder::priorities), the call takes
+    /// a free seat if nobody waits, else waits in its class's line, served
+    /// by the classes' rules (a seat that frees goes first to a class
+    /// under its reserved share, then by importance); a call of a less
+    /// important class waiting in a full line (`max_queue`) may be
+    /// displaced by it ([`RejectReason::Displaced`]), and a deadline's
+    /// expected wait counts only the waiters served before it. A call that
+    /// names no class is of the least important one, and takes a seat only
+    /// if one is free and nobody waits.
     ///
     /// # Errors
     ///
     /// As [`call`](Self::call), and [`BulkheadError::Rejected`] with
-    /// [`RejectReason::WontMakeDeadline`].
+    /// [`RejectReason::WontMakeDeadline`] or [`RejectReason::Displaced`].
     ///
     /// # Cancel safety
     ///
-    /// As [`call`](Self::call).
+    /// As [`call`](Self::call): dropped while waiting, it leaves its line
+    /// (a permit or seat handed to it meanwhile goes to the next caller it
+    /// is owed to); while the call runs, it drops the call and gives the
+    /// permit back.
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::{Duration, Instant};
-    /// use watertight::{Bulkhead, BulkheadError, RejectReason};
+    /// use watertight::{Bulkhead, BulkheadError, CallOptions, RejectReason};
     ///
     /// # futures::executor::block_on(async {
     /// let bh = Bulkhead::builder().max_concurrent_calls(2).build().unwrap();
-    /// let by = Instant::now() + Duration::from_secs(5);
-    /// assert_eq!(bh.call_by(by, async { Ok::<_, ()>(7) }).await, Ok(7));
+    /// let by = CallOptions::new().deadline(Instant::now() + Duration::from_secs(5));
+    /// assert_eq!(bh.call_with(by, async { Ok::<_, ()>(7) }).await, Ok(7));
     ///
-    /// let too_late = Instant::now() - Duration::from_millis(1);
-    /// match bh.call_by(too_late, async { Ok::<_, ()>(8) }).await {
+    /// let too_late = CallOptions::new().deadline(Instant::now() - Duration::from_millis(1));
+    /// match bh.call_with(too_late, async { Ok::<_, ()>(8) }).await {
     ///     Err(BulkheadError::Rejected(r)) => {
     ///         assert_eq!(r.reason(), RejectReason::WontMakeDeadline)
     ///     }
@@ -250,53 +254,30 @@ impl Bulkhead {
     /// }
     /// # });
     /// ```
-    #[inline]
-    pub fn call_by<F, T, E>(&self, by: Instant, call: F) -> CallBy<'_, F>
+    // Not an `async fn`: one keeps its arguments apart from the future it
+    // awaits them in, 80 bytes more for every call that waits.
+    #[allow(clippy::manual_async_fn)]
+    pub fn call_with<F, T, E>(
+        &self,
+        options: CallOptions,
+        call: F,
+    ) -> impl Future<Output = Result<T, BulkheadError<E>>>
     where
         F: Future<Output = Result<T, E>>,
     {
-        CallBy::new(&self.shared, by, call)
-    }
-
-    /// [`acquire`](Self::acquire) for work that must be done `by` a
-    /// deadline: admitted, rejected at once or bounded in its wait as
-    /// [`call_by`](Self::call_by) says.
-    ///
-    /// # Errors
-    ///
-    /// [`Rejected`], with the [reason](Rejected::reason), among them
-    /// [`RejectReason::WontMakeDeadline`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future while it waits gives up its place in line and
-    /// nothing else.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::{Duration, Instant};
-    /// use watertight::{Bulkhead, RejectReason};
-    ///
-    /// # futures::executor::block_on(async {
-    /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
-    /// let permit = bh.acquire_by(Instant::now() + Duration::from_secs(1)).await.unwrap();
-    /// drop(permit);
-    /// let passed = Instant::now() - Duration::from_secs(1);
-    /// let rejected = bh.acquire_by(passed).await.unwrap_err();
-    /// assert_eq!(rejected.reason(), RejectReason::WontMakeDeadline);
-    /// # });
-    /// ```
-    pub async fn acquire_by(&self, by: Instant) -> Result<BulkheadPermit, Rejected> {
-        let shared = &*self.shared;
-        let mut line = Line::by(&shared.policy, by);
-        let admitted = match shared.admit_now_by(&mut line) {
-            Some(now) => now?,
-            None => shared.admit_waiting_in(line).await?,
-        };
-        let permit = BulkheadPermit::new(self.shared.clone(), admitted);
-        self.shared.policy.permitted(admitted.waited());
-        Ok(permit)
+        async move {
+            let shared = &*self.shared;
+            let Some(class) = self.classed(&options) else {
+                return CallWith::new(shared, options, call).await;
+            };
+            // Already reported as permitted, its outcome `Cancelled` until
+            // set: dropped or unwound through while the call runs, it
+            // gives the seat back as cancelled.
+            let mut permit = seating::AdmissionAs::new(self.shared.clone(), class, options).await?;
+            let (result, outcome) = shared.policy.run(shared.policy.traced(call)).await;
+            permit.set_outcome(outcome);
+            result
+        }
     }
 
     /// Waits for a permit under the bulkhead's policy, for callers that
@@ -325,10 +306,59 @@ impl Bulkhead {
     /// # });
     /// ```
     pub async fn acquire(&self) -> Result<BulkheadPermit, Rejected> {
+        self.acquire_with(CallOptions::new()).await
+    }
+
+    /// [`acquire`](Self::acquire) with [`CallOptions`]: admitted, rejected
+    /// at once or bounded in its wait as
+    /// [`call_with`](Self::call_with) says.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`], with the [reason](Rejected::reason), among them
+    /// [`RejectReason::WontMakeDeadline`] and [`RejectReason::Displaced`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it waits gives up its place in line (a
+    /// seat handed to it meanwhile goes to the next caller it is owed to)
+    /// and nothing else.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use watertight::{Bulkhead, CallOptions, RejectReason};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).priorities(&[1, 1]).build().unwrap();
+    /// let soon = CallOptions::new().class(1).deadline(Instant::now() + Duration::from_secs(1));
+    /// let permit = bh.acquire_with(soon).await.unwrap();
+    /// assert_eq!(bh.metrics().in_flight(), 1);
+    /// drop(permit);
+    /// let passed = CallOptions::new().class(0).deadline(Instant::now() - Duration::from_secs(1));
+    /// let rejected = bh.acquire_with(passed).await.unwrap_err();
+    /// assert_eq!(rejected.reason(), RejectReason::WontMakeDeadline);
+    /// # });
+    /// ```
+    pub async fn acquire_with(&self, options: CallOptions) -> Result<BulkheadPermit, Rejected> {
+        if let Some(class) = self.classed(&options) {
+            let mut permit = seating::AdmissionAs::new(self.shared.clone(), class, options).await?;
+            // A permit the caller manages: released, not cancelled, unless
+            // the caller says otherwise.
+            permit.set_outcome(CallOutcome::Released);
+            return Ok(permit);
+        }
         let shared = &*self.shared;
-        let admitted = match shared.admit_now(true) {
+        let mut line = Line::default();
+        let now = if options.waits_plainly() {
+            shared.admit_now(true)
+        } else {
+            shared.admit_now_with(&options, &mut line)
+        };
+        let admitted = match now {
             Some(now) => now?,
-            None => shared.admit_waiting().await?,
+            None => shared.admit_waiting_in(line).await?,
         };
         let permit = BulkheadPermit::new(self.shared.clone(), admitted);
         self.shared.policy.permitted(admitted.waited());
@@ -351,260 +381,73 @@ impl Bulkhead {
     /// let _permit = bh.try_acquire().unwrap();
     /// assert_eq!(bh.try_acquire().unwrap_err().reason(), RejectReason::Full);
     /// ```
+    #[inline]
     pub fn try_acquire(&self) -> Result<BulkheadPermit, Rejected> {
-        if let Some(Err(rejected)) = self.shared.admit_now(false) {
+        self.try_acquire_with(CallOptions::new())
+    }
+
+    /// [`try_acquire`](Self::try_acquire) with [`CallOptions`]: with a
+    /// class, a seat of that class only if one is free and nobody waits;
+    /// with a deadline, deadline-aware admission first. A `max_wait` of
+    /// its own changes nothing: it never waits.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`] with [`RejectReason::Full`], [`RejectReason::Closed`]
+    /// or [`RejectReason::WontMakeDeadline`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use watertight::{Bulkhead, CallOptions, RejectReason};
+    ///
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).priorities(&[1, 1]).build().unwrap();
+    /// let _held = bh.try_acquire_with(CallOptions::new().class(0)).unwrap();
+    /// let next = bh.try_acquire_with(CallOptions::new().class(0)).unwrap_err();
+    /// assert_eq!(next.reason(), RejectReason::Full);
+    /// ```
+    #[inline]
+    pub fn try_acquire_with(&self, options: CallOptions) -> Result<BulkheadPermit, Rejected> {
+        let shared = &*self.shared;
+        if options.deadline.is_some() || options.class_named().is_some() {
+            return self.try_acquire_judged(&options);
+        }
+        if let Some(Err(rejected)) = shared.admit_now(false) {
             return Err(rejected);
         }
         let permit = BulkheadPermit::new(self.shared.clone(), Admitted::Now);
-        self.shared.policy.permitted(Duration::ZERO);
+        shared.policy.permitted(Duration::ZERO);
         Ok(permit)
     }
 
-    /// [`call`](Self::call) for a call of priority class `class` (0 is the
-    /// most important; see
-    /// [`BulkheadBuilder::priorities`](crate::BulkheadBuilder::priorities)):
-    /// it takes a free seat if nobody waits, else waits in its class's
-    /// line, served by the classes' rules (a seat that frees goes first to
-    /// a class under its reserved share, then by importance), for at most
-    /// `max_wait`. A call of a less important class waiting in a full
-    /// line (`max_queue`) may be displaced by it
-    /// ([`RejectReason::Displaced`]).
-    ///
-    /// A class past the last is the least important one (as the tower
-    /// layer's `priority_from` takes it), and on a bulkhead without classes
-    /// every class is 0: `call_as(class, f)` is `call(f)`.
-    ///
-    /// # Errors
-    ///
-    /// As [`call`](Self::call), and [`BulkheadError::Rejected`] with
-    /// [`RejectReason::Displaced`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`call`](Self::call): dropped while waiting, it leaves its line
-    /// (a seat handed to it meanwhile goes to the next caller it is owed
-    /// to); while the call runs, it drops the call and gives the seat back.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use watertight::{Bulkhead, BulkheadError};
-    ///
-    /// # futures::executor::block_on(async {
-    /// // Class 0 (checkout) is guaranteed 3 of the 4 seats, class 1
-    /// // (recommendations) 1; idle seats are lent to either.
-    /// let bh = Bulkhead::builder().max_concurrent_calls(4).priorities(&[3, 1]).build().unwrap();
-    /// let paid: Result<u32, BulkheadError<()>> = bh.call_as(0, async { Ok(7) }).await;
-    /// assert_eq!(paid, Ok(7));
-    /// # });
-    /// ```
-    pub fn call_as<F, T, E>(
-        &self,
-        class: usize,
-        call: F,
-    ) -> impl Future<Output = Result<T, BulkheadError<E>>>
-    where
-        F: Future<Output = Result<T, E>>,
-    {
-        let class = self.shared.class_of(class);
-        async move {
-            if self.shared.classes.is_none() {
-                return self.call(call).await;
-            }
-            let shared = &*self.shared;
-            let admitted = shared.seat_as(class).await?;
-            let mut held = permit::seated(shared, class, admitted, CallOutcome::Cancelled);
-            shared.policy.permitted(admitted.waited());
-            let (result, outcome) = shared.policy.run(shared.policy.traced(call)).await;
-            held.set_outcome(outcome);
-            result
-        }
-    }
-
-    /// [`acquire`](Self::acquire) for a caller of priority class `class`:
-    /// admitted, waiting or displaced as [`call_as`](Self::call_as) says.
-    ///
-    /// # Errors
-    ///
-    /// [`Rejected`], with the [reason](Rejected::reason), among them
-    /// [`RejectReason::Displaced`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future while it waits gives up its place in line; a
-    /// seat handed to it meanwhile goes to the next caller it is owed to.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use watertight::Bulkhead;
-    ///
-    /// # futures::executor::block_on(async {
-    /// let bh = Bulkhead::builder().max_concurrent_calls(2).priorities(&[1, 1]).build().unwrap();
-    /// let permit = bh.acquire_as(1).await.unwrap();
-    /// assert_eq!(bh.metrics().in_flight(), 1);
-    /// drop(permit);
-    /// # });
-    /// ```
-    pub fn acquire_as(
-        &self,
-        class: usize,
-    ) -> impl Future<Output = Result<BulkheadPermit, Rejected>> {
-        let class = self.shared.class_of(class);
-        async move {
-            if self.shared.classes.is_none() {
-                return self.acquire().await;
-            }
-            let admitted = self.shared.seat_as(class).await?;
-            let permit = BulkheadPermit::of_class(self.shared.clone(), class, admitted);
-            self.shared.policy.permitted(admitted.waited());
-            Ok(permit)
-        }
-    }
-
-    /// [`call_as`](Self::call_as) for a call that must be done `by` a
-    /// deadline: deadline-aware admission as [`call_by`](Self::call_by)'s,
-    /// except that the expected wait counts only the waiters served before
-    /// a caller of `class` (those of its class and of the more important
-    /// ones), so a critical call behind a long line of batch work is not
-    /// turned away for it. Rejected at once with
-    /// [`RejectReason::WontMakeDeadline`] if it cannot make it; else it
-    /// waits in its class's line at most until it could still finish (or
-    /// `max_wait`, if sooner).
-    ///
-    /// On a bulkhead without classes, `call_as_by(0, by, f)` is
-    /// `call_by(by, f)`.
-    ///
-    /// # Errors
-    ///
-    /// As [`call_as`](Self::call_as), and [`BulkheadError::Rejected`] with
-    /// [`RejectReason::WontMakeDeadline`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`call_as`](Self::call_as).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::{Duration, Instant};
-    /// use watertight::{Bulkhead, BulkheadError, RejectReason};
-    ///
-    /// # futures::executor::block_on(async {
-    /// let bh = Bulkhead::builder().max_concurrent_calls(2).priorities(&[1, 1]).build().unwrap();
-    /// let by = Instant::now() + Duration::from_secs(5);
-    /// assert_eq!(bh.call_as_by(0, by, async { Ok::<_, ()>(7) }).await, Ok(7));
-    /// let passed = Instant::now() - Duration::from_millis(1);
-    /// match bh.call_as_by(1, passed, async { Ok::<_, ()>(8) }).await {
-    ///     Err(BulkheadError::Rejected(r)) => {
-    ///         assert_eq!(r.reason(), RejectReason::WontMakeDeadline)
-    ///     }
-    ///     other => panic!("{other:?}"),
-    /// }
-    /// # });
-    /// ```
-    pub fn call_as_by<F, T, E>(
-        &self,
-        class: usize,
-        by: Instant,
-        call: F,
-    ) -> impl Future<Output = Result<T, BulkheadError<E>>>
-    where
-        F: Future<Output = Result<T, E>>,
-    {
-        let class = self.shared.class_of(class);
-        async move {
-            if self.shared.classes.is_none() {
-                return self.call_by(by, call).await;
-            }
-            let shared = &*self.shared;
-            // Already reported as permitted, its outcome `Cancelled` until
-            // set: dropped or unwound through while the call runs, it
-            // gives the seat back as cancelled.
-            let mut permit =
-                seating::AdmissionAs::new(self.shared.clone(), class, Some(by)).await?;
-            let (result, outcome) = shared.policy.run(shared.policy.traced(call)).await;
-            permit.set_outcome(outcome);
-            result
-        }
-    }
-
-    /// [`acquire_as`](Self::acquire_as) for work that must be done `by` a
-    /// deadline: admitted, rejected at once or bounded in its wait as
-    /// [`call_as_by`](Self::call_as_by) says. On a bulkhead without
-    /// classes, `acquire_as_by(0, by)` is `acquire_by(by)`.
-    ///
-    /// # Errors
-    ///
-    /// [`Rejected`], with the [reason](Rejected::reason), among them
-    /// [`RejectReason::WontMakeDeadline`] and [`RejectReason::Displaced`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`acquire_as`](Self::acquire_as).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::{Duration, Instant};
-    /// use watertight::{Bulkhead, RejectReason};
-    ///
-    /// # futures::executor::block_on(async {
-    /// let bh = Bulkhead::builder().max_concurrent_calls(1).priorities(&[1, 1]).build().unwrap();
-    /// let permit = bh.acquire_as_by(1, Instant::now() + Duration::from_secs(1)).await.unwrap();
-    /// drop(permit);
-    /// let passed = Instant::now() - Duration::from_secs(1);
-    /// let rejected = bh.acquire_as_by(0, passed).await.unwrap_err();
-    /// assert_eq!(rejected.reason(), RejectReason::WontMakeDeadline);
-    /// # });
-    /// ```
-    pub fn acquire_as_by(
-        &self,
-        class: usize,
-        by: Instant,
-    ) -> impl Future<Output = Result<BulkheadPermit, Rejected>> {
-        let class = self.shared.class_of(class);
-        async move {
-            if self.shared.classes.is_none() {
-                return self.acquire_by(by).await;
-            }
-            let mut permit =
-                seating::AdmissionAs::new(self.shared.clone(), class, Some(by)).await?;
-            // A permit the caller manages: released, not cancelled, unless
-            // the caller says otherwise.
-            permit.set_outcome(CallOutcome::Released);
-            Ok(permit)
-        }
-    }
-
-    /// [`try_acquire`](Self::try_acquire) for a caller of priority class
-    /// `class`: a seat only if one is free and nobody waits.
-    ///
-    /// # Errors
-    ///
-    /// [`Rejected`] with [`RejectReason::Full`] or [`RejectReason::Closed`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use watertight::{Bulkhead, RejectReason};
-    ///
-    /// let bh = Bulkhead::builder().max_concurrent_calls(1).priorities(&[1, 1]).build().unwrap();
-    /// let _held = bh.try_acquire_as(0).unwrap();
-    /// assert_eq!(bh.try_acquire_as(0).unwrap_err().reason(), RejectReason::Full);
-    /// ```
-    pub fn try_acquire_as(&self, class: usize) -> Result<BulkheadPermit, Rejected> {
-        let class = self.shared.class_of(class);
-        if self.shared.classes.is_none() {
+    /// [`try_acquire_with`](Self::try_acquire_with) for a caller with a
+    /// deadline or a class.
+    #[cold]
+    fn try_acquire_judged(&self, options: &CallOptions) -> Result<BulkheadPermit, Rejected> {
+        let shared = &*self.shared;
+        let Some(class) = self.classed(options) else {
+            shared
+                .policy
+                .line_for(options, shared.free_now(), shared.policy.queued())?;
             return self.try_acquire();
-        }
-        match Shared::seat(&*self.shared, class, false, None)? {
+        };
+        match Shared::seat_with(shared, class, options, false)? {
             seating::Seat::Now => {}
             seating::Seat::Wait(_) => unreachable!("a caller that may not wait never queues"),
         }
         let permit = BulkheadPermit::of_class(self.shared.clone(), class, Admitted::Now);
-        self.shared.policy.permitted(Duration::ZERO);
+        shared.policy.permitted(Duration::ZERO);
         Ok(permit)
+    }
+
+    /// The class a caller with `options` is seated as, on a bulkhead with
+    /// priority classes and a caller that names one; `None` for a plain
+    /// caller (see [`call_with`](Self::call_with)).
+    #[inline]
+    pub(crate) fn classed(&self, options: &CallOptions) -> Option<usize> {
+        let class = options.class_named()?;
+        self.shared.classes.as_ref()?;
+        Some(self.shared.class_of(class))
     }
 
     /// Per priority class, in order (class 0 first): the seats it is
@@ -614,10 +457,10 @@ impl Bulkhead {
     /// # Examples
     ///
     /// ```
-    /// use watertight::Bulkhead;
+    /// use watertight::{Bulkhead, CallOptions};
     ///
     /// let bh = Bulkhead::builder().max_concurrent_calls(10).priorities(&[50, 30, 20]).build().unwrap();
-    /// let _p = bh.try_acquire_as(2).unwrap();
+    /// let _p = bh.try_acquire_with(CallOptions::new().class(2)).unwrap();
     /// let seats = bh.priority_seats();
     /// assert_eq!(seats.iter().map(|c| c.reserved).collect::<Vec<_>>(), [5, 3, 2]);
     /// assert_eq!((seats[2].held, seats[2].waiting), (1, 0));
@@ -791,32 +634,23 @@ impl Bulkhead {
         Self { shared }
     }
 
-    /// [`admission`](Self::admission) for a call of priority `class`, on a
-    /// bulkhead with classes (`None` without: the call is a plain one).
-    /// A class past the last is the least important one.
-    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
-    pub(crate) fn admission_as(
-        &self,
-        class: usize,
-        by: Option<Instant>,
-    ) -> Option<seating::AdmissionAs> {
-        self.shared.classes.as_ref()?;
-        let class = self.shared.class_of(class);
-        Some(seating::AdmissionAs::new(self.shared.clone(), class, by))
-    }
-
     /// One call's admission as a named `'static` future that owns a handle
-    /// of the bulkhead (for the tower layer's response future); see
-    /// [`Admission`]. With `by`, it is deadline-aware, as
-    /// [`call_by`](Self::call_by)'s.
+    /// of the bulkhead (for the tower layer's response future), with
+    /// `options` as [`call_with`](Self::call_with) takes them: an
+    /// [`Admission`], or for a classed caller on a bulkhead with priority
+    /// classes, a [`seating::AdmissionAs`].
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     #[inline]
-    pub(crate) fn admission(&self, by: Option<Instant>) -> Admission {
-        Admission {
-            shared: Some(self.shared.clone()),
-            by,
-            waiting: None,
+    pub(crate) fn admission(&self, options: CallOptions) -> Admissions {
+        if let Some(class) = self.classed(&options) {
+            let classed = seating::AdmissionAs::new(self.shared.clone(), class, options);
+            return Admissions::Classed(classed);
         }
+        Admissions::Plain(Admission {
+            shared: Some(self.shared.clone()),
+            options: (!options.waits_plainly()).then_some(options),
+            waiting: None,
+        })
     }
 }
 
@@ -884,7 +718,7 @@ impl Shared {
     /// The decision that needs no waiting: a permit taken at once
     /// (`Some(Ok)`), or a rejection (`Some(Err)`: closed, or full when the
     /// policy fails fast, or always when `may_wait` is false); `None` when
-    /// the caller is to wait in line ([`admit_waiting`](Self::admit_waiting)).
+    /// the caller is to wait in line ([`admit_waiting_in`](Self::admit_waiting_in)).
     /// Nothing waiting-related is built on these paths, so they move
     /// nothing bigger than a pointer.
     #[inline]
@@ -958,21 +792,11 @@ impl Shared {
         }
     }
 
-    /// Waits in line under the policy (the bounded line, `max_wait`); the
-    /// waiting future and its timer live inline, so nothing is allocated.
-    /// The caller wraps the permit in a guard, then reports it with
-    /// `permitted`.
-    async fn admit_waiting(&self) -> Result<Admitted, Rejected> {
-        let queued = Queued {
-            shared: self,
-            acquire: Some(self.sem.acquire()),
-        };
-        let ((), waited) = self.policy.wait(queued).await?;
-        Ok(Admitted::Waited(waited))
-    }
-
-    /// [`admit_waiting`](Self::admit_waiting) for a wait that starts at
-    /// `line` (one that [`admit_now_by`](Self::admit_now_by) looked at).
+    /// Waits in line under the policy (the bounded line, `max_wait`, the
+    /// limit `line` holds: see [`admit_now_with`](Self::admit_now_with));
+    /// the waiting future and its timer live inline, so nothing is
+    /// allocated. The caller wraps the permit in a guard, then reports it
+    /// with `permitted`.
     async fn admit_waiting_in(&self, line: Line) -> Result<Admitted, Rejected> {
         let queued = Queued {
             shared: self,
@@ -982,7 +806,7 @@ impl Shared {
         Ok(Admitted::Waited(waited))
     }
 
-    /// [`admit_waiting`](Self::admit_waiting) (from `line`, if given) for
+    /// [`admit_waiting_in`](Self::admit_waiting_in) (from `line`, if given) for
     /// a caller that waits for `gate` before it queues (see [`After`]).
     async fn admit_waiting_after<G: Future<Output = ()>>(
         &self,
@@ -1002,32 +826,40 @@ impl Shared {
         Ok(Admitted::Waited(waited))
     }
 
-    /// [`admit_now`](Self::admit_now) for a call that carries a deadline
-    /// (in `line`): deadline-aware admission first
-    /// ([`Policy::admit_by`]), which leaves in `line` how long the call may
-    /// wait.
+    /// [`admit_now`](Self::admit_now) for a call with `options` (a
+    /// deadline, a wait of its own): the policy reads them first
+    /// ([`Policy::line_for`]), which may reject the call at once and
+    /// leaves in `line` how long it may wait.
     #[cold]
-    fn admit_now_by(&self, line: &mut Line) -> Option<Result<Admitted, Rejected>> {
-        if let Err(rejected) = self.policy.admit_by(line, self.free_now()) {
-            return Some(Err(rejected));
+    fn admit_now_with(
+        &self,
+        options: &CallOptions,
+        line: &mut Line,
+    ) -> Option<Result<Admitted, Rejected>> {
+        match self
+            .policy
+            .line_for(options, self.free_now(), self.policy.queued())
+        {
+            Ok(judged) => *line = judged,
+            Err(rejected) => return Some(Err(rejected)),
         }
-        self.admit_now(true)
+        self.admit_now(options.may_wait())
     }
 }
 
 impl Shared {
-    /// [`admit_now_by`](Self::admit_now_by) for an [`Admission`]: a call
-    /// that is to wait gets its wait in `waiting` (with the limit that
-    /// deadline-aware admission left in its line), and `None`.
+    /// [`admit_now_with`](Self::admit_now_with) for an [`Admission`]: a
+    /// call that is to wait gets its wait in `waiting` (with the limit its
+    /// options left in its line), and `None`.
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     #[cold]
-    fn admit_now_by_owned(
+    fn admit_now_with_owned(
         &self,
-        by: Instant,
+        options: &CallOptions,
         mut waiting: Pin<&mut Option<Waiting<QueuedOwned>>>,
     ) -> Option<Result<Admitted, Rejected>> {
-        let mut line = Line::by(&self.policy, by);
-        let now = self.admit_now_by(&mut line);
+        let mut line = Line::default();
+        let now = self.admit_now_with(options, &mut line);
         if now.is_none() {
             let queued = QueuedOwned {
                 acquire: self.sem.acquire_owned(),
@@ -1106,6 +938,17 @@ impl<G: Future<Output = ()>> Future for After<'_, G> {
     }
 }
 
+/// One call's admission as [`Bulkhead::admission`] makes it: moved once
+/// into the future that polls it, so the variants are not boxed.
+#[cfg_attr(not(feature = "tower"), allow(dead_code))]
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Admissions {
+    /// A plain call's.
+    Plain(Admission),
+    /// A classed caller's, on a bulkhead with priority classes.
+    Classed(seating::AdmissionAs),
+}
+
 pin_project! {
     /// What `call` does before the call runs, as a future that owns a
     /// handle of the bulkhead instead of borrowing it, so that it is
@@ -1119,9 +962,9 @@ pin_project! {
     pub(crate) struct Admission {
         // The bulkhead, until it moves into the permit; `None` once done.
         shared: Option<Arc<Shared>>,
-        // The deadline of a call that carries one, until the first poll
-        // has looked at it (as `CallBy`'s).
-        by: Option<Instant>,
+        // The options of a call that has some, until the first poll has
+        // looked at them (as `CallWith`'s).
+        options: Option<CallOptions>,
         // The wait in line, once no permit was free at once; `None` again
         // when it ends. Its place in line is given back with `shared`'s
         // policy, by the drop if the wait did not end.
@@ -1158,9 +1001,9 @@ impl Future for Admission {
         let out = if this.waiting.is_some() {
             ready!(poll_waiting(this.waiting.as_mut(), shared, cx))
         } else {
-            let now = match this.by.take() {
+            let now = match this.options.take() {
                 None => shared.admit_now(true),
-                Some(by) => shared.admit_now_by_owned(by, this.waiting.as_mut()),
+                Some(options) => shared.admit_now_with_owned(&options, this.waiting.as_mut()),
             };
             match now {
                 Some(now) => now,
@@ -1245,7 +1088,7 @@ impl Future for QueuedOwned {
 impl Bulkhead {
     /// The decision that needs no waiting (`admit_now`): `Some` with a
     /// permit or a rejection, `None` if the caller is to wait
-    /// ([`hold_waiting`](Self::hold_waiting)). With `may_wait` false, a
+    /// ([`hold_waiting_in`](Self::hold_waiting_in)). With `may_wait` false, a
     /// full bulkhead rejects, as [`try_acquire`](Self::try_acquire) does.
     // Always: returned through memory, its result costs a store-forwarding
     // stall on the keyed bulkhead's fast path (about 10 ns).
@@ -1265,41 +1108,26 @@ impl Bulkhead {
         }
     }
 
-    /// The wait in line under the policy, after [`hold_now`](Self::hold_now)
-    /// said `None`.
-    pub(crate) async fn hold_waiting(&self) -> Result<permit::Held<&Shared>, Rejected> {
-        let shared = &*self.shared;
-        let admitted = shared.admit_waiting().await?;
-        Ok(shared.hold(admitted))
-    }
-
-    /// The line of a call that must be done `by`, for
-    /// [`hold_now_by`](Self::hold_now_by) and then, if it is to wait,
-    /// [`hold_waiting_in`](Self::hold_waiting_in).
+    /// [`hold_now`](Self::hold_now) for a call with `options` (a deadline,
+    /// a wait of its own): the policy reads them first, which may reject
+    /// the call at once and leaves in `line` how long it may wait.
     #[cold]
-    pub(crate) fn line_by(&self, by: Instant) -> Line {
-        Line::by(&self.shared.policy, by)
-    }
-
-    /// [`hold_now`](Self::hold_now) for a call that carries a deadline (in
-    /// `line`, from [`line_by`](Self::line_by)): deadline-aware admission
-    /// first, which may reject at once and leaves in `line` how long the
-    /// call may wait.
-    #[cold]
-    pub(crate) fn hold_now_by(
+    pub(crate) fn hold_now_with(
         &self,
+        options: &CallOptions,
         line: &mut Line,
         may_wait: bool,
     ) -> Option<Result<permit::Held<&Shared>, Rejected>> {
-        let shared = &*self.shared;
-        if let Err(rejected) = shared.policy.admit_by(line, shared.free_now()) {
-            return Some(Err(rejected));
-        }
-        self.hold_now(may_wait)
+        *line = match self.judge(options) {
+            Ok(line) => line,
+            Err(rejected) => return Some(Err(rejected)),
+        };
+        self.hold_now(may_wait && options.may_wait())
     }
 
-    /// [`hold_waiting`](Self::hold_waiting) for a wait that starts at
-    /// `line`, which [`hold_now_by`](Self::hold_now_by) looked at.
+    /// The wait in line under the policy, after [`hold_now`](Self::hold_now)
+    /// or [`hold_now_with`](Self::hold_now_with) said `None`, from the
+    /// `line` the latter left (else the default).
     pub(crate) async fn hold_waiting_in(
         &self,
         line: Line,
@@ -1309,10 +1137,10 @@ impl Bulkhead {
         Ok(shared.hold(admitted))
     }
 
-    /// [`hold_waiting`](Self::hold_waiting) for a caller that waits for
+    /// [`hold_waiting_in`](Self::hold_waiting_in) for a caller that waits for
     /// `gate` (its turn) before it queues for a permit, within the same
     /// wait in line (see [`After`]); with `line`, a wait that
-    /// [`hold_now_by`](Self::hold_now_by) or [`judge_by`](Self::judge_by)
+    /// [`hold_now_with`](Self::hold_now_with) or [`judge`](Self::judge)
     /// looked at. The gate is dropped when the wait ends.
     pub(crate) async fn hold_waiting_after<G: Future<Output = ()>>(
         &self,
@@ -1325,7 +1153,7 @@ impl Bulkhead {
     }
 
     /// [`acquire`](Self::acquire) (with `line`, the wait of
-    /// [`acquire_by`](Self::acquire_by), which [`judge_by`](Self::judge_by)
+    /// [`acquire_with`](Self::acquire_with), which [`judge`](Self::judge)
     /// looked at) for a caller that waits for `gate` first, as
     /// [`hold_waiting_after`](Self::hold_waiting_after).
     pub(crate) async fn acquire_after<G: Future<Output = ()>>(
@@ -1339,13 +1167,46 @@ impl Bulkhead {
         Ok(permit)
     }
 
-    /// Deadline-aware admission alone (no permit taken), for a caller
-    /// that is to wait anyway: `Err` if it is rejected at once, else
-    /// `line` holds how long it may wait.
+    /// The policy's reading of a call's `options` alone (no permit
+    /// taken), for a caller that is to wait anyway: `Err` if it is
+    /// rejected at once, else the line it waits in.
     #[cold]
-    pub(crate) fn judge_by(&self, line: &mut Line) -> Result<(), Rejected> {
+    pub(crate) fn judge(&self, options: &CallOptions) -> Result<Line, Rejected> {
         let shared = &*self.shared;
-        shared.policy.admit_by(line, shared.free_now())
+        shared
+            .policy
+            .line_for(options, shared.free_now(), shared.policy.queued())
+    }
+
+    /// The global stage of a keyed caller that names a class, on a
+    /// bulkhead with priority classes (see [`classed`](Self::classed)): a
+    /// seat now, already reported as permitted (`Ok(Ok)`), or the wait in
+    /// its class's line (`Ok(Err)`: await it, then [`seat_after`](Self::seat_after)).
+    #[cold]
+    pub(crate) fn seat_now(
+        &self,
+        class: usize,
+        options: &CallOptions,
+        may_wait: bool,
+    ) -> Result<Result<Guard<permit::Seated<&Shared>>, seating::Seating<&Shared>>, Rejected> {
+        let shared = &*self.shared;
+        Ok(match Shared::seat_with(shared, class, options, may_wait)? {
+            seating::Seat::Now => Ok(self.seat_after(class, Admitted::Now)),
+            seating::Seat::Wait(seating) => Err(seating),
+        })
+    }
+
+    /// A seat of `class` just granted, in a guard whose outcome is
+    /// `Cancelled` until set; the observers are told of the admission.
+    pub(crate) fn seat_after(
+        &self,
+        class: usize,
+        admitted: Admitted,
+    ) -> Guard<permit::Seated<&Shared>> {
+        let shared = &*self.shared;
+        let held = permit::seated(shared, class, admitted, CallOutcome::Cancelled);
+        shared.policy.permitted(admitted.waited());
+        held
     }
 
     /// Seats free now.
@@ -1367,16 +1228,6 @@ impl Bulkhead {
     pub(crate) fn take_unwinding_rejection(&self) -> Option<RejectReason> {
         self.shared.policy.take_unwinding_rejection()
     }
-
-    /// [`try_acquire`](Self::try_acquire) for work that must be done
-    /// `by`: deadline-aware admission first.
-    #[cold]
-    pub(crate) fn try_acquire_by(&self, by: Instant) -> Result<BulkheadPermit, Rejected> {
-        let shared = &*self.shared;
-        let mut line = Line::by(&shared.policy, by);
-        shared.policy.admit_by(&mut line, shared.free_now())?;
-        self.try_acquire()
-    }
 }
 
 /// One priority class's seats, from [`Bulkhead::priority_seats`].
@@ -1389,16 +1240,6 @@ pub struct ClassSeats {
     pub held: usize,
     /// Its callers waiting now.
     pub waiting: usize,
-}
-
-impl Shared {
-    /// A classed caller's admission: a seat now, or a wait in its line.
-    async fn seat_as(&self, class: usize) -> Result<Admitted, Rejected> {
-        match Shared::seat(self, class, true, None)? {
-            seating::Seat::Now => Ok(Admitted::Now),
-            seating::Seat::Wait(wait) => Ok(Admitted::Waited(wait.await?)),
-        }
-    }
 }
 
 /// Counts a `wait_idle` future as watching until it is dropped.

@@ -100,9 +100,8 @@ reasons! {
         shows_wait: false,
         hint: false,
     },
-    /// The call carried a deadline ([`Bulkhead::call_by`](crate::Bulkhead::call_by),
-    /// [`Bulkhead::acquire_by`](crate::Bulkhead::acquire_by)) that it could
-    /// not make: the deadline had passed, the expected wait plus the
+    /// The call carried a [deadline](crate::CallOptions::deadline) that
+    /// it could not make: the deadline had passed, the expected wait plus the
     /// expected hold time (the averages behind
     /// [`Rejected::retry_after`](crate::Rejected::retry_after)) did not fit
     /// in the time left, or it waited until it could no longer finish in

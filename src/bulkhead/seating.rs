@@ -9,13 +9,14 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::options::CallOptions;
+
 use pin_project_lite::pin_project;
 
 use super::Shared;
 use super::classes::{Admit, GaveUp, NONE, Sample, wake};
 use super::error::{RejectReason, Rejected};
 use super::permit::{Admitted, BulkheadPermit};
-use super::wait::Line;
 use super::wait::Waited;
 use crate::timer::{Clock, Deadline};
 
@@ -24,6 +25,8 @@ use crate::timer::{Clock, Deadline};
 static AUTO_CLOCK: Clock = Clock::Auto;
 
 /// How a classed caller was admitted, or that it must wait.
+// Returned once and awaited in place: boxing the wait would allocate.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Seat<S: Deref<Target = Shared>> {
     /// A seat, taken at once.
     Now,
@@ -41,7 +44,7 @@ impl Shared {
     }
 
     /// The class a caller that names `class` belongs to: the one rule for
-    /// every entry point (`call_as` and its siblings, the tower layer's
+    /// every entry point (`call_with` and its siblings, the tower layer's
     /// `priority_from`). A class past the last is the least important one,
     /// so that a class read from a request can never make the service
     /// panic; without classes every caller is of class 0.
@@ -53,14 +56,13 @@ impl Shared {
     /// A classed caller of `class` takes a seat now, joins its class's
     /// line (`may_wait`, and the policy does not fail fast), or is
     /// rejected. A waiter it displaced is woken here, with no lock held.
-    /// With `until`, the wait ends then too, rejected as
-    /// `WontMakeDeadline` (the latest a call that carries a deadline can
-    /// start and still finish in time).
+    /// With `until`, the wait ends then too, rejected for the reason it
+    /// gives (a call's own limit: see `Policy::line_for`).
     pub(crate) fn seat<S: Deref<Target = Shared>>(
         this: S,
         class: usize,
         may_wait: bool,
-        until: Option<Duration>,
+        until: Option<(Duration, RejectReason)>,
     ) -> Result<Seat<S>, Rejected> {
         let policy = &this.policy;
         let may_wait = may_wait && !policy.fails_fast();
@@ -88,6 +90,27 @@ impl Shared {
             wake(waker);
         }
         Ok(seat)
+    }
+
+    /// [`seat`](Self::seat) for a caller with `options`, which are read
+    /// first: a deadline's expected wait counts only the waiters served
+    /// before it (those of its class and of the more important ones), and
+    /// the limit of a wait of its own (a deadline's, its own `max_wait`)
+    /// bounds the wait in its class's line.
+    pub(crate) fn seat_with<S: Deref<Target = Shared>>(
+        this: S,
+        class: usize,
+        options: &CallOptions,
+        may_wait: bool,
+    ) -> Result<Seat<S>, Rejected> {
+        let mut until = None;
+        if !options.waits_plainly() {
+            let (ahead, free) = this.classes_on().ahead_of(class);
+            let free = isize::try_from(free).unwrap_or(isize::MAX);
+            let line = this.policy.line_for(options, free, ahead)?;
+            until = this.policy.wait_budget(&line);
+        }
+        Shared::seat(this, class, may_wait && options.may_wait(), until)
     }
 
     /// A plain call's seat comes back: with priority classes, it is of the
@@ -131,8 +154,10 @@ pin_project! {
         slot: u32,
         class: usize,
         start: Instant,
-        // A call's deadline budget, if it ends the wait before `max_wait`.
-        until: Option<Duration>,
+        // A call's own limit (its deadline's latest start or its own
+        // `max_wait`), if it ends the wait before `max_wait`, and the
+        // reason it ends it for.
+        until: Option<(Duration, RejectReason)>,
         // What `deadline` is armed for.
         armed: Arm,
         // The soonest of `max_wait`, `until` and (with controlled delay)
@@ -183,7 +208,7 @@ enum Arm {
     Target,
     /// `max_wait`.
     MaxWait,
-    /// The latest start that still makes the call's deadline.
+    /// The call's own limit (`until`).
     Until,
     /// Nothing: the wait has no limit left.
     Unneeded,
@@ -215,7 +240,7 @@ impl<S: Deref<Target = Shared>> Future for Seating<S> {
             Poll::Pending => {
                 debug_assert!(wake.is_none(), "a waiter still waiting woke another");
                 // A deadline's limit needs a timer even where `max_wait` does
-                // not: the bulkhead's clock, as for `call_by`.
+                // not: the bulkhead's clock, as for a plain call's.
                 let clock = policy.clock().or(Some(&AUTO_CLOCK));
                 let fired = match *this.armed {
                     Arm::None => {
@@ -224,7 +249,7 @@ impl<S: Deref<Target = Shared>> Future for Seating<S> {
                         let limits = [
                             target.map(|t| (t, Arm::Target)),
                             policy.max_wait().map(|m| (m, Arm::MaxWait)),
-                            this.until.map(|u| (u, Arm::Until)),
+                            this.until.map(|(u, _)| (u, Arm::Until)),
                         ];
                         let Some((limit, arm)) = soonest(limits, waited) else {
                             *this.armed = Arm::Unneeded;
@@ -246,7 +271,7 @@ impl<S: Deref<Target = Shared>> Future for Seating<S> {
                     let limits = [
                         None,
                         policy.max_wait().map(|m| (m, Arm::MaxWait)),
-                        this.until.map(|u| (u, Arm::Until)),
+                        this.until.map(|(u, _)| (u, Arm::Until)),
                     ];
                     let Some((limit, next)) = soonest(limits, waited) else {
                         *this.armed = Arm::Unneeded;
@@ -254,9 +279,19 @@ impl<S: Deref<Target = Shared>> Future for Seating<S> {
                     };
                     *this.armed = next;
                     let fired = ready!(this.deadline.as_mut().poll_at(clock, limit, cx));
-                    return give_up(shared, this.slot, *this.start, fired, next, this.kept);
+                    let until = this.until.map(|(_, reason)| reason);
+                    return give_up(
+                        shared,
+                        this.slot,
+                        *this.start,
+                        fired,
+                        next,
+                        until,
+                        this.kept,
+                    );
                 }
-                return give_up(shared, this.slot, *this.start, fired, arm, this.kept);
+                let until = this.until.map(|(_, reason)| reason);
+                return give_up(shared, this.slot, *this.start, fired, arm, until, this.kept);
             }
         };
         *this.slot = NONE;
@@ -311,6 +346,7 @@ fn give_up(
     start: Instant,
     fired: Result<(), crate::timer::TimerGone>,
     arm: Arm,
+    until: Option<RejectReason>,
     kept: &mut Option<Result<Waited, Rejected>>,
 ) -> Poll<Result<Waited, Rejected>> {
     let policy = &shared.policy;
@@ -334,8 +370,8 @@ fn give_up(
         GaveUp::Rejected(reason) => Err(policy.reject(reason, waited)),
         GaveUp::Left => Err(match fired {
             Ok(()) => policy.reject(
-                match arm {
-                    Arm::Until => RejectReason::WontMakeDeadline,
+                match (arm, until) {
+                    (Arm::Until, Some(reason)) => reason,
                     _ => RejectReason::Timeout,
                 },
                 waited,
@@ -347,29 +383,30 @@ fn give_up(
 
 pin_project! {
     /// One classed call's admission as a named `'static` future that owns
-    /// a handle of the bulkhead (the tower layer's, with `priority_from`):
-    /// deadline-aware admission first if it carries a deadline (counting
-    /// the waiters served before it; rejected at once if it cannot make
-    /// it, else waiting at most until it could still finish), then a seat
-    /// now or a wait in its class's line. Resolves to
-    /// the call's permit, already reported as permitted, whose outcome is
-    /// `Cancelled` until set.
+    /// a handle of the bulkhead (`call_with` and `acquire_with` with a
+    /// class, the tower layer's `priority_from`): the call's options read
+    /// first (a deadline's expected wait counts only the waiters served
+    /// before it; rejected at once if it cannot make it, else waiting at
+    /// most until it could still finish), then a seat now or a wait in its
+    /// class's line. Resolves to the call's permit, already reported as
+    /// permitted, whose outcome is `Cancelled` until set.
     pub(crate) struct AdmissionAs {
         // The bulkhead, until it moves into the permit.
         shared: Option<Arc<Shared>>,
         class: usize,
-        by: Option<Instant>,
+        // The options, until the first poll has read them.
+        options: Option<CallOptions>,
         #[pin]
         seating: Option<Seating<Arc<Shared>>>,
     }
 }
 
 impl AdmissionAs {
-    pub(crate) fn new(shared: Arc<Shared>, class: usize, by: Option<Instant>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, class: usize, options: CallOptions) -> Self {
         Self {
             shared: Some(shared),
             class,
-            by,
+            options: Some(options),
             seating: None,
         }
     }
@@ -392,20 +429,8 @@ impl Future for AdmissionAs {
                     .shared
                     .as_ref()
                     .expect("admission polled after completion");
-                let mut until = None;
-                if let Some(by) = this.by.take() {
-                    // Only the waiters served before it count for its
-                    // expected wait.
-                    let mut line = Line::by(&shared.policy, by);
-                    let (ahead, free) = shared.classes_on().ahead_of(class);
-                    let free = isize::try_from(free).unwrap_or(isize::MAX);
-                    if let Err(rejected) = shared.policy.admit_by_behind(&mut line, free, ahead) {
-                        this.shared.take();
-                        return Poll::Ready(Err(rejected));
-                    }
-                    until = shared.policy.wait_budget(&line);
-                }
-                match Shared::seat(shared.clone(), class, true, until) {
+                let options = this.options.take().unwrap_or_default();
+                match Shared::seat_with(shared.clone(), class, &options, true) {
                     Err(rejected) => Err(rejected),
                     Ok(Seat::Now) => Ok(Admitted::Now),
                     Ok(Seat::Wait(seating)) => {

@@ -16,9 +16,14 @@ use pin_project_lite::pin_project;
 
 use super::delay::LineDelay;
 use super::error::{RejectReason, Rejected, nanos};
+use super::options::CallOptions;
 use super::policy::Policy;
 use crate::overload::{HoldEstimate, Verdict};
 use crate::timer::{Clock, Deadline, TimerGone};
+
+/// The bit of [`Line::deadline`] that marks a limit of the call's own
+/// `max_wait` rather than its deadline's (a nanosecond off either).
+const OWN_WAIT: u64 = 1;
 
 /// The clock of a policy that has none (no setting of it needs a timer),
 /// for a call that carries a deadline and waits.
@@ -34,23 +39,17 @@ impl Policy {
     }
 
     /// Deadline-aware admission of a call that carries a deadline (in
-    /// `line.deadline`, see [`Line::by`]), before it takes a permit, with
-    /// `free` permits free now: rejected at once (`WontMakeDeadline`,
-    /// counted) if the deadline has passed, or if the expected wait for a
-    /// permit plus the expected hold time (the retry hint's estimate, from
-    /// the same average) exceeds the time left. Otherwise `line.deadline`
-    /// becomes the latest time the call may still start, `deadline - hold`,
-    /// or 0 if `max_wait` ends its wait before that anyway. Before the
-    /// first timed call no hold time is known: the call is admitted and
-    /// may wait until its deadline.
-    #[cold]
-    pub(crate) fn admit_by(&self, line: &mut Line, free: isize) -> Result<(), Rejected> {
-        self.admit_by_behind(line, free, self.queued())
-    }
-
-    /// [`admit_by`](Self::admit_by) for a caller served after `waiting`
-    /// others (a priority class's: the waiters of its class and the more
-    /// important ones), not the whole line.
+    /// `line.deadline`, see [`line_for`](Self::line_for)), before it takes
+    /// a permit, with `free` permits free now and `waiting` callers served
+    /// before it (the whole line, or with priority classes the waiters of
+    /// its class and of the more important ones): rejected at once
+    /// (`WontMakeDeadline`, counted) if the deadline has passed, or if the
+    /// expected wait for a permit plus the expected hold time (the retry
+    /// hint's estimate, from the same average) exceeds the time left.
+    /// Otherwise `line.deadline` becomes the latest time the call may still
+    /// start, `deadline - hold`, or 0 if `max_wait` ends its wait before
+    /// that anyway. Before the first timed call no hold time is known: the
+    /// call is admitted and may wait until its deadline.
     #[cold]
     pub(crate) fn admit_by_behind(
         &self,
@@ -77,7 +76,7 @@ impl Policy {
             Verdict::Admit { budget } => {
                 line.deadline = match budget {
                     Some(budget) if budget != max_wait.unwrap_or(u64::MAX) => {
-                        now.saturating_add(budget)
+                        now.saturating_add(budget) & !OWN_WAIT
                     }
                     _ => 0,
                 };
@@ -86,32 +85,70 @@ impl Policy {
         }
     }
 
-    /// After [`admit_by`](Self::admit_by): how long from now the call may
-    /// still wait and finish in time, if that ends its wait before
-    /// `max_wait` does.
-    pub(crate) fn wait_budget(&self, line: &Line) -> Option<Duration> {
+    /// The one place a call's [`CallOptions`] are read for its wait: the
+    /// line it waits in, or its rejection at once. With a deadline,
+    /// deadline-aware admission ([`admit_by_behind`](Self::admit_by_behind),
+    /// `free` permits free now and `ahead` waiters served before it); with
+    /// a `max_wait` of its own shorter than the policy's, the wait ends
+    /// then too, as a timeout. The line's limit is the sooner of the two.
+    #[cold]
+    pub(crate) fn line_for(
+        &self,
+        options: &CallOptions,
+        free: isize,
+        ahead: usize,
+    ) -> Result<Line, Rejected> {
+        let mut line = Line::default();
+        if let Some(by) = options.deadline {
+            line.deadline = self.since_origin(by) & !OWN_WAIT;
+            self.admit_by_behind(&mut line, free, ahead)?;
+        }
+        if let Some(own) = options.own_wait() {
+            if self.max_wait.is_none_or(|max| own < max) {
+                let end = self
+                    .since_origin(self.line_now())
+                    .saturating_add(nanos(own))
+                    | OWN_WAIT;
+                if line.deadline == 0 || end < line.deadline {
+                    line.deadline = end;
+                }
+            }
+        }
+        Ok(line)
+    }
+
+    /// After [`line_for`](Self::line_for): how long from now the call may
+    /// still wait, if a limit of its own ends its wait before `max_wait`
+    /// does, and the reason it is rejected for then.
+    pub(crate) fn wait_budget(&self, line: &Line) -> Option<(Duration, RejectReason)> {
         (line.deadline != 0).then(|| {
             let now = self.since_origin(self.line_now());
-            Duration::from_nanos(line.deadline.saturating_sub(now))
+            let left = Duration::from_nanos(line.deadline.saturating_sub(now));
+            (left, line.end_of_limit())
         })
     }
 
     /// The waiting part of admission, once no permit was free at once:
     /// fail fast if `max_wait` is zero, else take a place in the bounded
-    /// line and wait for `acquire` for at most `max_wait`. Resolves to the
-    /// permit and the time waited. The timer is armed only if `acquire`
-    /// is still pending after its first poll.
+    /// line and wait for `acquire` for at most `max_wait` or the limit of
+    /// the call's own that `line` holds (see [`line_for`](Self::line_for)).
+    /// Resolves to the permit and the time waited. The timer is armed only
+    /// if `acquire` is still pending after its first poll.
     #[inline]
-    pub(crate) fn wait<A>(&self, acquire: A) -> Wait<'_, A, impl Fn() -> RejectReason> {
-        self.wait_or(acquire, || RejectReason::Timeout)
+    pub(crate) fn wait_in<A>(
+        &self,
+        acquire: A,
+        line: Line,
+    ) -> Wait<'_, A, impl Fn() -> RejectReason> {
+        self.wait_or(acquire, line, || RejectReason::Timeout)
     }
 
-    /// [`wait`](Self::wait), where a wait that runs out of `max_wait` is
-    /// rejected for the reason `timed_out` gives then, rather than always
-    /// `Timeout`: the Redis bulkhead's is `Unavailable` while Redis is out
-    /// of reach.
+    /// [`wait_in`](Self::wait_in), where a wait that runs out of
+    /// `max_wait` is rejected for the reason `timed_out` gives then, rather
+    /// than always `Timeout`: the Redis bulkhead's is `Unavailable` while
+    /// Redis is out of reach.
     #[inline]
-    pub(crate) fn wait_or<A, T>(&self, acquire: A, timed_out: T) -> Wait<'_, A, T>
+    pub(crate) fn wait_or<A, T>(&self, acquire: A, line: Line, timed_out: T) -> Wait<'_, A, T>
     where
         T: Fn() -> RejectReason,
     {
@@ -119,30 +156,14 @@ impl Policy {
             policy: self,
             acquire,
             deadline: Deadline::new(),
-            line: Line::default(),
-            timed_out,
-        }
-    }
-
-    /// [`wait`](Self::wait) from `line`: a call that carries a deadline,
-    /// once [`admit_by`](Self::admit_by) has looked at it.
-    pub(crate) fn wait_in<A>(
-        &self,
-        acquire: A,
-        line: Line,
-    ) -> Wait<'_, A, impl Fn() -> RejectReason> {
-        Wait {
-            policy: self,
-            acquire,
-            deadline: Deadline::new(),
             line,
-            timed_out: || RejectReason::Timeout,
+            timed_out,
         }
     }
 }
 
 pin_project! {
-    /// The future of [`Policy::wait`]: [`Waiting`] with its policy, as its
+    /// The future of [`Policy::wait_in`]: [`Waiting`] with its policy, as its
     /// own fields (see [`Run`]).
     pub(crate) struct Wait<'a, A, T> {
         policy: &'a Policy,
@@ -230,12 +251,13 @@ pub(crate) struct Line {
     /// With a line timer: the wait's deadline on its clock (0 until the
     /// first pending poll).
     ///
-    /// Before that, for a call that carries a deadline, in nanoseconds
-    /// since the policy's origin (0: none): the deadline itself until
-    /// [`Policy::admit_by`] has looked at it, then the latest time the call
-    /// may start and still finish in time (0 again if `max_wait` ends the
-    /// wait sooner), which [`poll_timed`] turns into the wait's own sleep
-    /// at the first pending poll. One field for both, not two: a `Line` is
+    /// Before that, for a call with a limit of its own, in nanoseconds
+    /// since the policy's origin (0: none): a deadline itself until
+    /// [`Policy::admit_by_behind`] has looked at it, then the latest time
+    /// the call may start and still finish in time, or the end of its own
+    /// `max_wait` if sooner (marked by the bit [`OWN_WAIT`]; 0 again if the
+    /// policy's `max_wait` ends the wait sooner), which [`poll_timed`]
+    /// turns into the wait's own sleep at the first pending poll. One field for both, not two: a `Line` is
     /// built with every call, and another field to clear is another store
     /// on the path of a call admitted at once.
     pub(super) deadline: u64,
@@ -258,6 +280,8 @@ enum Armed {
     MaxWait,
     /// The latest start of a call that carries a deadline.
     Until,
+    /// The call's own `max_wait`.
+    OwnWait,
     /// Controlled delay's target: past it, a waiter is cut if the line
     /// stands (a sleep per waiter only; the line timer keeps the cut).
     Checkpoint,
@@ -270,6 +294,8 @@ enum End {
     MaxWait,
     /// The call can no longer make its deadline.
     Until,
+    /// The call's own `max_wait` passed.
+    OwnWait,
     /// Controlled delay cut it: the line stands, and it has waited the
     /// target.
     Cut,
@@ -281,18 +307,27 @@ impl Line {
     fn end(&self) -> End {
         match self.armed {
             Armed::Until => End::Until,
+            Armed::OwnWait => End::OwnWait,
             Armed::Checkpoint => End::Cut,
             _ => End::MaxWait,
         }
     }
 
-    /// The line of a call that must be done `by`: [`Policy::admit_by`]
-    /// decides on it before the call takes a permit.
-    #[inline]
-    pub(crate) fn by(policy: &Policy, by: Instant) -> Self {
-        Self {
-            deadline: policy.since_origin(by),
-            ..Self::default()
+    /// What the limit in `deadline` (a call's own) ends the wait as.
+    fn limit_arm(&self) -> Armed {
+        if self.deadline & OWN_WAIT != 0 {
+            Armed::OwnWait
+        } else {
+            Armed::Until
+        }
+    }
+
+    /// The reason a wait that ran out of the call's own limit is rejected
+    /// for.
+    fn end_of_limit(&self) -> RejectReason {
+        match self.limit_arm() {
+            Armed::OwnWait => RejectReason::Timeout,
+            _ => RejectReason::WontMakeDeadline,
         }
     }
 
@@ -314,7 +349,7 @@ pub(crate) struct Waited {
 }
 
 impl<A> Waiting<A> {
-    /// A wait for `acquire` (see [`Policy::wait`]); nothing happens until
+    /// A wait for `acquire` (see [`Policy::wait_in`]); nothing happens until
     /// it is first polled.
     #[inline]
     pub(crate) fn new(acquire: A) -> Self {
@@ -325,8 +360,8 @@ impl<A> Waiting<A> {
         }
     }
 
-    /// [`new`](Self::new) from `line`: a call that carries a deadline,
-    /// once [`Policy::admit_by`] has looked at it.
+    /// [`new`](Self::new) from `line`: a call with a limit of its own, as
+    /// [`Policy::line_for`] left it.
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     #[inline]
     pub(crate) fn in_line(acquire: A, line: Line) -> Self {
@@ -515,6 +550,7 @@ where
             return Poll::Ready(Err(match end {
                 Ok(End::MaxWait) => policy.reject(timed_out(), waited),
                 Ok(End::Until) => policy.reject(RejectReason::WontMakeDeadline, waited),
+                Ok(End::OwnWait) => policy.reject(timed_out(), waited),
                 Ok(End::Cut) => policy.reject(RejectReason::QueueDelay, waited),
                 Err(_gone) => policy.reject_timer_gone(waited),
             }));
@@ -552,8 +588,13 @@ fn timed_limits(
         )),
         _ => None,
     };
+    let own = line.limit_arm();
     if until == Some(Duration::ZERO) {
-        return Poll::Ready(Ok(End::Until));
+        return Poll::Ready(Ok(if own == Armed::OwnWait {
+            End::OwnWait
+        } else {
+            End::Until
+        }));
     }
     let mut arm = line.armed == Armed::None;
     if !arm && line.armed != Armed::Unneeded {
@@ -585,7 +626,7 @@ fn timed_limits(
         }
         let soonest = [
             checkpoint.map(|d| (d, Armed::Checkpoint)),
-            until.map(|d| (d, Armed::Until)),
+            until.map(|d| (d, own)),
             max_left.map(|d| (d, Armed::MaxWait)),
         ]
         .into_iter()

@@ -373,6 +373,12 @@ where
     /// [`KeyedBulkhead::close`] does not close it. Replaces an earlier
     /// [`global_limit`](Self::global_limit).
     ///
+    /// With [`priorities`](crate::BulkheadBuilder::priorities) on it, a
+    /// call's [class](crate::CallOptions::class) orders the global stage
+    /// (a call that names none is a plain call there, which never waits
+    /// for a classed seat); each key's own line stays first come, first
+    /// served.
+    ///
     /// # Examples
     ///
     /// ```
@@ -420,7 +426,7 @@ where
     /// its key's line included: `max_wait`'s budget,
     /// [`global_max_queue`](Self::global_max_queue) (the callers waiting
     /// in every key's line), a call's deadline
-    /// ([`KeyedBulkhead::call_by`]), and
+    /// ([`CallOptions::deadline`](crate::CallOptions::deadline)), and
     /// [`queue_delay`](Self::queue_delay) (each waiter's own check at the
     /// target; see the [keyed guide](crate::guide::keyed#fair-shares-of-the-global-limit) for how a cut reaches the waiters). The
     /// global bulkhead's `queued` counts them all, and each key's

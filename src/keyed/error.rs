@@ -46,9 +46,8 @@ pub enum KeyedRejectReason {
     /// is then dropped) cannot run, because its tokio runtime has shut down
     /// or has no time driver.
     Unavailable,
-    /// The call carried a deadline
-    /// ([`call_by`](super::KeyedBulkhead::call_by),
-    /// [`acquire_by`](super::KeyedBulkhead::acquire_by)) that the key's
+    /// The call carried a [deadline](crate::CallOptions::deadline) that
+    /// the key's
     /// own limit could not serve it by: the deadline had passed, the wait
     /// the key's line can expect plus the key's average hold time did not
     /// fit in the time left, or it waited for the key until it could no

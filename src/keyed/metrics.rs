@@ -110,8 +110,7 @@ impl<K> KeyMetrics<K> {
         self.rejected_global.iter().sum()
     }
 
-    /// Calls of [`call_by`](super::KeyedBulkhead::call_by) and
-    /// [`acquire_by`](super::KeyedBulkhead::acquire_by) turned away
+    /// Calls with a [deadline](crate::CallOptions::deadline) turned away
     /// because they could not make their deadline, at either stage
     /// ([`KeyWontMakeDeadline`](super::KeyedRejectReason::KeyWontMakeDeadline)
     /// and [`GlobalWontMakeDeadline`](super::KeyedRejectReason::GlobalWontMakeDeadline)).

@@ -72,9 +72,10 @@
 //! Controlled delay ([`queue_delay`](KeyedBulkheadBuilder::queue_delay))
 //! runs on every key's line and on the global line, each judged on its
 //! own: a tenant's standing line is cut to the target without touching
-//! other tenants' lines. Deadline-aware admission
-//! ([`call_by`](KeyedBulkhead::call_by),
-//! [`acquire_by`](KeyedBulkhead::acquire_by)) judges a call at both
+//! other tenants' lines. Deadline-aware admission (a call with a
+//! [deadline](crate::CallOptions::deadline), through
+//! [`call_with`](KeyedBulkhead::call_with) or
+//! [`acquire_with`](KeyedBulkhead::acquire_with)) judges a call at both
 //! stages, each with its own hold-time average. Both are off until used,
 //! and reject with their own reasons
 //! ([`KeyQueueDelay`](KeyedRejectReason::KeyQueueDelay),
@@ -118,16 +119,22 @@ use core::fmt;
 use core::future::{Future, poll_fn};
 use core::hash::{BuildHasher, Hash};
 use core::pin::pin;
-use core::task::Poll;
+use core::task::{Poll, ready};
 use std::hash::RandomState;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::BulkheadPermit;
+use crate::bulkhead::Shared;
+use crate::bulkhead::guard::Guard;
 use crate::bulkhead::name::Name;
+use crate::bulkhead::permit::{Admitted, Held, Seated};
 use crate::bulkhead::run::poll_call;
-use crate::bulkhead::{Bulkhead, BulkheadBuilder, CallOutcome, RejectReason, Rejected};
+use crate::bulkhead::wait::Line;
+use crate::bulkhead::{
+    Bulkhead, BulkheadBuilder, CallOptions, CallOutcome, RejectReason, Rejected,
+};
 use crate::semaphore::Semaphore;
 use crate::timer::{Clock, Deadline};
 use entry::Entry;
@@ -338,82 +345,45 @@ where
     /// assert_eq!(rows.unwrap(), [1, 2]);
     /// # });
     /// ```
-    pub async fn call<Q, F, T, E>(&self, key: &Q, call: F) -> Result<T, KeyedError<E>>
+    pub fn call<Q, F, T, E>(
+        &self,
+        key: &Q,
+        call: F,
+    ) -> impl Future<Output = Result<T, KeyedError<E>>>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         F: Future<Output = Result<T, E>>,
     {
-        let inner = &*self.inner;
-        // Dropped in place, at the end, in the reverse order: the global
-        // permit, the key's, then the user count (see `KeyedPermit`). The
-        // permits are borrowed from the entry the user keeps alive, so that
-        // nothing is cloned for them; until their outcome is set they go
-        // back as `Cancelled`.
-        let user = inner.enter(key)?;
-        let entry = &*user.entry;
-        // `if let`, not `match`, so that the decision does not live across the wait.
-        let mut start = None;
-        let mut key_held = if let Some(held) = entry.bulkhead.hold_now(true) {
-            held.map_err(|r| inner.key_rejected(r))?
-        } else {
-            // Only a call that waits for its key starts the budget's clock
-            // before the global stage.
-            start = inner.budget_clock();
-            let held = entry.bulkhead.hold_waiting().await;
-            held.map_err(|r| inner.key_rejected(r))?
-        };
-        let mut global_held = match &inner.global {
-            None => None,
-            Some(global) => {
-                let now = |now| match now {
-                    Now::Queue => None,
-                    now => global.hold_now(now == Now::Wait),
-                };
-                let held = if let Some(held) = inner.global_now(entry, start, now) {
-                    held?
-                } else {
-                    let wait = |turn| async move {
-                        match turn {
-                            None => global.hold_waiting().await,
-                            Some(turn) => global.hold_waiting_after(None, turn).await,
-                        }
-                    };
-                    inner.wait_global(entry, start, wait).await?
-                };
-                bump(&entry.admitted);
-                Some(held)
-            }
-        };
-        let (result, outcome) = inner.run(entry, call).await;
-        if let Some(global_held) = &mut global_held {
-            global_held.set_outcome(outcome);
-        }
-        key_held.set_outcome(outcome);
-        result
+        self.call_with(key, CallOptions::new(), call)
     }
 
-    /// [`call`](Self::call) for a call that must be done `by` a deadline
-    /// (deadline-aware admission, as [`Bulkhead::call_by`], at both
-    /// stages): rejected at once if the deadline has passed, or if the wait
-    /// the key's line can expect plus the key's average hold time does not
-    /// fit in the time left ([`KeyWontMakeDeadline`]); if it must wait for
-    /// its key, it waits at most until it could still finish. Then, holding
-    /// its key's permit, the global stage judges the same way with what is
-    /// left ([`GlobalWontMakeDeadline`]); a call turned away there gives
-    /// its key's permit back at once. `max_wait` bounds both waits as for
-    /// `call`, whichever limit ends first.
+    /// [`call`](Self::call) with [`CallOptions`], read at both stages.
     ///
-    /// Each stage judges with what it knows: the key's stage does not see
-    /// the global line, so a call may pass its key and be turned away by
-    /// the global stage. The deadline is read on the bulkhead's clock (see
-    /// [`Bulkhead::call_by`]). A call without a deadline
-    /// ([`call`](Self::call)) pays nothing for this.
+    /// - A deadline: deadline-aware admission (as
+    ///   [`Bulkhead::call_with`]'s) at each stage. Rejected at once if the
+    ///   deadline has passed, or if the wait the key's line can expect
+    ///   plus the key's average hold time does not fit in the time left
+    ///   ([`KeyWontMakeDeadline`]); if it must wait for its key, it waits
+    ///   at most until it could still finish. Then, holding its key's
+    ///   permit, the global stage judges the same way with what is left
+    ///   ([`GlobalWontMakeDeadline`]); a call turned away there gives its
+    ///   key's permit back at once. Each stage judges with what it knows:
+    ///   the key's stage does not see the global line, so a call may pass
+    ///   its key and be turned away by the global stage.
+    /// - A `max_wait` of its own, if shorter than the keyed bulkhead's:
+    ///   the budget of both waits for this call.
+    /// - A class: the priority class of the call at the global stage, if
+    ///   the global bulkhead has [priority
+    ///   classes](crate::BulkheadBuilder::priorities) (see
+    ///   [`KeyedBulkheadBuilder::global`]); each key's line is served in
+    ///   arrival order.
     ///
     /// # Errors
     ///
     /// As [`call`](Self::call), and [`KeyedError::Rejected`] with
-    /// [`KeyWontMakeDeadline`] or [`GlobalWontMakeDeadline`].
+    /// [`KeyWontMakeDeadline`], [`GlobalWontMakeDeadline`] or
+    /// [`GlobalDisplaced`](KeyedRejectReason::GlobalDisplaced).
     ///
     /// # Cancel safety
     ///
@@ -423,6 +393,7 @@ where
     ///
     /// ```
     /// use std::time::{Duration, Instant};
+    /// use watertight::CallOptions;
     /// use watertight::keyed::{KeyedBulkhead, KeyedError, KeyedRejectReason};
     ///
     /// # futures::executor::block_on(async {
@@ -431,12 +402,12 @@ where
     ///     .global_limit(8)
     ///     .build()
     ///     .unwrap();
-    /// let by = Instant::now() + Duration::from_secs(5);
-    /// let rows = tenants.call_by("acme", by, async { Ok::<_, ()>(3) }).await;
+    /// let soon = CallOptions::new().deadline(Instant::now() + Duration::from_secs(5));
+    /// let rows = tenants.call_with("acme", soon, async { Ok::<_, ()>(3) }).await;
     /// assert_eq!(rows.unwrap(), 3);
     ///
-    /// let too_late = Instant::now() - Duration::from_millis(1);
-    /// match tenants.call_by("acme", too_late, async { Ok::<_, ()>(4) }).await {
+    /// let too_late = CallOptions::new().deadline(Instant::now() - Duration::from_millis(1));
+    /// match tenants.call_with("acme", too_late, async { Ok::<_, ()>(4) }).await {
     ///     Err(KeyedError::Rejected(r)) => {
     ///         assert_eq!(r.reason(), KeyedRejectReason::KeyWontMakeDeadline)
     ///     }
@@ -448,60 +419,108 @@ where
     ///
     /// [`KeyWontMakeDeadline`]: KeyedRejectReason::KeyWontMakeDeadline
     /// [`GlobalWontMakeDeadline`]: KeyedRejectReason::GlobalWontMakeDeadline
-    pub async fn call_by<Q, F, T, E>(
+    /// [`KeyedBulkheadBuilder::global`]: crate::keyed::KeyedBulkheadBuilder::global
+    // Not an `async fn`: one keeps its arguments apart from the future it
+    // awaits them in, more bytes for every call that waits.
+    #[allow(clippy::manual_async_fn)]
+    pub fn call_with<Q, F, T, E>(
         &self,
         key: &Q,
-        by: Instant,
+        options: CallOptions,
         call: F,
-    ) -> Result<T, KeyedError<E>>
+    ) -> impl Future<Output = Result<T, KeyedError<E>>>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         F: Future<Output = Result<T, E>>,
     {
-        let inner = &*self.inner;
-        // As in `call`: dropped in place, the global permit, the key's,
-        // then the user count.
-        let user = inner.enter(key)?;
-        let entry = &*user.entry;
-        let mut start = None;
-        let mut line = entry.bulkhead.line_by(by);
-        let mut key_held = if let Some(held) = entry.bulkhead.hold_now_by(&mut line, true) {
-            held.map_err(|r| inner.key_rejected(r))?
-        } else {
-            start = inner.budget_clock();
-            let held = entry.bulkhead.hold_waiting_in(line).await;
-            held.map_err(|r| inner.key_rejected(r))?
-        };
-        let mut global_held = match &inner.global {
-            None => None,
-            Some(global) => {
-                let mut line = global.line_by(by);
-                let now = |now| match now {
-                    Now::Queue => global.judge_by(&mut line).err().map(Err),
-                    now => global.hold_now_by(&mut line, now == Now::Wait),
-                };
-                let held = if let Some(held) = inner.global_now(entry, start, now) {
-                    held?
+        async move {
+            let inner = &*self.inner;
+            // Dropped in place, at the end, in the reverse order: the global
+            // permit, the key's, then the user count (see `KeyedPermit`). The
+            // permits are borrowed from the entry the user keeps alive, so that
+            // nothing is cloned for them; until their outcome is set they go
+            // back as `Cancelled`.
+            let user = inner.enter(key)?;
+            let entry = &*user.entry;
+            let plain = options.waits_plainly();
+            let mut start = None;
+            // In a block of its own, so that the global stage's state overlaps
+            // the key's wait in the future's memory.
+            let mut key_held = {
+                let mut line = Line::default();
+                // `if let`, not `match`, so that the decision does not live
+                // across the wait.
+                if let Some(held) = match plain {
+                    true => entry.bulkhead.hold_now(true),
+                    false => entry.bulkhead.hold_now_with(&options, &mut line, true),
+                } {
+                    held.map_err(|r| inner.key_rejected(r))?
                 } else {
-                    let wait = move |turn| async move {
-                        match turn {
-                            None => global.hold_waiting_in(line).await,
-                            Some(turn) => global.hold_waiting_after(Some(line), turn).await,
+                    // Only a call that waits for its key starts the budget's
+                    // clock before the global stage.
+                    start = inner.budget_clock();
+                    let held = entry.bulkhead.hold_waiting_in(line).await;
+                    held.map_err(|r| inner.key_rejected(r))?
+                }
+            };
+            let mut global_held = match &inner.global {
+                None => None,
+                Some(global) => {
+                    let held = match global.classed(&options) {
+                        Some(class) => GlobalHeld::Seated(
+                            inner
+                                .seat_global(entry, start, &options, global, class)
+                                .await?,
+                        ),
+                        None => {
+                            // The call's own `max_wait` is read again by the
+                            // global bulkhead (from when it starts waiting
+                            // there), but the budget of both waits ends it
+                            // first.
+                            let mut line = Line::default();
+                            let now = |now| match (now, plain) {
+                                (Now::Queue, true) => None,
+                                (Now::Queue, false) => match global.judge(&options) {
+                                    Ok(judged) => {
+                                        line = judged;
+                                        None
+                                    }
+                                    Err(rejected) => Some(Err(rejected)),
+                                },
+                                (now, true) => global.hold_now(now == Now::Wait),
+                                (now, false) => {
+                                    global.hold_now_with(&options, &mut line, now == Now::Wait)
+                                }
+                            };
+                            GlobalHeld::Plain(
+                                if let Some(held) = inner.global_now(entry, start, &options, now) {
+                                    held?
+                                } else {
+                                    let wait = move |turn| async move {
+                                        match turn {
+                                            None => global.hold_waiting_in(line).await,
+                                            Some(turn) => {
+                                                global.hold_waiting_after(Some(line), turn).await
+                                            }
+                                        }
+                                    };
+                                    inner.wait_global(entry, start, &options, wait).await?
+                                },
+                            )
                         }
                     };
-                    inner.wait_global(entry, start, wait).await?
-                };
-                bump(&entry.admitted);
-                Some(held)
+                    bump(&entry.admitted);
+                    Some(held)
+                }
+            };
+            let (result, outcome) = inner.run(entry, call).await;
+            if let Some(global_held) = &mut global_held {
+                global_held.set_outcome(outcome);
             }
-        };
-        let (result, outcome) = inner.run(entry, call).await;
-        if let Some(global_held) = &mut global_held {
-            global_held.set_outcome(outcome);
+            key_held.set_outcome(outcome);
+            result
         }
-        key_held.set_outcome(outcome);
-        result
     }
 
     /// Waits for a permit of `key` and then, with a global limit, a global
@@ -535,12 +554,12 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.inner.acquire(key).await
+        self.inner.acquire_with(key, CallOptions::new()).await
     }
 
-    /// [`acquire`](Self::acquire) for work that must be done `by` a
-    /// deadline: admitted, rejected at once or bounded in its waits as
-    /// [`call_by`](Self::call_by) says.
+    /// [`acquire`](Self::acquire) with [`CallOptions`]: admitted, rejected
+    /// at once or bounded in its waits as [`call_with`](Self::call_with)
+    /// says.
     ///
     /// # Errors
     ///
@@ -557,24 +576,29 @@ where
     ///
     /// ```
     /// use std::time::{Duration, Instant};
+    /// use watertight::CallOptions;
     /// use watertight::keyed::{KeyedBulkhead, KeyedRejectReason};
     ///
     /// # futures::executor::block_on(async {
     /// let hosts = KeyedBulkhead::<String>::builder().max_concurrent_calls(1).build().unwrap();
-    /// let by = Instant::now() + Duration::from_secs(1);
-    /// let permit = hosts.acquire_by("db-1.internal", by).await.unwrap();
+    /// let soon = CallOptions::new().deadline(Instant::now() + Duration::from_secs(1));
+    /// let permit = hosts.acquire_with("db-1.internal", soon).await.unwrap();
     /// drop(permit);
-    /// let passed = Instant::now() - Duration::from_secs(1);
-    /// let rejected = hosts.acquire_by("db-1.internal", passed).await.unwrap_err();
+    /// let passed = CallOptions::new().deadline(Instant::now() - Duration::from_secs(1));
+    /// let rejected = hosts.acquire_with("db-1.internal", passed).await.unwrap_err();
     /// assert_eq!(rejected.reason(), KeyedRejectReason::KeyWontMakeDeadline);
     /// # });
     /// ```
-    pub async fn acquire_by<Q>(&self, key: &Q, by: Instant) -> Result<KeyedPermit, KeyedRejected>
+    pub async fn acquire_with<Q>(
+        &self,
+        key: &Q,
+        options: CallOptions,
+    ) -> Result<KeyedPermit, KeyedRejected>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.inner.acquire_by(key, by).await
+        self.inner.acquire_with(key, options).await
     }
 
     /// Takes a permit of `key` and a global one only if both are free now;
@@ -608,9 +632,44 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.try_acquire_with(key, CallOptions::new())
+    }
+
+    /// [`try_acquire`](Self::try_acquire) with [`CallOptions`]: with a
+    /// deadline, deadline-aware admission at both stages first; with a
+    /// class, a seat of that class at the global stage (see
+    /// [`call_with`](Self::call_with)).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire), and
+    /// [`KeyWontMakeDeadline`](KeyedRejectReason::KeyWontMakeDeadline) or
+    /// [`GlobalWontMakeDeadline`](KeyedRejectReason::GlobalWontMakeDeadline).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use watertight::CallOptions;
+    /// use watertight::keyed::{KeyedBulkhead, KeyedRejectReason};
+    ///
+    /// let tenants = KeyedBulkhead::<String>::builder().max_concurrent_calls(1).build().unwrap();
+    /// let passed = CallOptions::new().deadline(Instant::now() - Duration::from_secs(1));
+    /// let rejected = tenants.try_acquire_with("acme", passed).unwrap_err();
+    /// assert_eq!(rejected.reason(), KeyedRejectReason::KeyWontMakeDeadline);
+    /// ```
+    pub fn try_acquire_with<Q>(
+        &self,
+        key: &Q,
+        options: CallOptions,
+    ) -> Result<KeyedPermit, KeyedRejected>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let inner = &*self.inner;
         let user = inner.enter(key)?;
-        let mut key_permit = match user.entry.bulkhead.try_acquire() {
+        let mut key_permit = match user.entry.bulkhead.try_acquire_with(options) {
             Ok(permit) => permit,
             Err(rejected) => return Err(inner.key_rejected(rejected)),
         };
@@ -621,7 +680,7 @@ where
                 let acquired = match inner.fair_busy() {
                     // Fair shares: a free seat is for the callers waiting.
                     true => Err(global.reject_now(RejectReason::Full)),
-                    false => global.try_acquire(),
+                    false => global.try_acquire_with(options),
                 };
                 unwinding.passed();
                 match acquired {
@@ -993,39 +1052,33 @@ where
         self.now().saturating_duration_since(start)
     }
 
-    async fn acquire<Q>(&self, key: &Q) -> Result<KeyedPermit, KeyedRejected>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.acquire_staged(
-            key,
-            async |bulkhead: &Bulkhead| bulkhead.acquire().await,
-            |global: &Bulkhead| global.try_acquire(),
-            async |global: &Bulkhead, turn: Option<Turn<'_>>| match turn {
-                None => global.acquire().await,
-                Some(turn) => global.acquire_after(None, turn).await,
-            },
-        )
-        .await
+    /// The budget of a call's waits: the keyed bulkhead's `max_wait`, or
+    /// the call's own if shorter.
+    #[inline]
+    fn budget(&self, options: &CallOptions) -> Option<Duration> {
+        options.budget(self.max_wait)
     }
 
-    /// [`acquire`](Self::acquire) for work that must be done `by`: the
-    /// same two stages, each admitting by the deadline.
-    async fn acquire_by<Q>(&self, key: &Q, by: Instant) -> Result<KeyedPermit, KeyedRejected>
+    /// [`KeyedBulkhead::acquire_with`]: the two stages, each reading the
+    /// call's options.
+    async fn acquire_with<Q>(
+        &self,
+        key: &Q,
+        options: CallOptions,
+    ) -> Result<KeyedPermit, KeyedRejected>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.acquire_staged(
             key,
-            async |bulkhead: &Bulkhead| bulkhead.acquire_by(by).await,
-            |global: &Bulkhead| global.try_acquire_by(by),
+            &options,
+            async |bulkhead: &Bulkhead| bulkhead.acquire_with(options).await,
+            |global: &Bulkhead| global.try_acquire_with(options),
             async |global: &Bulkhead, turn: Option<Turn<'_>>| match turn {
-                None => global.acquire_by(by).await,
+                None => global.acquire_with(options).await,
                 Some(turn) => {
-                    let mut line = global.line_by(by);
-                    global.judge_by(&mut line)?;
+                    let line = global.judge(&options)?;
                     global.acquire_after(Some(line), turn).await
                 }
             },
@@ -1033,13 +1086,14 @@ where
         .await
     }
 
-    /// The two stages of [`acquire`](Self::acquire) and
-    /// [`acquire_by`](Self::acquire_by): `key_stage` is the key's
-    /// bulkhead's admission; `now` and `wait` are the global bulkhead's,
-    /// without waiting and waiting.
+    /// The two stages of [`acquire_with`](Self::acquire_with): `key_stage`
+    /// is the key's bulkhead's admission; `now` and `wait` are the global
+    /// bulkhead's, without waiting and waiting, within the budget of
+    /// `options`.
     async fn acquire_staged<Q>(
         &self,
         key: &Q,
+        options: &CallOptions,
         key_stage: impl AsyncFnOnce(&Bulkhead) -> Result<BulkheadPermit, Rejected>,
         now_global: impl FnOnce(&Bulkhead) -> Result<BulkheadPermit, Rejected>,
         wait: impl AsyncFnOnce(&Bulkhead, Option<Turn<'_>>) -> Result<BulkheadPermit, Rejected>,
@@ -1066,12 +1120,13 @@ where
             None => None,
             Some(global) => {
                 let now = |now| (now == Now::Take).then(|| now_global(global));
-                let admitted = if let Some(admitted) = self.global_now(&user.entry, start, now) {
-                    admitted
-                } else {
-                    let wait = |turn| wait(global, turn);
-                    self.wait_global(&user.entry, start, wait).await
-                };
+                let admitted =
+                    if let Some(admitted) = self.global_now(&user.entry, start, options, now) {
+                        admitted
+                    } else {
+                        let wait = |turn| wait(global, turn);
+                        self.wait_global(&user.entry, start, options, wait).await
+                    };
                 match admitted {
                     Ok(permit) => {
                         bump(&user.entry.admitted);
@@ -1105,10 +1160,11 @@ where
         &self,
         entry: &Entry,
         start: Option<Instant>,
+        options: &CallOptions,
         now: impl FnOnce(Now) -> Option<Result<P, Rejected>>,
     ) -> Option<Result<P, KeyedRejected>> {
         let waited = || start.map_or(Duration::ZERO, |start| self.since(start));
-        let spent = match (self.max_wait, start) {
+        let spent = match (self.budget(options), start) {
             (Some(max_wait), _) if max_wait.is_zero() => Some(false),
             (Some(max_wait), Some(start)) if self.since(start) >= max_wait => Some(true),
             _ => None,
@@ -1160,6 +1216,7 @@ where
         &'s self,
         entry: &Entry,
         start: Option<Instant>,
+        options: &CallOptions,
         wait: impl FnOnce(Option<Turn<'s>>) -> W,
     ) -> Result<P, KeyedRejected>
     where
@@ -1191,7 +1248,7 @@ where
             if closing.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Err(GlobalFailure::Closed));
             }
-            let Some(max_wait) = self.max_wait else {
+            let Some(max_wait) = self.budget(options) else {
                 return Poll::Pending;
             };
             // What is left of the budget, read only to arm the deadline.
@@ -1219,6 +1276,46 @@ where
             Err(GlobalFailure::Unavailable) => KeyedRejectReason::Unavailable,
         };
         Err(self.global_gave_up(entry, reason, waited()))
+    }
+
+    /// The global stage of [`KeyedBulkhead::call_with`] for a caller of
+    /// priority `class` on a global bulkhead with classes, holding its
+    /// key's permit: a seat now, or a wait in its class's line within what
+    /// is left of the budget that started at `start`. (Fair shares need the global limit the keyed
+    /// bulkhead makes, which has no classes: nobody waits for a turn.)
+    #[cold]
+    async fn seat_global<'s>(
+        &'s self,
+        entry: &Entry,
+        start: Option<Instant>,
+        options: &CallOptions,
+        global: &'s Bulkhead,
+        class: usize,
+    ) -> Result<Guard<Seated<&'s Shared>>, KeyedRejected> {
+        // Pinned here and polled through a reference: the wait is kept
+        // once, not moved into each future that awaits it.
+        let mut seating = pin!(None);
+        let now = |now| match global.seat_now(class, options, now != Now::Take) {
+            Ok(Ok(held)) => Some(Ok(held)),
+            Ok(Err(wait)) => {
+                seating.set(Some(wait));
+                None
+            }
+            Err(rejected) => Some(Err(rejected)),
+        };
+        if let Some(held) = self.global_now(entry, start, options, now) {
+            return held;
+        }
+        let wait = |_turn| {
+            poll_fn(move |cx| {
+                let Some(wait) = seating.as_mut().as_pin_mut() else {
+                    unreachable!("a classed caller told to wait is in its line");
+                };
+                let waited = ready!(wait.poll(cx))?;
+                Poll::Ready(Ok(global.seat_after(class, Admitted::Waited(waited))))
+            })
+        };
+        self.wait_global(entry, start, options, wait).await
     }
 
     /// Runs an admitted call under `call_timeout`, whose deadline is armed
@@ -1503,5 +1600,21 @@ impl<K, S> fmt::Debug for KeyedBulkhead<K, S> {
             .field("timer", &inner.clock)
             .field("closed", &inner.closed.load(Ordering::SeqCst))
             .finish_non_exhaustive()
+    }
+}
+
+/// The global permit of a keyed call: a plain one, or a seat of a
+/// priority class on a global bulkhead with classes.
+enum GlobalHeld<'a> {
+    Plain(Held<&'a Shared>),
+    Seated(Guard<Seated<&'a Shared>>),
+}
+
+impl GlobalHeld<'_> {
+    fn set_outcome(&mut self, outcome: CallOutcome) {
+        match self {
+            GlobalHeld::Plain(held) => held.set_outcome(outcome),
+            GlobalHeld::Seated(held) => held.set_outcome(outcome),
+        }
     }
 }

@@ -14,10 +14,12 @@ use super::{LeaseError, LeasedPermit, Lost, LostReason, RedisSemaphore, ReleaseE
 use crate::bulkhead::guard::{Guard, Source};
 use crate::bulkhead::observer::{CallOutcome, Observer};
 use crate::bulkhead::policy::Policy;
-use crate::bulkhead::wait::Waited;
+use crate::bulkhead::wait::{Line, Waited};
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
-use crate::{BuildError, BulkheadBuilder, BulkheadError, Metrics, RejectReason, Rejected};
+use crate::{
+    BuildError, BulkheadBuilder, BulkheadError, CallOptions, Metrics, RejectReason, Rejected,
+};
 
 /// A [`Bulkhead`](crate::Bulkhead) whose permits are leases in Redis,
 /// shared by every process that uses the same [`RedisSemaphore`].
@@ -166,7 +168,33 @@ impl RedisBulkhead {
     where
         F: Future<Output = Result<T, E>>,
     {
-        let mut permit = self.acquire_as(CallOutcome::Cancelled).await?;
+        self.call_with(CallOptions::new(), call).await
+    }
+
+    /// [`call`](Self::call) with [`CallOptions`]: a deadline (deadline-aware
+    /// admission, as [`Bulkhead::call_with`](crate::Bulkhead::call_with)'s,
+    /// on this process's line: a call that cannot make its deadline is
+    /// rejected before it asks Redis, or once Redis says it must wait), a
+    /// `max_wait` of its own. A class changes nothing here: the line in
+    /// Redis is served in arrival order.
+    ///
+    /// # Errors
+    ///
+    /// As [`call`](Self::call), and [`BulkheadError::Rejected`] with
+    /// [`RejectReason::WontMakeDeadline`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`call`](Self::call).
+    pub async fn call_with<F, T, E>(
+        &self,
+        options: CallOptions,
+        call: F,
+    ) -> Result<T, BulkheadError<E>>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        let mut permit = self.admit(options, CallOutcome::Cancelled).await?;
         let policy = &self.shared.policy;
         let run = policy.run(policy.traced(call));
         match UntilLost::new(run, permit.lost()).await {
@@ -197,7 +225,7 @@ impl RedisBulkhead {
     where
         F: Future<Output = Result<T, E>>,
     {
-        let mut permit = match self.acquire_as(CallOutcome::Cancelled).await {
+        let mut permit = match self.admit(CallOptions::new(), CallOutcome::Cancelled).await {
             Ok(permit) => permit,
             Err(rejected) => {
                 return Completed {
@@ -225,7 +253,25 @@ impl RedisBulkhead {
     /// Dropped while it waits, it leaves the line; a lease granted to it
     /// meanwhile is released in the background.
     pub async fn acquire(&self) -> Result<RedisBulkheadPermit, Rejected> {
-        self.acquire_as(CallOutcome::Released).await
+        self.admit(CallOptions::new(), CallOutcome::Released).await
+    }
+
+    /// [`acquire`](Self::acquire) with [`CallOptions`], as
+    /// [`call_with`](Self::call_with) reads them.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`], with the [reason](Rejected::reason), among them
+    /// [`RejectReason::WontMakeDeadline`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_with(
+        &self,
+        options: CallOptions,
+    ) -> Result<RedisBulkheadPermit, Rejected> {
+        self.admit(options, CallOutcome::Released).await
     }
 
     /// Takes a lease if one is free now: one script call, no waiting.
@@ -239,7 +285,26 @@ impl RedisBulkhead {
     ///
     /// As [`RedisSemaphore::try_acquire`].
     pub async fn try_acquire(&self) -> Result<RedisBulkheadPermit, Rejected> {
+        self.try_acquire_with(CallOptions::new()).await
+    }
+
+    /// [`try_acquire`](Self::try_acquire) with [`CallOptions`]: with a
+    /// deadline, a call that could not make it even if a lease is free is
+    /// rejected before Redis is asked.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire), and [`RejectReason::WontMakeDeadline`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    pub async fn try_acquire_with(
+        &self,
+        options: CallOptions,
+    ) -> Result<RedisBulkheadPermit, Rejected> {
         let s = &self.shared;
+        s.policy.line_for(&options, isize::MAX, 0)?;
         let first = s.sem.try_acquire().await;
         self.note_limit();
         match first {
@@ -248,9 +313,21 @@ impl RedisBulkhead {
         }
     }
 
-    async fn acquire_as(&self, outcome: CallOutcome) -> Result<RedisBulkheadPermit, Rejected> {
+    /// Admission under the policy with `options`: the lease, owned by a
+    /// permit whose outcome is `outcome` until set.
+    async fn admit(
+        &self,
+        options: CallOptions,
+        outcome: CallOutcome,
+    ) -> Result<RedisBulkheadPermit, Rejected> {
         let s = &self.shared;
-        if s.policy.fails_fast() {
+        // Before Redis is asked: a call that could not make its deadline
+        // even with a lease free now.
+        let started = (!options.waits_plainly()).then(|| s.policy.line_now());
+        if options.deadline.is_some() {
+            s.policy.line_for(&options, isize::MAX, 0)?;
+        }
+        if s.policy.fails_fast() || !options.may_wait() {
             // Fail fast: one script call, no outage tolerance.
             let first = s.sem.try_acquire().await;
             self.note_limit();
@@ -262,7 +339,7 @@ impl RedisBulkhead {
         // The first attempt is bounded by `max_wait` too: against a Redis
         // that does not answer (a black hole) it could take up to the
         // outage tolerance. No answer by then is `Unavailable`.
-        let first = match s.policy.max_wait() {
+        let first = match options.budget(s.policy.max_wait()) {
             Some(limit) => {
                 let sleep = s.sem.inner.timer.sleep(limit);
                 match Timeout::new(attempt::first_attempt(s.sem.inner()), sleep).await {
@@ -287,6 +364,16 @@ impl RedisBulkhead {
             // Redis is `Unavailable`, not `Timeout`: nobody knows whether a
             // permit was free.
             Ok(Attempt::Busy(busy)) => {
+                // No lease free: the call's options read for its wait in
+                // this process's line, what its first attempt took spent.
+                let line = match started {
+                    None => Line::default(),
+                    Some(started) => {
+                        let spent = s.policy.line_now().saturating_duration_since(started);
+                        let options = options.spent(spent);
+                        s.policy.line_for(&options, 0, s.policy.queued())?
+                    }
+                };
                 let down = AtomicBool::new(false);
                 let acquire = async {
                     attempt::wait_from(s.sem.inner(), busy, &down)
@@ -300,7 +387,7 @@ impl RedisBulkhead {
                         RejectReason::Timeout
                     }
                 };
-                s.policy.wait_or(acquire, timed_out).await?
+                s.policy.wait_or(acquire, line, timed_out).await?
             }
             Err(e) => return Err(s.policy.reject_now(reason_of(&e))),
         };

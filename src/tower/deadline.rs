@@ -144,7 +144,7 @@ impl<B> GrpcTimeoutHeader for http::Request<B> {
 /// token, a route's budget), read by [`DeadlineExtension`].
 ///
 /// The instant is on the bulkhead's clock (see
-/// [`Bulkhead::call_by`](crate::Bulkhead::call_by)).
+/// [`CallOptions::deadline`](crate::CallOptions::deadline)).
 ///
 /// # Examples
 ///

@@ -17,7 +17,8 @@ use crate::Bulkhead;
 /// of them.
 ///
 /// With [`deadline_from`](Self::deadline_from), requests that carry a
-/// deadline are admitted as [`Bulkhead::call_by`] admits a call: turned
+/// deadline are admitted as [`Bulkhead::call_with`] admits a call with a
+/// [deadline](crate::CallOptions::deadline): turned
 /// away at once if they cannot make it, and waiting no longer than they
 /// still could. The type parameter `D` is what reads a request's deadline;
 /// the default, [`NoDeadline`], reads none and costs nothing.
@@ -76,7 +77,8 @@ impl BulkheadLayer {
 
 impl<D, P> BulkheadLayer<D, P> {
     /// Admits each request by the deadline `deadline` reads from it
-    /// (deadline-aware admission, as [`Bulkhead::call_by`]): a request
+    /// (deadline-aware admission, as for a call with a
+    /// [deadline](crate::CallOptions::deadline)): a request
     /// whose deadline has passed, or whose expected wait plus the expected
     /// time a call holds its permit does not fit in the time it has left,
     /// is rejected at once with
@@ -92,7 +94,7 @@ impl<D, P> BulkheadLayer<D, P> {
     /// on `http`: how a request says its deadline (a header such as gRPC's
     /// `grpc-timeout`, an extension set by a layer above) is yours to
     /// read. The deadline is read on the bulkhead's clock, as
-    /// [`call_by`](Bulkhead::call_by)'s.
+    /// [`CallOptions::deadline`](crate::CallOptions::deadline) says.
     ///
     /// Without this option the layer reads nothing: the default
     /// [`NoDeadline`] always answers `None` and the check is compiled out.
@@ -144,7 +146,8 @@ impl<D, P> BulkheadLayer<D, P> {
     }
 
     /// Admits each request as a call of the priority class `priority`
-    /// reads from it, as [`Bulkhead::call_as`] does, on a bulkhead with
+    /// reads from it, as [`Bulkhead::call_with`] does with a
+    /// [class](crate::CallOptions::class), on a bulkhead with
     /// [`priorities`](crate::BulkheadBuilder::priorities): it waits in its
     /// class's line, a seat that frees goes to the class it is owed to,
     /// and a full line sheds its least important waiters first
@@ -153,7 +156,7 @@ impl<D, P> BulkheadLayer<D, P> {
     /// `priority` is anything that implements [`RequestPriority`](super::RequestPriority), most
     /// often a closure `Fn(&Req) -> usize`; it runs in the service's
     /// `call`. A class past the last is the least important one, as for
-    /// `call_as`, so a class a client sent can never make the service
+    /// `call_with`, so a class a client sent can never make the service
     /// panic. On a bulkhead without classes every request is a plain
     /// call and the class is ignored; without this option, a request is a
     /// plain call, which on a bulkhead with classes never waits (see

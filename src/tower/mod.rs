@@ -49,7 +49,7 @@
 //! # Deadlines
 //!
 //! A request that carries its deadline can be admitted as
-//! [`Bulkhead::call_by`](crate::Bulkhead::call_by) admits a call: give the layer a function that
+//! [`Bulkhead::call_with`](crate::Bulkhead::call_with) admits a call with a deadline: give the layer a function that
 //! reads it, [`BulkheadLayer::deadline_from`]. A request that cannot make
 //! its deadline (the wait it can expect plus the time a call holds its
 //! permit does not fit in the time it has left) is turned away at once
@@ -116,7 +116,7 @@
 //!
 //! On a bulkhead with [`priorities`](crate::BulkheadBuilder::priorities),
 //! [`BulkheadLayer::priority_from`] reads each request's class (a header,
-//! an extension) and admits it as [`Bulkhead::call_as`](crate::Bulkhead::call_as) does; without it,
+//! an extension) and admits it as [`Bulkhead::call_with`](crate::Bulkhead::call_with) does a call with a class; without it,
 //! requests are plain calls, which on such a bulkhead never wait.
 //!
 //! # Errors

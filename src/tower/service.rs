@@ -6,7 +6,8 @@ use core::task::{Context, Poll};
 use tower_service::Service;
 
 use super::{BoxError, NoDeadline, NoPriority, RequestDeadline, RequestPriority, ResponseFuture};
-use crate::Bulkhead;
+use crate::bulkhead::Admissions;
+use crate::{Bulkhead, CallOptions};
 
 /// A service that admits each request through a [`Bulkhead`] before
 /// calling the inner service, and holds the permit until the response
@@ -181,20 +182,23 @@ where
     fn call(&mut self, request: Req) -> Self::Future {
         // Read before the request moves into the future; `NoDeadline`
         // reads nothing.
-        let by = self.deadline.deadline(&request);
+        let mut options = CallOptions::new();
+        if let Some(by) = self.deadline.deadline(&request) {
+            options = options.deadline(by);
+        }
         // `NoPriority` reads nothing, and the test is compiled out.
-        let classed = self
-            .priority
-            .priority(&request)
-            .and_then(|class| self.bulkhead.admission_as(class, by));
+        if let Some(class) = self.priority.priority(&request) {
+            options = options.class(class);
+        }
+        let admission = self.bulkhead.admission(options);
         // Call the instance that was polled ready; keep a fresh clone for
         // the next request (which will be polled ready in turn).
         let clone = self.inner.clone();
         let inner = core::mem::replace(&mut self.inner, clone);
         let call = Some((inner, request));
-        match classed {
-            None => ResponseFuture::admit(self.bulkhead.admission(by), call),
-            Some(admission) => ResponseFuture::admit_as(admission, call),
+        match admission {
+            Admissions::Plain(admission) => ResponseFuture::admit(admission, call),
+            Admissions::Classed(classed) => ResponseFuture::admit_as(classed, call),
         }
     }
 }

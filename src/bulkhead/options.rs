@@ -1,0 +1,189 @@
+//! What one call asks of a bulkhead beyond a permit: [`CallOptions`].
+
+use core::fmt;
+use std::time::{Duration, Instant};
+
+/// What one call asks of the bulkhead that admits it, beyond a permit: a
+/// deadline, a shorter wait than the bulkhead's `max_wait`, a priority
+/// class. Every bulkhead kind takes the same value (`call_with`,
+/// `acquire_with`, `try_acquire_with`, and the tower layer builds one per
+/// request); `CallOptions::new()` asks for nothing, and is what
+/// `call(f)` means.
+///
+/// Each option is read where the wait is decided, the same way by every
+/// kind:
+///
+/// - [`deadline`](Self::deadline): deadline-aware admission. The call is
+///   rejected at once ([`RejectReason::WontMakeDeadline`]) if the deadline
+///   has passed, or if the wait it can expect plus the time a call holds
+///   its permit (the averages behind [`Rejected::retry_after`]) does not
+///   fit in the time left; otherwise it waits at most until the deadline
+///   minus that hold time.
+/// - [`max_wait`](Self::max_wait): this call waits at most this long, if
+///   that is sooner than the bulkhead's own `max_wait` (which it cannot
+///   lengthen); run out, it is rejected as
+///   [`Timeout`](crate::RejectReason::Timeout), as `max_wait` would.
+/// - [`class`](Self::class): the priority class of the call on a bulkhead
+///   with [`priorities`](crate::BulkheadBuilder::priorities) (0 is the most
+///   important; a class past the last is the least important one). On a
+///   bulkhead without classes it changes nothing.
+///
+/// Whichever of the call's limits, the bulkhead's `max_wait`, controlled
+/// delay or `close` comes first ends the wait.
+///
+/// The deadline is read on the bulkhead's clock: inside a tokio runtime
+/// with the default timer, tokio's (so take it from
+/// `tokio::time::Instant::now().into_std()` under a paused test clock),
+/// else the system's. Both estimates are averages, so a call admitted near
+/// its deadline may still miss it: pass an earlier deadline for a margin.
+/// Until a call's hold time has been measured, every call that has time
+/// left is admitted. A call without options pays nothing for them.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use watertight::{Bulkhead, BulkheadError, CallOptions, RejectReason};
+///
+/// # futures::executor::block_on(async {
+/// let bh = Bulkhead::builder().max_concurrent_calls(4).priorities(&[3, 1]).build().unwrap();
+/// let checkout = CallOptions::new()
+///     .class(0)
+///     .deadline(Instant::now() + Duration::from_secs(2))
+///     .max_wait(Duration::from_millis(100));
+/// assert_eq!(bh.call_with(checkout, async { Ok::<_, ()>(7) }).await, Ok(7));
+///
+/// let too_late = CallOptions::new().deadline(Instant::now() - Duration::from_millis(1));
+/// match bh.call_with(too_late, async { Ok::<_, ()>(8) }).await {
+///     Err(BulkheadError::Rejected(r)) => assert_eq!(r.reason(), RejectReason::WontMakeDeadline),
+///     other => panic!("{other:?}"),
+/// }
+/// # });
+/// ```
+///
+/// [`RejectReason::WontMakeDeadline`]: crate::RejectReason::WontMakeDeadline
+/// [`Rejected::retry_after`]: crate::Rejected::retry_after
+/// [`RejectReason`]: crate::RejectReason
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CallOptions {
+    pub(crate) deadline: Option<Instant>,
+    // In nanoseconds, `NONE` for none (a longer wait is none either way):
+    // a call's future keeps its options, so they are kept small.
+    max_wait: u64,
+    // `NONE as u32` for none; a class past `u32::MAX - 1` is the least
+    // important one all the same.
+    class: u32,
+}
+
+/// No `max_wait`, no class (see [`CallOptions`]'s fields).
+const NONE: u64 = u64::MAX;
+
+impl CallOptions {
+    /// No options: the call as [`Bulkhead::call`](crate::Bulkhead::call)
+    /// makes it.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self {
+            deadline: None,
+            max_wait: NONE,
+            class: NONE as u32,
+        }
+    }
+
+    /// The call must be done by `by`: deadline-aware admission (see
+    /// above).
+    #[must_use]
+    pub const fn deadline(mut self, by: Instant) -> Self {
+        self.deadline = Some(by);
+        self
+    }
+
+    /// The call waits for a permit at most `max_wait`, if that is sooner
+    /// than the bulkhead's own `max_wait`; `Duration::ZERO` takes a permit
+    /// only if one is free at once.
+    #[must_use]
+    pub const fn max_wait(mut self, max_wait: Duration) -> Self {
+        let nanos = max_wait.as_nanos();
+        self.max_wait = if nanos < NONE as u128 {
+            nanos as u64
+        } else {
+            NONE
+        };
+        self
+    }
+
+    /// The call's priority class (0 is the most important).
+    #[must_use]
+    pub const fn class(mut self, class: usize) -> Self {
+        let most = NONE as u32 - 1;
+        self.class = if class < most as usize {
+            class as u32
+        } else {
+            most
+        };
+        self
+    }
+
+    /// The call's own `max_wait`, if it has one.
+    #[inline]
+    pub(crate) fn own_wait(&self) -> Option<Duration> {
+        (self.max_wait != NONE).then(|| Duration::from_nanos(self.max_wait))
+    }
+
+    /// The class the call names, if any.
+    #[inline]
+    pub(crate) fn class_named(&self) -> Option<usize> {
+        (self.class != NONE as u32).then_some(self.class as usize)
+    }
+
+    /// Whether the call may wait at all: not with a `max_wait` of zero.
+    #[inline]
+    pub(crate) fn may_wait(&self) -> bool {
+        self.max_wait != 0
+    }
+
+    /// The budget of this call's waits under a bulkhead's `max_wait`: the
+    /// sooner of the two.
+    #[inline]
+    pub(crate) fn budget(&self, max_wait: Option<Duration>) -> Option<Duration> {
+        match (self.own_wait(), max_wait) {
+            (Some(own), Some(max)) => Some(own.min(max)),
+            (own, max) => own.or(max),
+        }
+    }
+
+    /// These options once `spent` of the call's own `max_wait` has passed.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn spent(self, spent: Duration) -> Self {
+        Self {
+            max_wait: match self.own_wait() {
+                Some(own) => own.saturating_sub(spent).as_nanos() as u64,
+                None => NONE,
+            },
+            ..self
+        }
+    }
+
+    /// Whether the call waits under the bulkhead's limits alone: no
+    /// deadline, no wait of its own.
+    #[inline]
+    pub(crate) fn waits_plainly(&self) -> bool {
+        self.deadline.is_none() && self.max_wait == NONE
+    }
+}
+
+impl Default for CallOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for CallOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallOptions")
+            .field("deadline", &self.deadline)
+            .field("max_wait", &self.own_wait())
+            .field("class", &self.class_named())
+            .finish()
+    }
+}

@@ -1,0 +1,380 @@
+//! One matrix of option tests over every bulkhead kind: the same
+//! [`CallOptions`] (a deadline, a `max_wait` of the call's own, a priority
+//! class) read the same way by `Bulkhead`, a classed `Bulkhead`,
+//! `KeyedBulkhead` (with and without a classed global bulkhead), the tower
+//! layer and the Redis bulkhead (against a real `redis-server`, skipped
+//! without one unless `WATERTIGHT_REQUIRE_REDIS` is set).
+//!
+//! The waits run on the real clock: each test brackets what it asserts
+//! with clock reads, with margins far above a loaded machine's jitter.
+#![cfg(all(not(loom), feature = "tokio", feature = "tower", feature = "redis"))]
+
+mod common;
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+use std::any::Any;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use redis_server::RedisServer;
+use tower::{Service, ServiceExt};
+use watertight::keyed::{KeyedBulkhead, KeyedError};
+use watertight::redis::{RedisBulkhead, RedisSemaphore};
+use watertight::tower::BulkheadLayer;
+use watertight::{Bulkhead, BulkheadError, CallOptions, RejectReason, Rejected};
+
+/// The bulkheads' own `max_wait` unless a test says otherwise: far longer
+/// than any wait a test expects to end by another limit.
+const LONG: Duration = Duration::from_secs(10);
+
+/// Beyond this, a wait that should have ended sooner did not.
+const SOON: Duration = Duration::from_secs(5);
+
+/// What a test asks of a call, as [`CallOptions`] for the kinds that take
+/// them, and as a request the tower layer's readers take apart.
+#[derive(Clone, Copy, Default)]
+struct Opts {
+    by: Option<Instant>,
+    wait: Option<Duration>,
+    class: Option<usize>,
+}
+
+impl Opts {
+    fn by(by: Instant) -> Self {
+        Self {
+            by: Some(by),
+            ..Self::default()
+        }
+    }
+
+    fn wait(wait: Duration) -> Self {
+        Self {
+            wait: Some(wait),
+            ..Self::default()
+        }
+    }
+
+    fn class(class: usize) -> Self {
+        Self {
+            class: Some(class),
+            ..Self::default()
+        }
+    }
+
+    fn options(self) -> CallOptions {
+        let mut options = CallOptions::new();
+        if let Some(by) = self.by {
+            options = options.deadline(by);
+        }
+        if let Some(wait) = self.wait {
+            options = options.max_wait(wait);
+        }
+        if let Some(class) = self.class {
+            options = options.class(class);
+        }
+        options
+    }
+}
+
+type TowerService = tower::util::BoxCloneSyncService<Opts, u32, tower::BoxError>;
+
+/// One bulkhead kind, with one seat (with a global stage: one global seat).
+enum Kind {
+    Plain(Bulkhead),
+    Classed(Bulkhead),
+    Keyed(KeyedBulkhead<u64>),
+    KeyedClassed(KeyedBulkhead<u64>),
+    Tower(Bulkhead, TowerService),
+    Redis(RedisBulkhead),
+}
+
+/// Which kinds have priority classes.
+const CLASSED: [&str; 3] = ["classed", "keyed-classed", "tower"];
+
+impl Kind {
+    /// Every kind, each with `max_wait` as its own; the Redis one on
+    /// `server`, if there is one.
+    async fn all(max_wait: Duration, server: Option<&RedisServer>, name: &str) -> Vec<Kind> {
+        let plain = || {
+            Bulkhead::builder()
+                .max_concurrent_calls(1)
+                .max_wait(max_wait)
+        };
+        let classed = || plain().priorities(&[1, 1]).build().unwrap();
+        let mut kinds = vec![
+            Kind::Plain(plain().build().unwrap()),
+            Kind::Classed(classed()),
+            Kind::Keyed(
+                KeyedBulkhead::builder()
+                    .max_concurrent_calls(1)
+                    .max_wait(max_wait)
+                    .global_limit(4)
+                    .build()
+                    .unwrap(),
+            ),
+            Kind::KeyedClassed(
+                KeyedBulkhead::builder()
+                    .max_concurrent_calls(1)
+                    .max_wait(max_wait)
+                    .global(classed())
+                    .build()
+                    .unwrap(),
+            ),
+        ];
+        let bh = classed();
+        let layer = BulkheadLayer::new(bh.clone())
+            .deadline_from(|r: &Opts| r.by)
+            .priority_from(|r: &Opts| r.class.unwrap_or(1));
+        let service = tower::ServiceBuilder::new()
+            .layer(layer)
+            .service(tower::service_fn(|_: Opts| async {
+                Ok::<_, Infallible>(7)
+            }));
+        kinds.push(Kind::Tower(bh, TowerService::new(service)));
+        if let Some(server) = server {
+            let client = redis::Client::open(server.url()).unwrap();
+            let sem = RedisSemaphore::builder(client, name)
+                .limit(1)
+                .lease_ttl(Duration::from_secs(30))
+                .max_poll(Duration::from_millis(100))
+                .build()
+                .await
+                .unwrap();
+            let rb = RedisBulkhead::builder(sem)
+                .max_wait(max_wait)
+                .build()
+                .unwrap();
+            kinds.push(Kind::Redis(rb));
+        }
+        kinds
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Kind::Plain(_) => "plain",
+            Kind::Classed(_) => "classed",
+            Kind::Keyed(_) => "keyed",
+            Kind::KeyedClassed(_) => "keyed-classed",
+            Kind::Tower(..) => "tower",
+            Kind::Redis(_) => "redis",
+        }
+    }
+
+    /// Whether the kind reads a `max_wait` of the call's own (the tower
+    /// layer reads a request's deadline and class only).
+    fn reads_own_wait(&self) -> bool {
+        !matches!(self, Kind::Tower(..))
+    }
+
+    /// Takes the one seat the calls below compete for, as a call of class
+    /// 0 where there are classes.
+    async fn hold(&self) -> Box<dyn Any + Send> {
+        let first = CallOptions::new().class(0);
+        match self {
+            Kind::Plain(bh) | Kind::Classed(bh) | Kind::Tower(bh, _) => {
+                Box::new(bh.acquire_with(first).await.unwrap())
+            }
+            Kind::Keyed(kb) => Box::new(kb.acquire(&1).await.unwrap()),
+            // Another key: the calls below wait at the global stage.
+            Kind::KeyedClassed(kb) => Box::new(kb.acquire_with(&100, first).await.unwrap()),
+            Kind::Redis(rb) => Box::new(rb.acquire().await.unwrap()),
+        }
+    }
+
+    /// A call with `options` (for `key`, on the keyed kinds), as its
+    /// rejection's reason if it is rejected.
+    fn call(&self, key: u64, opts: Opts) -> BoxFuture<'_, Result<u32, RejectReason>> {
+        let work = async { Ok::<u32, ()>(7) };
+        // On a classed kind, a call names a class (a plain one never
+        // waits there): the least important unless the test says.
+        let mut opts = opts;
+        if CLASSED.contains(&self.name()) && opts.class.is_none() {
+            opts.class = Some(1);
+        }
+        let options = opts.options();
+        Box::pin(async move {
+            match self {
+                Kind::Plain(bh) | Kind::Classed(bh) => {
+                    bh.call_with(options, work).await.map_err(reason)
+                }
+                Kind::Keyed(kb) | Kind::KeyedClassed(kb) => kb
+                    .call_with(&key, options, work)
+                    .await
+                    .map_err(|e| match e {
+                        KeyedError::Rejected(r) => r.reason().bulkhead_reason().unwrap(),
+                        other => panic!("{other:?}"),
+                    }),
+                Kind::Tower(_, service) => {
+                    let mut service = service.clone();
+                    let ready = service.ready().await.unwrap();
+                    ready.call(opts).await.map_err(|e| {
+                        e.downcast_ref::<Rejected>()
+                            .unwrap_or_else(|| panic!("{e}"))
+                            .reason()
+                    })
+                }
+                Kind::Redis(rb) => rb.call_with(options, work).await.map_err(reason),
+            }
+        })
+    }
+}
+
+fn reason<E: std::fmt::Debug>(e: BulkheadError<E>) -> RejectReason {
+    match e {
+        BulkheadError::Rejected(r) => r.reason(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The Redis server, or none where it may be skipped.
+fn server() -> Option<RedisServer> {
+    RedisServer::start_or_skip()
+}
+
+/// A call with a deadline that has passed is rejected at once, and one
+/// with a deadline far ahead runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_is_judged_before_the_call_takes_a_seat() {
+    let server = server();
+    for kind in Kind::all(LONG, server.as_ref(), "deadline").await {
+        let passed = Opts::by(Instant::now() - Duration::from_millis(1));
+        let before = Instant::now();
+        assert_eq!(
+            kind.call(1, passed).await,
+            Err(RejectReason::WontMakeDeadline),
+            "{}",
+            kind.name()
+        );
+        assert!(before.elapsed() < SOON, "{}", kind.name());
+        let ahead = Opts::by(Instant::now() + Duration::from_secs(60));
+        assert_eq!(kind.call(1, ahead).await, Ok(7), "{}", kind.name());
+    }
+}
+
+/// A call that waits with a deadline (no hold time measured yet, so it
+/// is admitted) waits until the deadline at most, then is rejected as a
+/// call that cannot make it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_ends_the_wait_it_can_no_longer_make() {
+    let server = server();
+    for kind in Kind::all(LONG, server.as_ref(), "deadline-wait").await {
+        let held = kind.hold().await;
+        let before = Instant::now();
+        let by = Opts::by(before + Duration::from_millis(200));
+        let out = kind.call(1, by).await;
+        let waited = before.elapsed();
+        assert_eq!(out, Err(RejectReason::WontMakeDeadline), "{}", kind.name());
+        assert!(
+            waited >= Duration::from_millis(150) && waited < SOON,
+            "{}: {waited:?}",
+            kind.name()
+        );
+        drop(held);
+    }
+}
+
+/// A `max_wait` of the call's own, shorter than the bulkhead's, ends its
+/// wait then, as a timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shorter_max_wait_of_its_own_ends_the_wait() {
+    let server = server();
+    for kind in Kind::all(LONG, server.as_ref(), "own-wait").await {
+        if !kind.reads_own_wait() {
+            continue;
+        }
+        let held = kind.hold().await;
+        let own = Opts::wait(Duration::from_millis(150));
+        let before = Instant::now();
+        let out = kind.call(1, own).await;
+        let waited = before.elapsed();
+        assert_eq!(out, Err(RejectReason::Timeout), "{}", kind.name());
+        assert!(
+            waited >= Duration::from_millis(150) && waited < SOON,
+            "{}: {waited:?}",
+            kind.name()
+        );
+        drop(held);
+        assert_eq!(kind.call(1, own).await, Ok(7), "{}", kind.name());
+    }
+}
+
+/// A call's own `max_wait` never lengthens the bulkhead's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_longer_max_wait_of_its_own_changes_nothing() {
+    let server = server();
+    let short = Duration::from_millis(150);
+    for kind in Kind::all(short, server.as_ref(), "own-longer").await {
+        if !kind.reads_own_wait() {
+            continue;
+        }
+        let held = kind.hold().await;
+        let before = Instant::now();
+        let out = kind.call(1, Opts::wait(LONG)).await;
+        let waited = before.elapsed();
+        assert_eq!(out, Err(RejectReason::Timeout), "{}", kind.name());
+        assert!(
+            waited >= Duration::from_millis(100) && waited < SOON,
+            "{}: {waited:?}",
+            kind.name()
+        );
+        drop(held);
+    }
+}
+
+/// A `max_wait` of zero takes a free seat or is rejected at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_max_wait_of_zero_never_waits() {
+    let server = server();
+    for kind in Kind::all(LONG, server.as_ref(), "own-zero").await {
+        if !kind.reads_own_wait() {
+            continue;
+        }
+        let zero = Opts::wait(Duration::ZERO);
+        assert_eq!(kind.call(1, zero).await, Ok(7), "{}", kind.name());
+        let held = kind.hold().await;
+        let before = Instant::now();
+        let out = kind.call(1, zero).await;
+        assert!(before.elapsed() < SOON, "{}", kind.name());
+        assert_eq!(out, Err(RejectReason::Full), "{}", kind.name());
+        drop(held);
+    }
+}
+
+/// Where there are classes, a seat that frees goes to the more important
+/// waiter, whichever came first; where there are none, a class changes
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_orders_the_waiters_where_there_are_classes() {
+    let server = server();
+    for kind in Kind::all(LONG, server.as_ref(), "class").await {
+        let kind = Arc::new(kind);
+        let classed = CLASSED.contains(&kind.name());
+        let held = kind.hold().await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        // Keyed: the first waits at its key's stage behind the held seat;
+        // with a classed global, each at the global stage with a key of
+        // its own.
+        let second = if kind.name() == "keyed-classed" { 2 } else { 1 };
+        for (key, class) in [(1, 1), (second, 0)] {
+            let (kind, order) = (kind.clone(), order.clone());
+            waiters.push(tokio::spawn(async move {
+                let out = kind.call(key, Opts::class(class)).await;
+                order.lock().unwrap().push(class);
+                out
+            }));
+            // The first waiter is in line before the second arrives.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        drop(held);
+        for waiter in waiters {
+            assert_eq!(waiter.await.unwrap(), Ok(7), "{}", kind.name());
+        }
+        let order = order.lock().unwrap().clone();
+        let expected = if classed { [0, 1] } else { [1, 0] };
+        assert_eq!(order, expected, "{}", kind.name());
+    }
+}
