@@ -1,6 +1,7 @@
 //! One matrix of option tests over every bulkhead kind: the same
 //! [`CallOptions`] (a deadline, a `max_wait` of the call's own, a priority
-//! class) read the same way by `Bulkhead`, a classed `Bulkhead`,
+//! class), and the same overload settings (controlled delay), read the
+//! same way by `Bulkhead`, a classed `Bulkhead`,
 //! `KeyedBulkhead` (with and without a classed global bulkhead), the tower
 //! layer and the Redis bulkhead (against a real `redis-server`, skipped
 //! without one unless `WATERTIGHT_REQUIRE_REDIS` is set).
@@ -40,6 +41,8 @@ struct Opts {
     by: Option<Instant>,
     wait: Option<Duration>,
     class: Option<usize>,
+    /// How long the tower kind's work holds its seat.
+    hold: Option<Duration>,
 }
 
 impl Opts {
@@ -94,35 +97,53 @@ enum Kind {
 /// Which kinds have priority classes.
 const CLASSED: [&str; 3] = ["classed", "keyed-classed", "tower"];
 
+/// What every kind of a test is built with.
+#[derive(Clone, Copy)]
+struct Setup {
+    max_wait: Duration,
+    /// `queue_delay(target, interval)`.
+    queue_delay: Option<(Duration, Duration)>,
+}
+
+impl From<Duration> for Setup {
+    fn from(max_wait: Duration) -> Self {
+        Setup {
+            max_wait,
+            queue_delay: None,
+        }
+    }
+}
+
 impl Kind {
-    /// Every kind, each with `max_wait` as its own; the Redis one on
+    /// Every kind, each set up as `setup` says; the Redis one on
     /// `server`, if there is one.
-    async fn all(max_wait: Duration, server: Option<&RedisServer>, name: &str) -> Vec<Kind> {
+    async fn all(setup: impl Into<Setup>, server: Option<&RedisServer>, name: &str) -> Vec<Kind> {
+        let setup = setup.into();
+        let max_wait = setup.max_wait;
         let plain = || {
-            Bulkhead::builder()
+            let builder = Bulkhead::builder()
                 .max_concurrent_calls(1)
-                .max_wait(max_wait)
+                .max_wait(max_wait);
+            match setup.queue_delay {
+                Some((target, interval)) => builder.queue_delay(target, interval),
+                None => builder,
+            }
+        };
+        let keyed = || {
+            let builder = KeyedBulkhead::builder()
+                .max_concurrent_calls(1)
+                .max_wait(max_wait);
+            match setup.queue_delay {
+                Some((target, interval)) => builder.queue_delay(target, interval),
+                None => builder,
+            }
         };
         let classed = || plain().priorities(&[1, 1]).build().unwrap();
         let mut kinds = vec![
             Kind::Plain(plain().build().unwrap()),
             Kind::Classed(classed()),
-            Kind::Keyed(
-                KeyedBulkhead::builder()
-                    .max_concurrent_calls(1)
-                    .max_wait(max_wait)
-                    .global_limit(4)
-                    .build()
-                    .unwrap(),
-            ),
-            Kind::KeyedClassed(
-                KeyedBulkhead::builder()
-                    .max_concurrent_calls(1)
-                    .max_wait(max_wait)
-                    .global(classed())
-                    .build()
-                    .unwrap(),
-            ),
+            Kind::Keyed(keyed().global_limit(4).build().unwrap()),
+            Kind::KeyedClassed(keyed().global(classed()).build().unwrap()),
         ];
         let bh = classed();
         let layer = BulkheadLayer::new(bh.clone())
@@ -130,7 +151,10 @@ impl Kind {
             .priority_from(|r: &Opts| r.class.unwrap_or(1));
         let service = tower::ServiceBuilder::new()
             .layer(layer)
-            .service(tower::service_fn(|_: Opts| async {
+            .service(tower::service_fn(|opts: Opts| async move {
+                if let Some(hold) = opts.hold.filter(|hold| !hold.is_zero()) {
+                    tokio::time::sleep(hold).await;
+                }
                 Ok::<_, Infallible>(7)
             }));
         kinds.push(Kind::Tower(bh, TowerService::new(service)));
@@ -143,11 +167,11 @@ impl Kind {
                 .build()
                 .await
                 .unwrap();
-            let rb = RedisBulkhead::builder(sem)
-                .max_wait(max_wait)
-                .build()
-                .unwrap();
-            kinds.push(Kind::Redis(rb));
+            let mut rb = RedisBulkhead::builder(sem).max_wait(max_wait);
+            if let Some((target, interval)) = setup.queue_delay {
+                rb = rb.queue_delay(target, interval);
+            }
+            kinds.push(Kind::Redis(rb.build().unwrap()));
         }
         kinds
     }
@@ -169,6 +193,17 @@ impl Kind {
         !matches!(self, Kind::Tower(..))
     }
 
+    /// How many callers wait for the seat now (at the global stage, for
+    /// the keyed kind with a classed global bulkhead).
+    fn waiting(&self) -> usize {
+        match self {
+            Kind::Plain(bh) | Kind::Classed(bh) | Kind::Tower(bh, _) => bh.metrics().queued(),
+            Kind::Keyed(kb) => kb.metrics_for(&1).map_or(0, |m| m.queued()),
+            Kind::KeyedClassed(kb) => kb.global().unwrap().metrics().queued(),
+            Kind::Redis(rb) => rb.metrics().queued(),
+        }
+    }
+
     /// Takes the one seat the calls below compete for, as a call of class
     /// 0 where there are classes.
     async fn hold(&self) -> Box<dyn Any + Send> {
@@ -187,7 +222,22 @@ impl Kind {
     /// A call with `options` (for `key`, on the keyed kinds), as its
     /// rejection's reason if it is rejected.
     fn call(&self, key: u64, opts: Opts) -> BoxFuture<'_, Result<u32, RejectReason>> {
-        let work = async { Ok::<u32, ()>(7) };
+        self.call_holding(key, opts, Duration::ZERO)
+    }
+
+    /// [`call`](Self::call) whose work holds its seat `hold`.
+    fn call_holding(
+        &self,
+        key: u64,
+        opts: Opts,
+        hold: Duration,
+    ) -> BoxFuture<'_, Result<u32, RejectReason>> {
+        let work = async move {
+            if !hold.is_zero() {
+                tokio::time::sleep(hold).await;
+            }
+            Ok::<u32, ()>(7)
+        };
         // On a classed kind, a call names a class (a plain one never
         // waits there): the least important unless the test says.
         let mut opts = opts;
@@ -210,6 +260,10 @@ impl Kind {
                 Kind::Tower(_, service) => {
                     let mut service = service.clone();
                     let ready = service.ready().await.unwrap();
+                    let opts = Opts {
+                        hold: Some(hold),
+                        ..opts
+                    };
                     ready.call(opts).await.map_err(|e| {
                         e.downcast_ref::<Rejected>()
                             .unwrap_or_else(|| panic!("{e}"))
@@ -360,14 +414,18 @@ async fn a_class_orders_the_waiters_where_there_are_classes() {
         // its own.
         let second = if kind.name() == "keyed-classed" { 2 } else { 1 };
         for (key, class) in [(1, 1), (second, 0)] {
-            let (kind, order) = (kind.clone(), order.clone());
+            let (waiter, order) = (kind.clone(), order.clone());
             waiters.push(tokio::spawn(async move {
-                let out = kind.call(key, Opts::class(class)).await;
+                let out = waiter.call(key, Opts::class(class)).await;
                 order.lock().unwrap().push(class);
                 out
             }));
-            // The first waiter is in line before the second arrives.
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // Each waiter is in line before the next arrives.
+            let deadline = Instant::now() + SOON;
+            while kind.waiting() < waiters.len() {
+                assert!(Instant::now() < deadline, "{}: nobody waits", kind.name());
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
         drop(held);
         for waiter in waiters {
@@ -376,5 +434,45 @@ async fn a_class_orders_the_waiters_where_there_are_classes() {
         let order = order.lock().unwrap().clone();
         let expected = if classed { [0, 1] } else { [1, 0] };
         assert_eq!(order, expected, "{}", kind.name());
+    }
+}
+
+/// Controlled delay on every kind: a line that stands (a call arriving
+/// every 2 ms, each holding the one seat 10 ms) is cut to the target, so
+/// waiters are rejected `QueueDelay` and nobody waits anywhere near the
+/// 10 s `max_wait`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standing_line_is_cut_to_the_target_on_every_kind() {
+    let server = server();
+    let setup = Setup {
+        max_wait: LONG,
+        queue_delay: Some((Duration::from_millis(30), Duration::from_millis(100))),
+    };
+    for kind in Kind::all(setup, server.as_ref(), "queue-delay").await {
+        let kind = Arc::new(kind);
+        let start = Instant::now();
+        let mut calls = Vec::new();
+        while start.elapsed() < Duration::from_millis(600) {
+            let kind = kind.clone();
+            calls.push(tokio::spawn(async move {
+                let arrived = Instant::now();
+                let out = kind
+                    .call_holding(1, Opts::default(), Duration::from_millis(10))
+                    .await;
+                (out, arrived.elapsed())
+            }));
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let mut cut = 0;
+        for call in calls {
+            let (out, waited) = call.await.unwrap();
+            assert!(waited < SOON, "{}: a call took {waited:?}", kind.name());
+            match out {
+                Ok(7) => {}
+                Err(RejectReason::QueueDelay) => cut += 1,
+                other => panic!("{}: {other:?}", kind.name()),
+            }
+        }
+        assert!(cut > 0, "{}: the standing line was never cut", kind.name());
     }
 }

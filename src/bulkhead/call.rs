@@ -258,9 +258,30 @@ where
     }
 }
 
+pin_project! {
+    /// One of two futures of the same output, built in place.
+    #[project = EitherProj]
+    pub(super) enum Either<A, B> {
+        Left { #[pin] future: A },
+        Right { #[pin] future: B },
+    }
+}
+
+impl<A: Future, B: Future<Output = A::Output>> Future for Either<A, B> {
+    type Output = A::Output;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            EitherProj::Left { future } => future.poll(cx),
+            EitherProj::Right { future } => future.poll(cx),
+        }
+    }
+}
+
 /// Takes over a permit just granted: the guard owns it before any user code
 /// (the observers) runs, so a panicking hook cannot leak it.
-#[inline]
+#[inline(always)]
 fn admit<'a>(
     shared: &'a Shared,
     held: &mut Option<Held<&'a Shared>>,

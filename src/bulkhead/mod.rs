@@ -88,7 +88,6 @@ use pin_project_lite::pin_project;
 use crate::error::TryAcquireError;
 use crate::futures::{Acquire, AcquireOwned};
 use crate::semaphore::Semaphore;
-use guard::Guard;
 pub(crate) use permit::Admitted;
 use policy::Policy;
 use wait::{Line, Waiting};
@@ -254,9 +253,6 @@ impl Bulkhead {
     /// }
     /// # });
     /// ```
-    // Not an `async fn`: one keeps its arguments apart from the future it
-    // awaits them in, 80 bytes more for every call that waits.
-    #[allow(clippy::manual_async_fn)]
     pub fn call_with<F, T, E>(
         &self,
         options: CallOptions,
@@ -265,18 +261,25 @@ impl Bulkhead {
     where
         F: Future<Output = Result<T, E>>,
     {
-        async move {
-            let shared = &*self.shared;
-            let Some(class) = self.classed(&options) else {
-                return CallWith::new(shared, options, call).await;
+        // Either future built in place, not moved into another on its
+        // first poll: a `Call` is some 300 bytes.
+        let Some(class) = self.classed(&options) else {
+            return call::Either::Left {
+                future: CallWith::new(&self.shared, options, call),
             };
-            // Already reported as permitted, its outcome `Cancelled` until
-            // set: dropped or unwound through while the call runs, it
-            // gives the seat back as cancelled.
-            let mut permit = seating::AdmissionAs::new(self.shared.clone(), class, options).await?;
-            let (result, outcome) = shared.policy.run(shared.policy.traced(call)).await;
-            permit.set_outcome(outcome);
-            result
+        };
+        call::Either::Right {
+            future: async move {
+                let shared = &*self.shared;
+                // Already reported as permitted, its outcome `Cancelled`
+                // until set: dropped or unwound through while the call
+                // runs, it gives the seat back as cancelled.
+                let admission = seating::AdmissionAs::new(self.shared.clone(), class, options);
+                let mut permit = admission.await?;
+                let (result, outcome) = shared.policy.run(shared.policy.traced(call)).await;
+                permit.set_outcome(outcome);
+                result
+            },
         }
     }
 
@@ -383,7 +386,13 @@ impl Bulkhead {
     /// ```
     #[inline]
     pub fn try_acquire(&self) -> Result<BulkheadPermit, Rejected> {
-        self.try_acquire_with(CallOptions::new())
+        let shared = &*self.shared;
+        if let Some(Err(rejected)) = shared.admit_now(false) {
+            return Err(rejected);
+        }
+        let permit = BulkheadPermit::new(self.shared.clone(), Admitted::Now);
+        shared.policy.permitted(Duration::ZERO);
+        Ok(permit)
     }
 
     /// [`try_acquire`](Self::try_acquire) with [`CallOptions`]: with a
@@ -408,16 +417,10 @@ impl Bulkhead {
     /// ```
     #[inline]
     pub fn try_acquire_with(&self, options: CallOptions) -> Result<BulkheadPermit, Rejected> {
-        let shared = &*self.shared;
         if options.deadline.is_some() || options.class_named().is_some() {
             return self.try_acquire_judged(&options);
         }
-        if let Some(Err(rejected)) = shared.admit_now(false) {
-            return Err(rejected);
-        }
-        let permit = BulkheadPermit::new(self.shared.clone(), Admitted::Now);
-        shared.policy.permitted(Duration::ZERO);
-        Ok(permit)
+        self.try_acquire()
     }
 
     /// [`try_acquire_with`](Self::try_acquire_with) for a caller with a
@@ -672,8 +675,8 @@ impl Shared {
     /// `Cancelled` until it is set; the observers are told of the
     /// admission.
     #[inline]
-    fn hold(&self, admitted: Admitted) -> permit::Held<&Shared> {
-        let held = permit::held(self, admitted, CallOutcome::Cancelled);
+    fn hold(&self, admitted: Admitted) -> permit::SeatHeld<&Shared> {
+        let held = permit::held_plain(self, admitted, CallOutcome::Cancelled);
         self.policy.permitted(admitted.waited());
         held
     }
@@ -836,12 +839,9 @@ impl Shared {
         options: &CallOptions,
         line: &mut Line,
     ) -> Option<Result<Admitted, Rejected>> {
-        match self
-            .policy
-            .line_for(options, self.free_now(), self.policy.queued())
-        {
-            Ok(judged) => *line = judged,
-            Err(rejected) => return Some(Err(rejected)),
+        let (free, ahead) = (self.free_now(), self.policy.queued());
+        if let Err(rejected) = self.policy.judge_into(options, free, ahead, line) {
+            return Some(Err(rejected));
         }
         self.admit_now(options.may_wait())
     }
@@ -1096,11 +1096,11 @@ impl Bulkhead {
     pub(crate) fn hold_now(
         &self,
         may_wait: bool,
-    ) -> Option<Result<permit::Held<&Shared>, Rejected>> {
+    ) -> Option<Result<permit::SeatHeld<&Shared>, Rejected>> {
         let shared = &*self.shared;
         match shared.admit_now(may_wait)? {
             Ok(admitted) => {
-                let held = permit::held(shared, admitted, CallOutcome::Cancelled);
+                let held = permit::held_plain(shared, admitted, CallOutcome::Cancelled);
                 shared.policy.permitted(Duration::ZERO);
                 Some(Ok(held))
             }
@@ -1117,11 +1117,12 @@ impl Bulkhead {
         options: &CallOptions,
         line: &mut Line,
         may_wait: bool,
-    ) -> Option<Result<permit::Held<&Shared>, Rejected>> {
-        *line = match self.judge(options) {
-            Ok(line) => line,
-            Err(rejected) => return Some(Err(rejected)),
-        };
+    ) -> Option<Result<permit::SeatHeld<&Shared>, Rejected>> {
+        let shared = &*self.shared;
+        let (free, ahead) = (shared.free_now(), shared.policy.queued());
+        if let Err(rejected) = shared.policy.judge_into(options, free, ahead, line) {
+            return Some(Err(rejected));
+        }
         self.hold_now(may_wait && options.may_wait())
     }
 
@@ -1131,7 +1132,7 @@ impl Bulkhead {
     pub(crate) async fn hold_waiting_in(
         &self,
         line: Line,
-    ) -> Result<permit::Held<&Shared>, Rejected> {
+    ) -> Result<permit::SeatHeld<&Shared>, Rejected> {
         let shared = &*self.shared;
         let admitted = shared.admit_waiting_in(line).await?;
         Ok(shared.hold(admitted))
@@ -1146,7 +1147,7 @@ impl Bulkhead {
         &self,
         line: Option<Line>,
         gate: G,
-    ) -> Result<permit::Held<&Shared>, Rejected> {
+    ) -> Result<permit::SeatHeld<&Shared>, Rejected> {
         let shared = &*self.shared;
         let admitted = shared.admit_waiting_after(line, gate).await?;
         Ok(shared.hold(admitted))
@@ -1188,7 +1189,7 @@ impl Bulkhead {
         class: usize,
         options: &CallOptions,
         may_wait: bool,
-    ) -> Result<Result<Guard<permit::Seated<&Shared>>, seating::Seating<&Shared>>, Rejected> {
+    ) -> Result<Result<permit::SeatHeld<&Shared>, seating::Seating<&Shared>>, Rejected> {
         let shared = &*self.shared;
         Ok(match Shared::seat_with(shared, class, options, may_wait)? {
             seating::Seat::Now => Ok(self.seat_after(class, Admitted::Now)),
@@ -1198,11 +1199,7 @@ impl Bulkhead {
 
     /// A seat of `class` just granted, in a guard whose outcome is
     /// `Cancelled` until set; the observers are told of the admission.
-    pub(crate) fn seat_after(
-        &self,
-        class: usize,
-        admitted: Admitted,
-    ) -> Guard<permit::Seated<&Shared>> {
+    pub(crate) fn seat_after(&self, class: usize, admitted: Admitted) -> permit::SeatHeld<&Shared> {
         let shared = &*self.shared;
         let held = permit::seated(shared, class, admitted, CallOutcome::Cancelled);
         shared.policy.permitted(admitted.waited());

@@ -52,6 +52,9 @@ impl<S: Deref<Target = Shared>> Source for Seated<S> {
     fn give_back(&mut self) {
         let shared = &*self.shared;
         if shared.classes.is_some() {
+            if self.class == PLAIN {
+                return shared.give_plain_seat_back();
+            }
             return shared.give_seat_back(self.class);
         }
         let balance = shared.sem.release(1);
@@ -60,6 +63,11 @@ impl<S: Deref<Target = Shared>> Source for Seated<S> {
         }
     }
 }
+
+/// The class of a [`Seated`] permit taken as a plain call's: on a bulkhead
+/// with classes, the least important one, looked up only when the seat
+/// goes back.
+const PLAIN: usize = usize::MAX;
 
 /// [`held`] for a seat of `class` (any class, without classes).
 #[inline]
@@ -79,6 +87,26 @@ pub(crate) fn seated<S: Deref<Target = Shared>>(
 /// One admitted call's hold on a local permit.
 pub(crate) type Held<S> = Guard<Local<S>>;
 
+/// [`Held`] that knows its class: the keyed bulkhead's stages, whose
+/// global bulkhead may have classes.
+pub(crate) type SeatHeld<S> = Guard<Seated<S>>;
+
+/// [`held`] as a [`SeatHeld`] of a plain call (the keyed stages'): the
+/// same work, and one guard type for a plain permit and a classed seat.
+#[inline]
+pub(crate) fn held_plain<S: Deref<Target = Shared>>(
+    shared: S,
+    admitted: Admitted,
+    outcome_if_dropped: CallOutcome,
+) -> SeatHeld<S> {
+    let since = granted_at(&shared, admitted);
+    let source = Seated {
+        shared,
+        class: PLAIN,
+    };
+    Guard::new(source, since, outcome_if_dropped)
+}
+
 /// Takes over a permit of `shared` that was just granted; `admitted` says
 /// how (and whether the grant's time was read already).
 #[inline]
@@ -87,12 +115,18 @@ pub(crate) fn held<S: Deref<Target = Shared>>(
     admitted: Admitted,
     outcome_if_dropped: CallOutcome,
 ) -> Held<S> {
-    let since = match admitted {
+    let since = granted_at(&shared, admitted);
+    Guard::new(Local(shared), since, outcome_if_dropped)
+}
+
+/// When a plain permit was granted, if its hold time is to be measured.
+#[inline]
+fn granted_at(shared: &Shared, admitted: Admitted) -> Option<std::time::Instant> {
+    match admitted {
         Admitted::Waited(w) => w.since,
         // No permit left means the hold time matters for retry hints.
         Admitted::Now => shared.policy.clock_in(shared.sem.available_permits() <= 0),
-    };
-    Guard::new(Local(shared), since, outcome_if_dropped)
+    }
 }
 
 /// How a local permit was granted.

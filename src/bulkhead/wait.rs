@@ -99,9 +99,24 @@ impl Policy {
         ahead: usize,
     ) -> Result<Line, Rejected> {
         let mut line = Line::default();
+        self.judge_into(options, free, ahead, &mut line)?;
+        Ok(line)
+    }
+
+    /// [`line_for`](Self::line_for) into `line`, a line not yet polled
+    /// (the call's future keeps it; nothing is moved). Inline: its callers
+    /// are out of line already.
+    #[inline]
+    pub(crate) fn judge_into(
+        &self,
+        options: &CallOptions,
+        free: isize,
+        ahead: usize,
+        line: &mut Line,
+    ) -> Result<(), Rejected> {
         if let Some(by) = options.deadline {
             line.deadline = self.since_origin(by) & !OWN_WAIT;
-            self.admit_by_behind(&mut line, free, ahead)?;
+            self.admit_by_behind(line, free, ahead)?;
         }
         if let Some(own) = options.own_wait() {
             if self.max_wait.is_none_or(|max| own < max) {
@@ -114,7 +129,7 @@ impl Policy {
                 }
             }
         }
-        Ok(line)
+        Ok(())
     }
 
     /// After [`line_for`](Self::line_for): how long from now the call may

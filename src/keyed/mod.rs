@@ -127,9 +127,8 @@ use std::time::{Duration, Instant};
 
 use crate::BulkheadPermit;
 use crate::bulkhead::Shared;
-use crate::bulkhead::guard::Guard;
 use crate::bulkhead::name::Name;
-use crate::bulkhead::permit::{Admitted, Held, Seated};
+use crate::bulkhead::permit::{Admitted, SeatHeld};
 use crate::bulkhead::run::poll_call;
 use crate::bulkhead::wait::Line;
 use crate::bulkhead::{
@@ -355,7 +354,7 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         F: Future<Output = Result<T, E>>,
     {
-        self.call_with(key, CallOptions::new(), call)
+        self.staged::<true, Q, F, T, E>(key, CallOptions::new(), call)
     }
 
     /// [`call`](Self::call) with [`CallOptions`], read at both stages.
@@ -420,10 +419,27 @@ where
     /// [`KeyWontMakeDeadline`]: KeyedRejectReason::KeyWontMakeDeadline
     /// [`GlobalWontMakeDeadline`]: KeyedRejectReason::GlobalWontMakeDeadline
     /// [`KeyedBulkheadBuilder::global`]: crate::keyed::KeyedBulkheadBuilder::global
+    pub fn call_with<Q, F, T, E>(
+        &self,
+        key: &Q,
+        options: CallOptions,
+        call: F,
+    ) -> impl Future<Output = Result<T, KeyedError<E>>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        F: Future<Output = Result<T, E>>,
+    {
+        self.staged::<false, Q, F, T, E>(key, options, call)
+    }
+
+    /// The two stages of [`call_with`](Self::call_with), and of
+    /// [`call`](Self::call) with `PLAIN` (no options: every test of them
+    /// folds away).
     // Not an `async fn`: one keeps its arguments apart from the future it
     // awaits them in, more bytes for every call that waits.
     #[allow(clippy::manual_async_fn)]
-    pub fn call_with<Q, F, T, E>(
+    fn staged<const PLAIN: bool, Q, F, T, E>(
         &self,
         key: &Q,
         options: CallOptions,
@@ -443,7 +459,8 @@ where
             // back as `Cancelled`.
             let user = inner.enter(key)?;
             let entry = &*user.entry;
-            let plain = options.waits_plainly();
+            let plain = PLAIN || options.waits_plainly();
+            let own = if PLAIN { None } else { Some(&options) };
             let mut start = None;
             // In a block of its own, so that the global stage's state overlaps
             // the key's wait in the future's memory.
@@ -464,56 +481,48 @@ where
                     held.map_err(|r| inner.key_rejected(r))?
                 }
             };
-            let mut global_held = match &inner.global {
-                None => None,
-                Some(global) => {
-                    let held = match global.classed(&options) {
-                        Some(class) => GlobalHeld::Seated(
-                            inner
-                                .seat_global(entry, start, &options, global, class)
-                                .await?,
-                        ),
-                        None => {
-                            // The call's own `max_wait` is read again by the
-                            // global bulkhead (from when it starts waiting
-                            // there), but the budget of both waits ends it
-                            // first.
-                            let mut line = Line::default();
-                            let now = |now| match (now, plain) {
-                                (Now::Queue, true) => None,
-                                (Now::Queue, false) => match global.judge(&options) {
-                                    Ok(judged) => {
-                                        line = judged;
-                                        None
-                                    }
-                                    Err(rejected) => Some(Err(rejected)),
-                                },
-                                (now, true) => global.hold_now(now == Now::Wait),
-                                (now, false) => {
-                                    global.hold_now_with(&options, &mut line, now == Now::Wait)
-                                }
-                            };
-                            GlobalHeld::Plain(
-                                if let Some(held) = inner.global_now(entry, start, &options, now) {
-                                    held?
-                                } else {
-                                    let wait = move |turn| async move {
-                                        match turn {
-                                            None => global.hold_waiting_in(line).await,
-                                            Some(turn) => {
-                                                global.hold_waiting_after(Some(line), turn).await
-                                            }
-                                        }
-                                    };
-                                    inner.wait_global(entry, start, &options, wait).await?
-                                },
-                            )
-                        }
+            let mut global_held = None;
+            if let Some(global) = &inner.global {
+                let classed = if PLAIN {
+                    None
+                } else {
+                    global.classed(&options)
+                };
+                global_held = Some(if let Some(class) = classed {
+                    inner
+                        .seat_global(entry, start, &options, global, class)
+                        .await?
+                } else {
+                    // The call's own `max_wait` is read again by the global
+                    // bulkhead (from when it starts waiting there), but the
+                    // budget of both waits ends it first.
+                    let mut line = Line::default();
+                    let now = |now| match (now, plain) {
+                        (Now::Queue, true) => None,
+                        (Now::Queue, false) => match global.judge(&options) {
+                            Ok(judged) => {
+                                line = judged;
+                                None
+                            }
+                            Err(rejected) => Some(Err(rejected)),
+                        },
+                        (now, true) => global.hold_now(now == Now::Wait),
+                        (now, false) => global.hold_now_with(&options, &mut line, now == Now::Wait),
                     };
-                    bump(&entry.admitted);
-                    Some(held)
-                }
-            };
+                    if let Some(held) = inner.global_now(entry, start, own, now) {
+                        held?
+                    } else {
+                        let wait = move |turn| async move {
+                            match turn {
+                                None => global.hold_waiting_in(line).await,
+                                Some(turn) => global.hold_waiting_after(Some(line), turn).await,
+                            }
+                        };
+                        inner.wait_global(entry, start, own, wait).await?
+                    }
+                });
+                bump(&entry.admitted);
+            }
             let (result, outcome) = inner.run(entry, call).await;
             if let Some(global_held) = &mut global_held {
                 global_held.set_outcome(outcome);
@@ -1053,10 +1062,14 @@ where
     }
 
     /// The budget of a call's waits: the keyed bulkhead's `max_wait`, or
-    /// the call's own if shorter.
+    /// the call's own if shorter (`own`: the options of a call that has
+    /// some).
     #[inline]
-    fn budget(&self, options: &CallOptions) -> Option<Duration> {
-        options.budget(self.max_wait)
+    fn budget(&self, own: Option<&CallOptions>) -> Option<Duration> {
+        match own {
+            None => self.max_wait,
+            Some(options) => options.budget(self.max_wait),
+        }
     }
 
     /// [`KeyedBulkhead::acquire_with`]: the two stages, each reading the
@@ -1120,13 +1133,15 @@ where
             None => None,
             Some(global) => {
                 let now = |now| (now == Now::Take).then(|| now_global(global));
-                let admitted =
-                    if let Some(admitted) = self.global_now(&user.entry, start, options, now) {
-                        admitted
-                    } else {
-                        let wait = |turn| wait(global, turn);
-                        self.wait_global(&user.entry, start, options, wait).await
-                    };
+                let admitted = if let Some(admitted) =
+                    self.global_now(&user.entry, start, Some(options), now)
+                {
+                    admitted
+                } else {
+                    let wait = |turn| wait(global, turn);
+                    self.wait_global(&user.entry, start, Some(options), wait)
+                        .await
+                };
                 match admitted {
                     Ok(permit) => {
                         bump(&user.entry.admitted);
@@ -1160,11 +1175,11 @@ where
         &self,
         entry: &Entry,
         start: Option<Instant>,
-        options: &CallOptions,
+        own: Option<&CallOptions>,
         now: impl FnOnce(Now) -> Option<Result<P, Rejected>>,
     ) -> Option<Result<P, KeyedRejected>> {
         let waited = || start.map_or(Duration::ZERO, |start| self.since(start));
-        let spent = match (self.budget(options), start) {
+        let spent = match (self.budget(own), start) {
             (Some(max_wait), _) if max_wait.is_zero() => Some(false),
             (Some(max_wait), Some(start)) if self.since(start) >= max_wait => Some(true),
             _ => None,
@@ -1216,7 +1231,7 @@ where
         &'s self,
         entry: &Entry,
         start: Option<Instant>,
-        options: &CallOptions,
+        own: Option<&CallOptions>,
         wait: impl FnOnce(Option<Turn<'s>>) -> W,
     ) -> Result<P, KeyedRejected>
     where
@@ -1248,7 +1263,7 @@ where
             if closing.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Err(GlobalFailure::Closed));
             }
-            let Some(max_wait) = self.budget(options) else {
+            let Some(max_wait) = self.budget(own) else {
                 return Poll::Pending;
             };
             // What is left of the budget, read only to arm the deadline.
@@ -1291,7 +1306,7 @@ where
         options: &CallOptions,
         global: &'s Bulkhead,
         class: usize,
-    ) -> Result<Guard<Seated<&'s Shared>>, KeyedRejected> {
+    ) -> Result<SeatHeld<&'s Shared>, KeyedRejected> {
         // Pinned here and polled through a reference: the wait is kept
         // once, not moved into each future that awaits it.
         let mut seating = pin!(None);
@@ -1303,7 +1318,7 @@ where
             }
             Err(rejected) => Some(Err(rejected)),
         };
-        if let Some(held) = self.global_now(entry, start, options, now) {
+        if let Some(held) = self.global_now(entry, start, Some(options), now) {
             return held;
         }
         let wait = |_turn| {
@@ -1315,7 +1330,7 @@ where
                 Poll::Ready(Ok(global.seat_after(class, Admitted::Waited(waited))))
             })
         };
-        self.wait_global(entry, start, options, wait).await
+        self.wait_global(entry, start, Some(options), wait).await
     }
 
     /// Runs an admitted call under `call_timeout`, whose deadline is armed
@@ -1600,21 +1615,5 @@ impl<K, S> fmt::Debug for KeyedBulkhead<K, S> {
             .field("timer", &inner.clock)
             .field("closed", &inner.closed.load(Ordering::SeqCst))
             .finish_non_exhaustive()
-    }
-}
-
-/// The global permit of a keyed call: a plain one, or a seat of a
-/// priority class on a global bulkhead with classes.
-enum GlobalHeld<'a> {
-    Plain(Held<&'a Shared>),
-    Seated(Guard<Seated<&'a Shared>>),
-}
-
-impl GlobalHeld<'_> {
-    fn set_outcome(&mut self, outcome: CallOutcome) {
-        match self {
-            GlobalHeld::Plain(held) => held.set_outcome(outcome),
-            GlobalHeld::Seated(held) => held.set_outcome(outcome),
-        }
     }
 }

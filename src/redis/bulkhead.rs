@@ -76,6 +76,17 @@ impl RedisBulkheadBuilder {
         self
     }
 
+    /// As [`BulkheadBuilder::queue_delay`], on this process's line:
+    /// while the waiters of this process have all waited at least
+    /// `target` for an `interval`, a waiter that has waited `target` is
+    /// rejected with [`RejectReason::QueueDelay`] (at its own sleep, or at
+    /// its next look at Redis, whichever comes first). The line in Redis
+    /// keeps its arrival order.
+    pub fn queue_delay(mut self, target: Duration, interval: Duration) -> Self {
+        self.policy = self.policy.queue_delay(target, interval);
+        self
+    }
+
     /// As [`BulkheadBuilder::call_timeout`].
     pub fn call_timeout(mut self, call_timeout: Duration) -> Self {
         self.policy = self.policy.call_timeout(call_timeout);
@@ -374,6 +385,9 @@ impl RedisBulkhead {
                         s.policy.line_for(&options, 0, s.policy.queued())?
                     }
                 };
+                // Declared before the wait, so dropped after it: the line
+                // is counted without this waiter when the policy looks.
+                let _left = LeftLine(&s.policy);
                 let down = AtomicBool::new(false);
                 let acquire = async {
                     attempt::wait_from(s.sem.inner(), busy, &down)
@@ -496,6 +510,17 @@ fn reason_of(e: &LeaseError) -> RejectReason {
         LeaseError::Quarantined { .. } => RejectReason::Unavailable,
         // Too few replicas have it: as unreachable as a primary alone.
         LeaseError::NotReplicated { .. } => RejectReason::Unavailable,
+    }
+}
+
+/// Tells the policy a waiter left this process's line (served, rejected
+/// or dropped), as the local bulkhead's waiters do: with controlled delay,
+/// an empty line ends an overload.
+struct LeftLine<'a>(&'a Policy);
+
+impl Drop for LeftLine<'_> {
+    fn drop(&mut self) {
+        self.0.left_line();
     }
 }
 
