@@ -300,6 +300,14 @@ fn deadline_paths(timer: &str, make: &dyn Fn(BulkheadBuilder) -> Bulkhead, drive
             })));
         assert_rejected(out, RejectReason::WontMakeDeadline);
     });
+    assert_no_allocation(&format!("{timer}: a max_wait of its own, run out"), || {
+        let own = CallOptions::new().max_wait(Duration::from_millis(20));
+        let mut out = None;
+        drive(pin!(async {
+            out = Some(bh.call_with(own, async { Ok::<_, ()>(6) }).await)
+        }));
+        assert_rejected(Poll::Ready(out.unwrap()), RejectReason::Timeout);
+    });
     assert_no_allocation(&format!("{timer}: call_by, out of time in line"), || {
         let by = std::time::Instant::now() + Duration::from_millis(60);
         let mut out = None;
@@ -985,6 +993,33 @@ fn priority_class_paths_allocate_nothing() {
             .unwrap();
         let r = futures::executor::block_on(delayed.acquire_with(CallOptions::new().class(1)));
         assert_eq!(r.unwrap_err().reason(), RejectReason::Timeout);
+    });
+    assert_no_allocation("classed with a max_wait of its own, out of it", || {
+        let _held = bh.try_acquire_with(CallOptions::new().class(0)).unwrap();
+        let own = CallOptions::new()
+            .class(1)
+            .max_wait(Duration::from_millis(1));
+        let r = futures::executor::block_on(bh.acquire_with(own));
+        assert_eq!(r.unwrap_err().reason(), RejectReason::Timeout);
+    });
+    // The keyed global stage on a classed global bulkhead.
+    let keyed = watertight::KeyedBulkhead::<u64>::builder()
+        .max_concurrent_calls(1)
+        .max_wait(Duration::from_millis(50))
+        .global(bh.clone())
+        .build()
+        .unwrap();
+    assert_no_allocation("keyed, a classed global seat at once", || {
+        let call = keyed.call_with(&1, CallOptions::new().class(0), async { Ok::<_, ()>(()) });
+        assert!(matches!(poll_once(pin!(call)), Poll::Ready(Ok(()))));
+    });
+    assert_no_allocation("keyed, a classed global seat after waiting", || {
+        let held = bh.try_acquire_with(CallOptions::new().class(1)).unwrap();
+        let call = keyed.call_with(&1, CallOptions::new().class(0), async { Ok::<_, ()>(()) });
+        let mut call = pin!(call);
+        assert!(poll_once(call.as_mut()).is_pending());
+        drop(held);
+        assert!(matches!(poll_once(call.as_mut()), Poll::Ready(Ok(()))));
     });
     assert_no_allocation("classed with a deadline, rejected", || {
         let passed = std::time::Instant::now() - Duration::from_millis(1);

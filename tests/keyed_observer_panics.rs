@@ -441,3 +441,86 @@ fn a_caught_global_rejection_is_not_counted_for_a_later_key() {
     assert_eq!(global.metrics().rejected_full(), 5);
     usable_again(&kb, [1], "after caught rejections");
 }
+
+/// A classed global bulkhead whose observers panic as a keyed caller of a
+/// class is seated (at once, and after waiting) or rejected (displaced,
+/// out of `max_wait`): every seat and every key's permit comes back, and
+/// the keys can be used again.
+#[test]
+fn a_classed_global_stage_whose_observers_panic_loses_no_seat() {
+    for (permitted, rejected) in [(true, false), (false, true)] {
+        let observer = Arc::new(Switched::default());
+        let pool = Bulkhead::builder()
+            .name("pool")
+            .max_concurrent_calls(1)
+            .max_queue(1)
+            .max_wait(50 * MS)
+            .priorities(&[1, 1])
+            .observer(observer.clone())
+            .build()
+            .unwrap();
+        let kb = KeyedBulkhead::<u32>::builder()
+            .max_concurrent_calls(1)
+            .max_wait(50 * MS)
+            .global(pool.clone())
+            .build()
+            .unwrap();
+        let arm = |on: bool| {
+            observer.permitted.store(on && permitted, Ordering::Relaxed);
+            observer.rejected.store(on && rejected, Ordering::Relaxed);
+        };
+        let class = |c| CallOptions::new().class(c);
+        let what = format!("permitted {permitted}, rejected {rejected}");
+        let caught = |f: &mut dyn FnMut()| {
+            arm(true);
+            let out = catch_unwind(AssertUnwindSafe(f));
+            arm(false);
+            out.is_err()
+        };
+        // Seated at once.
+        let at_once = caught(&mut || {
+            let _ = block_on(kb.call_with(&1, class(0), async { Ok::<_, ()>(()) }));
+        });
+        assert_eq!(at_once, permitted, "{what}");
+        // Seated after waiting, and displaced: the seat is held, a caller
+        // of class 1 waits (the line is full), one of class 0 displaces it.
+        let held = kb.try_acquire_with(&2, class(1)).expect(&what);
+        let mut low = Box::pin(kb.call_with(&3, class(1), async { Ok::<_, ()>(()) }));
+        assert!(poll_once(low.as_mut()).is_pending(), "{what}");
+        let mut high = Box::pin(kb.call_with(&4, class(0), async { Ok::<_, ()>(()) }));
+        assert!(poll_once(high.as_mut()).is_pending(), "{what}");
+        let displaced = caught(&mut || {
+            let _ = poll_once(low.as_mut());
+        });
+        assert_eq!(displaced, rejected, "{what}: displaced");
+        drop(low);
+        drop(held);
+        let served = caught(&mut || {
+            let _ = poll_once(high.as_mut());
+        });
+        assert_eq!(served, permitted, "{what}: served after waiting");
+        drop(high);
+        // Out of `max_wait`.
+        let blocker = pool.try_acquire_with(class(0)).expect(&what);
+        let timed_out = caught(&mut || {
+            let out = block_on(kb.call_with(&5, class(1), async { Ok::<_, ()>(()) }));
+            assert!(out.is_err(), "{out:?}");
+        });
+        assert_eq!(timed_out, rejected, "{what}: timed out");
+        drop(blocker);
+        // Nothing held anywhere, and every key can be used again.
+        let seats = pool.priority_seats();
+        assert!(
+            seats.iter().all(|s| s.held == 0 && s.waiting == 0),
+            "{what}: {seats:?}"
+        );
+        assert_eq!(pool.metrics().in_flight(), 0, "{what}");
+        for key in 1..=5 {
+            let m = kb.metrics_for(&key).expect(&what);
+            assert_eq!((m.in_flight(), m.queued()), (0, 0), "{what}: key {key}");
+            let again = block_on(kb.call_with(&key, class(0), async { Ok::<_, ()>(key) }));
+            assert_eq!(again, Ok(key), "{what}: key {key}");
+        }
+        assert_eq!(pool.metrics().in_flight(), 0, "{what}");
+    }
+}

@@ -59,7 +59,7 @@ pub(crate) struct Policy {
     /// atomic.
     pub(super) hold_ns: AtomicU64,
     /// Where the deadlines of calls that carry one, and controlled
-    /// delay's samples, count from (see [`Line::deadline`]).
+    /// delay's samples, count from (see [`Line::deadline`](super::wait::Line::deadline)).
     pub(super) origin: Instant,
     /// Controlled delay on the line (`queue_delay`), if on. Boxed: it is
     /// read on waiting paths only, and a pointer keeps the policy's layout
@@ -630,7 +630,7 @@ impl Policy {
     }
 
     /// `t` in nanoseconds since the policy's origin, at least 1 (0 stands
-    /// for "none" in [`Line::deadline`]).
+    /// for "none" in [`Line::deadline`](super::wait::Line::deadline)).
     #[inline]
     pub(crate) fn since_origin(&self, t: Instant) -> u64 {
         nanos(t.saturating_duration_since(self.origin)).saturating_add(1)

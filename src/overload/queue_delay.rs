@@ -11,7 +11,7 @@
 //! overloaded:
 //!
 //! * the wait budget is `target` instead of `max_wait`
-//!   ([`budget`](QueueDelay::budget)): the line drains to what the seats
+//!   (`QueueDelay::budget`): the line drains to what the seats
 //!   can serve within the target, and the waiters already in it past the
 //!   target are rejected (the owner of the line cuts them when
 //!   [`sample`](QueueDelay::sample) returns [`Change::Overloaded`]);

@@ -68,7 +68,7 @@ pub(super) async fn first_attempt(inner: &Arc<Inner>) -> Result<Attempt, LeaseEr
     attempt(inner, pending(inner, inner.fair), None).await
 }
 
-/// See [`first_attempt`](Self::first_attempt); `down_since` is when an
+/// See [`first_attempt`]; `down_since` is when an
 /// ongoing outage began.
 async fn attempt(
     inner: &Arc<Inner>,
@@ -171,8 +171,8 @@ async fn attempt_with(
     }
 }
 
-/// Goes on waiting after a busy [`attempt`](Self::attempt), as
-/// [`acquire`](Self::acquire) does after its first one. `down` says,
+/// Goes on waiting after a busy [`attempt`], as
+/// [`acquire`](super::RedisSemaphore::acquire) does after its first one. `down` says,
 /// after each attempt, whether that attempt failed to reach Redis
 /// (rather than finding every permit leased): the Redis bulkhead's
 /// reason for a wait that runs out of `max_wait`.
@@ -229,7 +229,7 @@ pub(super) async fn wait_from(
     }
 }
 
-/// The one attempt of [`try_acquire`](Self::try_acquire): no outage
+/// The one attempt of [`try_acquire`](super::RedisSemaphore::try_acquire): no outage
 /// tolerance, and a busy answer is [`LeaseError::NoPermits`].
 pub(super) async fn sole_attempt(inner: &Arc<Inner>) -> Result<LeasedPermit, LeaseError> {
     let mut pending = pending(inner, false);
@@ -442,7 +442,7 @@ async fn grant(
     }
 }
 
-/// Where an outage tolerance ends, for [`Inner::grant`]'s calls.
+/// Where an outage tolerance ends, for [`grant`]'s calls.
 #[derive(Clone, Copy)]
 struct Bound {
     end: Instant,
