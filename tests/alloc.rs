@@ -621,6 +621,24 @@ fn tower_layer_allocates_nothing_per_request() {
         let err = out.unwrap_err();
         assert!(err.is::<watertight::tower::CallTimeout>(), "{err}");
     });
+    // A request's options (`options_from`): admitted after waiting, and
+    // out of a `max_wait` of its own (the error's box only).
+    let mut patient = BulkheadService::new(double, bh.clone()).options_from(|ms: &u32| {
+        watertight::CallOptions::new().max_wait(Duration::from_millis(u64::from(*ms)))
+    });
+    assert_no_allocation("tower: options, admitted after waiting", || {
+        let held = bh.try_acquire().unwrap();
+        let mut waiting = pin!(request(&mut patient, 1_000));
+        assert!(poll_once(waiting.as_mut()).is_pending());
+        drop(held);
+        assert!(matches!(poll_once(waiting), Poll::Ready(Ok(2_000))));
+    });
+    let held = bh.try_acquire().unwrap();
+    assert_allocations("tower: options, out of its own max_wait", boxed, || {
+        let out = futures::executor::block_on(request(&mut patient, 1));
+        assert_tower_rejected(Poll::Ready(out), RejectReason::Timeout);
+    });
+    drop(held);
     for b in [&bh, &fail_fast, &short] {
         assert_eq!(b.metrics().in_flight(), 0);
     }

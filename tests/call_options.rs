@@ -147,7 +147,7 @@ impl Kind {
         ];
         let bh = classed();
         let layer = BulkheadLayer::new(bh.clone())
-            .deadline_from(|r: &Opts| r.by)
+            .options_from(|r: &Opts| r.options())
             .priority_from(|r: &Opts| r.class.unwrap_or(1));
         let service = tower::ServiceBuilder::new()
             .layer(layer)
@@ -185,12 +185,6 @@ impl Kind {
             Kind::Tower(..) => "tower",
             Kind::Redis(_) => "redis",
         }
-    }
-
-    /// Whether the kind reads a `max_wait` of the call's own (the tower
-    /// layer reads a request's deadline and class only).
-    fn reads_own_wait(&self) -> bool {
-        !matches!(self, Kind::Tower(..))
     }
 
     /// How many callers wait for the seat now (at the global stage, for
@@ -336,9 +330,6 @@ async fn a_deadline_ends_the_wait_it_can_no_longer_make() {
 async fn a_shorter_max_wait_of_its_own_ends_the_wait() {
     let server = server();
     for kind in Kind::all(LONG, server.as_ref(), "own-wait").await {
-        if !kind.reads_own_wait() {
-            continue;
-        }
         let held = kind.hold().await;
         let own = Opts::wait(Duration::from_millis(150));
         let before = Instant::now();
@@ -361,9 +352,6 @@ async fn a_longer_max_wait_of_its_own_changes_nothing() {
     let server = server();
     let short = Duration::from_millis(150);
     for kind in Kind::all(short, server.as_ref(), "own-longer").await {
-        if !kind.reads_own_wait() {
-            continue;
-        }
         let held = kind.hold().await;
         let before = Instant::now();
         let out = kind.call(1, Opts::wait(LONG)).await;
@@ -383,9 +371,6 @@ async fn a_longer_max_wait_of_its_own_changes_nothing() {
 async fn a_max_wait_of_zero_never_waits() {
     let server = server();
     for kind in Kind::all(LONG, server.as_ref(), "own-zero").await {
-        if !kind.reads_own_wait() {
-            continue;
-        }
         let zero = Opts::wait(Duration::ZERO);
         assert_eq!(kind.call(1, zero).await, Ok(7), "{}", kind.name());
         let held = kind.hold().await;

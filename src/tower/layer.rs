@@ -5,8 +5,10 @@ use core::fmt;
 
 use tower_layer::Layer;
 
-use super::{BulkheadService, NoDeadline, NoPriority};
+use super::{BulkheadService, NoDeadline, NoPriority, OptionsFrom};
 use crate::Bulkhead;
+#[cfg(doc)]
+use crate::CallOptions;
 
 /// Wraps services in a [`BulkheadService`] that admits each request through
 /// one shared [`Bulkhead`].
@@ -143,6 +145,48 @@ impl<D, P> BulkheadLayer<D, P> {
             deadline,
             priority: self.priority,
         }
+    }
+
+    /// Admits each request with every [`CallOptions`] `options` reads from
+    /// it: a deadline (as [`deadline_from`](Self::deadline_from)), a
+    /// `max_wait` of its own shorter than the bulkhead's, a class (as
+    /// [`priority_from`](Self::priority_from), which, if also given, names
+    /// the class instead). Replaces an earlier `deadline_from`: the
+    /// options' deadline is the request's.
+    ///
+    /// `options` is a closure `Fn(&Req) -> CallOptions`, run in the
+    /// service's `call` before the request is admitted; keep it cheap.
+    ///
+    /// # Examples
+    ///
+    /// A request that says how long it may wait:
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::time::Duration;
+    /// use watertight::{Bulkhead, CallOptions, RejectReason, Rejected};
+    /// use watertight::tower::BulkheadLayer;
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower::BoxError> {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).max_wait(Duration::from_secs(5)).build()?;
+    /// let layer = BulkheadLayer::new(bh.clone())
+    ///     .options_from(|ms: &u64| CallOptions::new().max_wait(Duration::from_millis(*ms)));
+    /// let service = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|ms: u64| async move { Ok::<_, Infallible>(ms) });
+    ///
+    /// let _held = bh.try_acquire()?;
+    /// // Waits 10 ms of its own, not the bulkhead's 5 s.
+    /// let err = service.oneshot(10).await.unwrap_err();
+    /// let rejected = err.downcast_ref::<Rejected>().expect("a rejection");
+    /// assert_eq!(rejected.reason(), RejectReason::Timeout);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn options_from<F>(self, options: F) -> BulkheadLayer<OptionsFrom<F>, P> {
+        self.deadline_from(OptionsFrom(options))
     }
 
     /// Admits each request as a call of the priority class `priority`

@@ -112,6 +112,13 @@
 //! drives a hyper server past its capacity, with and without these
 //! options; see the [overload guide](crate::guide::overload#measured-an-http-server).
 //!
+//! # Every option of a call
+//!
+//! [`BulkheadLayer::options_from`] reads a request's whole
+//! [`CallOptions`](crate::CallOptions): a deadline, a `max_wait` of its
+//! own shorter than the bulkhead's, a class. `deadline_from` and
+//! `priority_from` are its short forms.
+//!
 //! # Priority classes
 //!
 //! On a bulkhead with [`priorities`](crate::BulkheadBuilder::priorities),
@@ -200,7 +207,7 @@ pub use deadline::{
 pub use error::CallTimeout;
 pub use future::ResponseFuture;
 pub use layer::BulkheadLayer;
-pub use request::{NoDeadline, NoPriority, RequestDeadline, RequestPriority};
+pub use request::{NoDeadline, NoPriority, OptionsFrom, RequestDeadline, RequestPriority};
 pub use service::BulkheadService;
 
 use std::error::Error;

@@ -3,6 +3,8 @@
 
 use std::time::Instant;
 
+use crate::CallOptions;
+
 /// Reads the priority class of a request, for a layer or service with
 /// [`priority_from`](super::BulkheadLayer::priority_from).
 ///
@@ -95,6 +97,52 @@ pub trait RequestDeadline<Req> {
     /// The time by which `request` must be done, or `None` if it carries
     /// no deadline (it is admitted as without one).
     fn deadline(&self, request: &Req) -> Option<Instant>;
+
+    /// The options `request` is admitted with: its
+    /// [`deadline`](Self::deadline), and nothing else unless the reader
+    /// says more ([`OptionsFrom`] gives every option).
+    #[inline]
+    fn options(&self, request: &Req) -> CallOptions {
+        match self.deadline(request) {
+            Some(by) => CallOptions::new().deadline(by),
+            None => CallOptions::new(),
+        }
+    }
+}
+
+/// A reader of every [`CallOptions`] a request carries (a deadline, a
+/// `max_wait` of its own, a class), for a layer or service with
+/// [`options_from`](super::BulkheadLayer::options_from): the
+/// [`RequestDeadline`] of a function `Fn(&Req) -> CallOptions`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use watertight::CallOptions;
+/// use watertight::tower::{OptionsFrom, RequestDeadline};
+///
+/// let patient = OptionsFrom(|_: &&str| CallOptions::new().max_wait(Duration::from_millis(10)));
+/// let options = patient.options(&"GET /");
+/// assert_eq!(options, CallOptions::new().max_wait(Duration::from_millis(10)));
+/// assert_eq!(patient.deadline(&"GET /"), None);
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct OptionsFrom<F>(pub F);
+
+impl<Req, F> RequestDeadline<Req> for OptionsFrom<F>
+where
+    F: Fn(&Req) -> CallOptions,
+{
+    #[inline]
+    fn deadline(&self, request: &Req) -> Option<Instant> {
+        (self.0)(request).deadline
+    }
+
+    #[inline]
+    fn options(&self, request: &Req) -> CallOptions {
+        (self.0)(request)
+    }
 }
 
 impl<Req, F> RequestDeadline<Req> for F

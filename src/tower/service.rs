@@ -5,9 +5,11 @@ use core::task::{Context, Poll};
 
 use tower_service::Service;
 
-use super::{BoxError, NoDeadline, NoPriority, RequestDeadline, RequestPriority, ResponseFuture};
+use super::{
+    BoxError, NoDeadline, NoPriority, OptionsFrom, RequestDeadline, RequestPriority, ResponseFuture,
+};
+use crate::Bulkhead;
 use crate::bulkhead::Admissions;
-use crate::{Bulkhead, CallOptions};
 
 /// A service that admits each request through a [`Bulkhead`] before
 /// calling the inner service, and holds the permit until the response
@@ -129,6 +131,31 @@ impl<S, D, P> BulkheadService<S, D, P> {
         }
     }
 
+    /// Admits each request with the [`CallOptions`](crate::CallOptions) `options` reads from
+    /// it, as [`BulkheadLayer::options_from`](super::BulkheadLayer::options_from) does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::time::Duration;
+    /// use watertight::{Bulkhead, CallOptions};
+    /// use watertight::tower::BulkheadService;
+    /// use tower::{ServiceExt, service_fn};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    /// let echo = service_fn(|ms: u64| async move { Ok::<_, Infallible>(ms) });
+    /// // The request is how long it may wait, in milliseconds.
+    /// let service = BulkheadService::new(echo, bh)
+    ///     .options_from(|ms: &u64| CallOptions::new().max_wait(Duration::from_millis(*ms)));
+    /// assert_eq!(service.oneshot(20).await.unwrap(), 20);
+    /// # });
+    /// ```
+    pub fn options_from<F>(self, options: F) -> BulkheadService<S, OptionsFrom<F>, P> {
+        self.deadline_from(OptionsFrom(options))
+    }
+
     /// The bulkhead requests are admitted through.
     pub fn bulkhead(&self) -> &Bulkhead {
         &self.bulkhead
@@ -182,10 +209,7 @@ where
     fn call(&mut self, request: Req) -> Self::Future {
         // Read before the request moves into the future; `NoDeadline`
         // reads nothing.
-        let mut options = CallOptions::new();
-        if let Some(by) = self.deadline.deadline(&request) {
-            options = options.deadline(by);
-        }
+        let mut options = self.deadline.options(&request);
         // `NoPriority` reads nothing, and the test is compiled out.
         if let Some(class) = self.priority.priority(&request) {
             options = options.class(class);
