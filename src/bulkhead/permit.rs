@@ -120,7 +120,8 @@ pub(crate) fn held<S: Deref<Target = Shared>>(
 }
 
 /// When a plain permit was granted, if its hold time is to be measured.
-#[inline]
+// Always: on `Bulkhead::call`'s path, and tiny.
+#[inline(always)]
 fn granted_at(shared: &Shared, admitted: Admitted) -> Option<std::time::Instant> {
     match admitted {
         Admitted::Waited(w) => w.since,
@@ -172,9 +173,14 @@ pub struct BulkheadPermit {
 }
 
 impl BulkheadPermit {
+    /// The permit of a plain caller (on a bulkhead with classes, of the
+    /// least important class), reported as permitted by the caller once it
+    /// owns it.
+    #[inline]
     pub(crate) fn new(shared: Arc<Shared>, admitted: Admitted) -> Self {
-        let class = shared.plain_class();
-        Self::of_class(shared, class, admitted)
+        Self {
+            held: held_plain(shared, admitted, CallOutcome::Released),
+        }
     }
 
     /// The permit of a caller of `class`, reported as permitted by the
