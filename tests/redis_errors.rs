@@ -187,6 +187,11 @@ async fn a_wrong_password_is_auth_at_once() {
     let sem = builder(&url, "jobs").build().await.unwrap();
     server.acl_user("worker", "changed", ALL);
     kill_clients_of(&server, "worker");
+    // The kill may start a reconnect in the background (the subscriber's,
+    // or the connection's own), whose back-off is at most a second: the
+    // promise is about the acquire's own attempt, so it starts once that
+    // reconnect has had its time.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
     let (got, took) = acquire_timed(&sem).await;
     assert!(
         matches!(got, Err(LeaseError::Auth(_))),
