@@ -153,6 +153,8 @@ pub mod redis;
 #[allow(unsafe_code)]
 mod semaphore;
 mod slots;
+#[cfg(all(test, not(loom)))]
+mod test_util;
 #[cfg(not(loom))]
 pub mod timer;
 #[cfg(all(not(loom), feature = "tower"))]

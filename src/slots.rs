@@ -7,26 +7,37 @@
 //! a slot is freed only by its own waiter.
 
 use core::ops::{Index, IndexMut};
+use core::task::Waker;
 
 /// No slot: the end of a line, or of the free list.
 pub(crate) const NONE: u32 = u32::MAX;
 
-/// A slot's links: to the previous and the next slot of its line, and
-/// (while free) `next` to the next free slot.
-pub(crate) trait Linked {
-    fn prev(&self) -> u32;
-    fn next(&self) -> u32;
-    fn set_prev(&mut self, prev: u32);
-    fn set_next(&mut self, next: u32);
+/// A waiter's slot: the line it waits in (a class, a key's flow: the
+/// owner's index), what the owner says of it, the waiter's waker while it
+/// waits, and its links to the previous and the next slot of its line
+/// (while free, `next` links the free list).
+pub(crate) struct Slot<S> {
+    pub(crate) line: usize,
+    pub(crate) status: S,
+    pub(crate) waker: Option<Waker>,
+    prev: u32,
+    next: u32,
+}
+
+impl<S> Slot<S> {
+    /// The slot after this one in its line (`NONE` at the end).
+    pub(crate) fn next(&self) -> u32 {
+        self.next
+    }
 }
 
 /// The slots, and the head of the free list.
-pub(crate) struct Slots<T> {
-    slots: Vec<T>,
+pub(crate) struct Slots<S> {
+    slots: Vec<Slot<S>>,
     free: u32,
 }
 
-impl<T: Linked> Slots<T> {
+impl<S> Slots<S> {
     pub(crate) const fn new() -> Self {
         Self {
             slots: Vec::new(),
@@ -34,8 +45,16 @@ impl<T: Linked> Slots<T> {
         }
     }
 
-    /// Stores `slot` in a free slot (or a new one): its index.
-    pub(crate) fn alloc(&mut self, slot: T) -> u32 {
+    /// A slot of `line` with `status` and no waker, in no line yet (a
+    /// free one or a new one): its index.
+    pub(crate) fn alloc(&mut self, line: usize, status: S) -> u32 {
+        let slot = Slot {
+            line,
+            status,
+            waker: None,
+            prev: NONE,
+            next: NONE,
+        };
         if self.free == NONE {
             let index = u32::try_from(self.slots.len())
                 .ok()
@@ -45,7 +64,7 @@ impl<T: Linked> Slots<T> {
             index
         } else {
             let index = self.free;
-            self.free = self.slots[index as usize].next();
+            self.free = self.slots[index as usize].next;
             self.slots[index as usize] = slot;
             index
         }
@@ -55,20 +74,20 @@ impl<T: Linked> Slots<T> {
     /// in no line).
     pub(crate) fn free(&mut self, index: u32) {
         let free = self.free;
-        self.slots[index as usize].set_next(free);
+        self.slots[index as usize].next = free;
         self.free = index;
     }
 
     /// Appends `index` to the line whose first and last slots are `ends`.
     pub(crate) fn push_back(&mut self, ends: &mut (u32, u32), index: u32) {
         let tail = ends.1;
-        self.slots[index as usize].set_prev(tail);
-        self.slots[index as usize].set_next(NONE);
+        self.slots[index as usize].prev = tail;
+        self.slots[index as usize].next = NONE;
         if tail == NONE {
             debug_assert!(ends.0 == NONE, "a line with a head and no tail");
             *ends = (index, index);
         } else {
-            self.slots[tail as usize].set_next(index);
+            self.slots[tail as usize].next = index;
             ends.1 = index;
         }
     }
@@ -78,91 +97,55 @@ impl<T: Linked> Slots<T> {
     pub(crate) fn unlink(&mut self, ends: &mut (u32, u32), index: u32) {
         let (prev, next) = {
             let s = &self.slots[index as usize];
-            (s.prev(), s.next())
+            (s.prev, s.next)
         };
         if prev == NONE {
             ends.0 = next;
         } else {
-            self.slots[prev as usize].set_next(next);
+            self.slots[prev as usize].next = next;
         }
         if next == NONE {
             ends.1 = prev;
         } else {
-            self.slots[next as usize].set_prev(prev);
+            self.slots[next as usize].prev = prev;
         }
         let s = &mut self.slots[index as usize];
-        s.set_prev(NONE);
-        s.set_next(NONE);
+        s.prev = NONE;
+        s.next = NONE;
     }
 }
 
-impl<T> Slots<T> {
+impl<S> Slots<S> {
     /// How many slots, free or not, satisfy `f` (for tests).
     #[cfg(test)]
-    pub(crate) fn count(&self, f: impl Fn(&T) -> bool) -> usize {
+    pub(crate) fn count(&self, f: impl Fn(&Slot<S>) -> bool) -> usize {
         self.slots.iter().filter(|s| f(s)).count()
     }
 }
 
-impl<T> Index<usize> for Slots<T> {
-    type Output = T;
+impl<S> Index<usize> for Slots<S> {
+    type Output = Slot<S>;
 
-    fn index(&self, index: usize) -> &T {
+    fn index(&self, index: usize) -> &Slot<S> {
         &self.slots[index]
     }
 }
 
-impl<T> IndexMut<usize> for Slots<T> {
-    fn index_mut(&mut self, index: usize) -> &mut T {
+impl<S> IndexMut<usize> for Slots<S> {
+    fn index_mut(&mut self, index: usize) -> &mut Slot<S> {
         &mut self.slots[index]
     }
 }
-
-/// [`Linked`] for a slot struct with `prev: u32` and `next: u32` fields.
-macro_rules! linked_by_fields {
-    ($slot:ty) => {
-        impl $crate::slots::Linked for $slot {
-            fn prev(&self) -> u32 {
-                self.prev
-            }
-            fn next(&self) -> u32 {
-                self.next
-            }
-            fn set_prev(&mut self, prev: u32) {
-                self.prev = prev;
-            }
-            fn set_next(&mut self, next: u32) {
-                self.next = next;
-            }
-        }
-    };
-}
-pub(crate) use linked_by_fields;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    struct S {
-        id: u32,
-        prev: u32,
-        next: u32,
-    }
-    linked_by_fields!(S);
-
-    fn s(id: u32) -> S {
-        S {
-            id,
-            prev: NONE,
-            next: NONE,
-        }
-    }
-
-    fn line(slots: &Slots<S>, ends: (u32, u32)) -> Vec<u32> {
+    fn line(slots: &Slots<()>, ends: (u32, u32)) -> Vec<usize> {
         let mut out = Vec::new();
         let mut at = ends.0;
         while at != NONE {
-            out.push(slots[at as usize].id);
+            out.push(slots[at as usize].line);
             at = slots[at as usize].next;
         }
         out
@@ -172,7 +155,7 @@ mod tests {
     fn slots_are_reused_and_lines_keep_their_order() {
         let mut slots = Slots::new();
         let mut ends = (NONE, NONE);
-        let ix: Vec<u32> = (0..4).map(|i| slots.alloc(s(i))).collect();
+        let ix: Vec<u32> = (0..4).map(|i| slots.alloc(i, ())).collect();
         for &i in &ix {
             slots.push_back(&mut ends, i);
         }
@@ -188,8 +171,8 @@ mod tests {
         // Freed slots are reused, the last freed first; no new one.
         slots.free(ix[1]);
         slots.free(ix[3]);
-        assert_eq!(slots.alloc(s(7)), ix[3]);
-        assert_eq!(slots.alloc(s(8)), ix[1]);
-        assert_eq!(slots.alloc(s(9)), 4);
+        assert_eq!(slots.alloc(7, ()), ix[3]);
+        assert_eq!(slots.alloc(8, ()), ix[1]);
+        assert_eq!(slots.alloc(9, ()), 4);
     }
 }

@@ -1,5 +1,5 @@
 //! The simulations' random numbers: the adaptive one here and the
-//! overload one in the library's tests (`src/overload/sim.rs`) include
+//! overload one in the tests (`tests/overload_sim/sim.rs`) include
 //! this file, so both draw the same sequences on every machine.
 
 /// xorshift64*: small, fast, and the same everywhere.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{LimitAlgorithm, Sample, check_bounds};
+use super::{LimitAlgorithm, Sample};
 
 /// How many standard errors apart a window's average and the baseline must
 /// be before the difference counts as queueing.
@@ -219,33 +219,7 @@ impl Default for Gradient {
 }
 
 impl Gradient {
-    /// A gradient limit with the default settings (see the [table](Self)).
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The limit before any sample, clamped to the bounds.
-    #[must_use]
-    pub fn initial_limit(mut self, limit: usize) -> Self {
-        self.limit = limit.clamp(self.min, self.max) as f64;
-        self
-    }
-
-    /// The lowest and highest limit; the current one is clamped into them.
-    ///
-    /// # Panics
-    ///
-    /// If `min` is 0 (a bulkhead at 0 admits nothing, so it would never
-    /// learn again), `min > max`, or `max` exceeds
-    /// [`Semaphore::MAX_PERMITS`](crate::Semaphore::MAX_PERMITS).
-    #[must_use]
-    pub fn bounds(mut self, min: usize, max: usize) -> Self {
-        check_bounds(min, max);
-        self.min = min;
-        self.max = max;
-        self.limit = self.limit.clamp(min as f64, max as f64);
-        self
-    }
+    limit_settings!("A gradient limit");
 
     /// How much slower than the baseline a window may be and still count as
     /// not queueing (default 1.0), on top of the allowance for noise that

@@ -53,6 +53,41 @@
 //! # }).unwrap();
 //! ```
 
+/// The settings both algorithms share, written once: `new` (the defaults),
+/// `initial_limit` and `bounds`, over the fields `min`, `max` and
+/// `limit: f64`. `$what` begins the doc of `new`.
+macro_rules! limit_settings {
+    ($what:literal) => {
+        #[doc = concat!($what, " with the default settings (see the [table](Self)).")]
+        pub fn new() -> Self {
+            Self::default()
+        }
+
+        /// The limit before any sample, clamped to the bounds.
+        #[must_use]
+        pub fn initial_limit(mut self, limit: usize) -> Self {
+            self.limit = limit.clamp(self.min, self.max) as f64;
+            self
+        }
+
+        /// The lowest and highest limit; the current one is clamped into them.
+        ///
+        /// # Panics
+        ///
+        /// If `min` is 0 (a bulkhead at 0 admits nothing, so it would never
+        /// learn again), `min > max`, or `max` exceeds
+        /// [`Semaphore::MAX_PERMITS`](crate::Semaphore::MAX_PERMITS).
+        #[must_use]
+        pub fn bounds(mut self, min: usize, max: usize) -> Self {
+            super::check_bounds(min, max);
+            self.min = min;
+            self.max = max;
+            self.limit = self.limit.clamp(min as f64, max as f64);
+            self
+        }
+    };
+}
+
 mod aimd;
 mod gradient;
 

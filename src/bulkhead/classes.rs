@@ -40,10 +40,10 @@ use core::time::Duration;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use super::error::RejectReason;
+use super::error::{RejectReason, nanos};
 use super::policy::Policy;
 use crate::overload::{Change, Join, QueueDelay, Seats};
-use crate::slots::{Slots, linked_by_fields};
+use crate::slots::{Slot, Slots};
 
 pub(crate) use crate::slots::NONE;
 
@@ -60,7 +60,7 @@ pub(crate) struct Classes {
 struct State {
     seats: Seats,
     /// Waiters' slots (`crate::slots`), linked by index into the lines.
-    slots: Slots<Slot>,
+    slots: Slots<Status>,
     /// Per class, the first and last waiter (`NONE` if nobody waits).
     lines: Vec<(u32, u32)>,
     /// Per class, controlled delay on its line (empty without
@@ -68,17 +68,6 @@ struct State {
     delays: Vec<QueueDelay>,
     closed: bool,
 }
-
-struct Slot {
-    class: usize,
-    status: Status,
-    /// The waiter's waker, while it waits.
-    waker: Option<Waker>,
-    prev: u32,
-    next: u32,
-}
-
-linked_by_fields!(Slot);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
@@ -124,7 +113,10 @@ impl Classes {
     ) -> Self {
         let delays = match delay {
             Some((target, interval)) => {
-                vec![QueueDelay::new(target, interval).adaptive_lifo(lifo); shares.len()]
+                vec![
+                    QueueDelay::new(nanos(target), nanos(interval)).adaptive_lifo(lifo);
+                    shares.len()
+                ]
             }
             None => Vec::new(),
         };
@@ -249,7 +241,11 @@ impl Classes {
     ) -> (Poll<Result<(), RejectReason>>, Option<Waker>) {
         let mut state = self.lock();
         let state = &mut *state;
-        let Slot { class, status, .. } = state.slots[slot as usize];
+        let Slot {
+            line: class,
+            status,
+            ..
+        } = state.slots[slot as usize];
         let mut wake = None;
         let out = match status {
             Status::Waiting => {
@@ -294,7 +290,7 @@ impl Classes {
         policy: &Policy,
     ) -> (GaveUp, Option<Waker>) {
         let mut state = self.lock();
-        let class = state.slots[slot as usize].class;
+        let class = state.slots[slot as usize].line;
         let mut wake = None;
         let out = match state.slots[slot as usize].status {
             Status::Waiting => {
@@ -326,13 +322,13 @@ impl Classes {
         let mut dropped = Dropped::default();
         match state.slots[slot as usize].status {
             Status::Waiting => {
-                let class = state.slots[slot as usize].class;
+                let class = state.slots[slot as usize].line;
                 state.unlink(slot);
                 state.seats.leave(class);
                 dropped.wake = state.front_to_look(class);
             }
             Status::Granted => {
-                let class = state.slots[slot as usize].class;
+                let class = state.slots[slot as usize].line;
                 state.seats.release(class);
                 dropped.wake = state.hand_out();
             }
@@ -380,7 +376,7 @@ impl Classes {
             let mut slot = state.lines[class].0;
             while slot != NONE {
                 let s = &mut state.slots[slot as usize];
-                let next = s.next;
+                let next = s.next();
                 s.status = Status::Closed;
                 wakers.extend(s.waker.take());
                 state.seats.leave(class);
@@ -444,13 +440,7 @@ pub(crate) struct Dropped {
 
 impl State {
     fn alloc(&mut self, class: usize) -> u32 {
-        self.slots.alloc(Slot {
-            class,
-            status: Status::Waiting,
-            waker: None,
-            prev: NONE,
-            next: NONE,
-        })
+        self.slots.alloc(class, Status::Waiting)
     }
 
     /// Frees `slot` (its waiter is done with it), dropping any waker.
@@ -463,12 +453,12 @@ impl State {
     }
 
     fn push_back(&mut self, slot: u32) {
-        let class = self.slots[slot as usize].class;
+        let class = self.slots[slot as usize].line;
         self.slots.push_back(&mut self.lines[class], slot);
     }
 
     fn unlink(&mut self, slot: u32) {
-        let class = self.slots[slot as usize].class;
+        let class = self.slots[slot as usize].line;
         self.slots.unlink(&mut self.lines[class], slot);
         if self.lines[class].0 == NONE {
             // The class's line is empty: its delay is zero.

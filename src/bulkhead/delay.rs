@@ -37,6 +37,7 @@ use core::time::Duration;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::error::nanos;
 use crate::Semaphore;
 use crate::overload::{Change, QueueDelay};
 
@@ -60,7 +61,7 @@ pub(crate) struct LineDelay {
 impl LineDelay {
     pub(crate) fn new(target: Duration, interval: Duration, lifo: bool) -> Self {
         Self {
-            state: Mutex::new(QueueDelay::new(target, interval).adaptive_lifo(lifo)),
+            state: Mutex::new(QueueDelay::new(nanos(target), nanos(interval)).adaptive_lifo(lifo)),
             overloaded: AtomicBool::new(false),
             target,
             interval,

@@ -56,7 +56,7 @@ use super::entry::Entry;
 use crate::bulkhead::Bulkhead;
 use crate::overload::Drr;
 
-use crate::slots::{NONE, Slots, linked_by_fields};
+use crate::slots::{NONE, Slots};
 /// The most turns given at once (their wakers are kept on the stack).
 const BATCH: usize = 32;
 
@@ -76,21 +76,10 @@ struct State {
     /// Per key with waiters: its oldest and newest waiter.
     lines: HashMap<usize, (u32, u32)>,
     /// Waiters' slots (`crate::slots`), linked by index into the lines.
-    slots: Slots<Slot>,
+    slots: Slots<Status>,
     /// Callers whose turn came and whose wait has not ended.
     on_turn: usize,
 }
-
-struct Slot {
-    flow: usize,
-    status: Status,
-    /// The waiter's waker, while it waits.
-    waker: Option<Waker>,
-    prev: u32,
-    next: u32,
-}
-
-linked_by_fields!(Slot);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
@@ -328,7 +317,7 @@ impl State {
         let s = &self.slots[slot as usize];
         match s.status {
             Status::Waiting => {
-                let flow = s.flow;
+                let flow = s.line;
                 self.unlink(slot);
                 self.drr.leave(&flow);
             }
@@ -364,13 +353,7 @@ impl State {
     }
 
     fn alloc(&mut self, flow: usize) -> u32 {
-        self.slots.alloc(Slot {
-            flow,
-            status: Status::Waiting,
-            waker: None,
-            prev: NONE,
-            next: NONE,
-        })
+        self.slots.alloc(flow, Status::Waiting)
     }
 
     /// Frees `slot`, returning its waker.
@@ -385,7 +368,7 @@ impl State {
 
     /// Takes `slot` out of its key's line (dropping the line if it empties).
     fn unlink(&mut self, slot: u32) {
-        let flow = self.slots[slot as usize].flow;
+        let flow = self.slots[slot as usize].line;
         let ends = self
             .lines
             .get_mut(&flow)

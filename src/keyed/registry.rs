@@ -255,35 +255,11 @@ where
         limit: usize,
         closed: &AtomicBool,
     ) -> Result<User, Refused> {
-        let mut evicted = Vec::new();
-        let inserted = self.insert_making_room(
-            hash,
-            key,
-            bulkhead,
-            label,
-            weight,
-            limit,
-            closed,
-            &mut evicted,
-        );
-        // Evicted keys' bulkheads (and ours, if unused) are dropped here,
-        // after every lock is released.
-        drop(evicted);
-        inserted
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn insert_making_room(
-        &self,
-        hash: u64,
-        key: K,
-        bulkhead: Bulkhead,
-        label: Option<Arc<str>>,
-        weight: u32,
-        limit: usize,
-        closed: &AtomicBool,
-        evicted: &mut Vec<Arc<Entry>>,
-    ) -> Result<User, Refused> {
+        // Declared first, so dropped last: evicted keys' bulkheads (and
+        // ours, a parameter, if unused) are dropped after every lock below
+        // is released, whichever way this returns.
+        let mut evicted: Vec<Arc<Entry>> = Vec::new();
+        let evicted = &mut evicted;
         if closed.load(Ordering::SeqCst) {
             return Err(Refused::Closed);
         }

@@ -19,8 +19,8 @@
 //!
 //! All take time, where they need it, as nanoseconds since an origin the
 //! caller picks (the line timer's convention); none reads a clock, so the
-//! simulation (`sim.rs`, test builds only) drives exactly these pieces in
-//! virtual time, deterministically. The overload guide
+//! simulation (`tests/overload_sim/`, which compiles this module's files by
+//! path) drives exactly these pieces in virtual time, deterministically. The overload guide
 //! (`watertight::guide::overload`) shows what it measures.
 //!
 //! # Implementation notes
@@ -43,15 +43,8 @@
 
 mod deadline;
 mod drr;
-// The simulation and its plot run for seconds of virtual time: under Miri
-// (whose `cargo miri test --lib` CI runs) that would take hours, and they
-// hold no `unsafe` for it to check.
-#[cfg(all(test, not(miri)))]
-mod plot;
 mod queue_delay;
 mod seats;
-#[cfg(all(test, not(miri)))]
-mod sim;
 
 pub(crate) use deadline::{HoldEstimate, Verdict};
 pub(crate) use drr::Drr;

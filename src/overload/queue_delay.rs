@@ -35,10 +35,6 @@
 //! clock, or virtual time in the simulation), passed in: no clock is read
 //! here.
 
-use core::time::Duration;
-
-use crate::bulkhead::error::nanos;
-
 /// What a [`QueueDelay`] event changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Change {
@@ -69,11 +65,12 @@ pub(crate) struct QueueDelay {
 
 impl QueueDelay {
     /// Controlled delay with a `target` wait and an `interval` it must
-    /// stand for (Fail at Scale: 5 ms and 100 ms); adaptive LIFO off.
-    pub(crate) fn new(target: Duration, interval: Duration) -> Self {
+    /// stand for, in nanoseconds (Fail at Scale: 5 ms and 100 ms);
+    /// adaptive LIFO off.
+    pub(crate) fn new(target: u64, interval: u64) -> Self {
         Self {
-            target: nanos(target),
-            interval: nanos(interval),
+            target,
+            interval,
             lifo: false,
             above_since: None,
             overloaded: false,
@@ -158,7 +155,7 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     fn codel() -> QueueDelay {
-        QueueDelay::new(Duration::from_millis(5), Duration::from_millis(100))
+        QueueDelay::new(5_000_000, 100_000_000)
     }
 
     /// Samples a wait of `waited` every millisecond from `from` to `to`
@@ -243,7 +240,7 @@ mod tests {
 
     #[test]
     fn a_zero_interval_overloads_at_the_first_long_wait() {
-        let mut q = QueueDelay::new(Duration::from_millis(5), Duration::ZERO);
+        let mut q = QueueDelay::new(5_000_000, 0);
         assert_eq!(q.sample(7, 4 * MS), Change::None);
         assert_eq!(q.sample(8, 5 * MS), Change::Overloaded);
     }

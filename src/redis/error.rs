@@ -107,12 +107,7 @@ impl std::error::Error for LeaseError {
 impl LeaseError {
     /// The error for a failed script call, by [`classify`].
     pub(super) fn of(e: redis::RedisError) -> Self {
-        match classify(&e) {
-            Failure::Transient => Self::Unavailable(e),
-            Failure::Denied => Self::Denied(e),
-            Failure::Auth => Self::Auth(e),
-            Failure::Script => Self::Script(e),
-        }
+        classify(&e).pick([Self::Unavailable, Self::Denied, Self::Auth, Self::Script])(e)
     }
 }
 
@@ -170,12 +165,7 @@ impl std::error::Error for ReleaseError {
 impl ReleaseError {
     /// The error for a failed release call, by [`classify`].
     pub(super) fn of(e: redis::RedisError) -> Self {
-        match classify(&e) {
-            Failure::Transient => Self::Unavailable(e),
-            Failure::Denied => Self::Denied(e),
-            Failure::Auth => Self::Auth(e),
-            Failure::Script => Self::Script(e),
-        }
+        classify(&e).pick([Self::Unavailable, Self::Denied, Self::Auth, Self::Script])(e)
     }
 }
 
@@ -333,6 +323,23 @@ pub(super) enum Failure {
     Auth,
     /// Anything else Redis answered: fails at once.
     Script,
+}
+
+impl Failure {
+    /// Of an error type's variants for the four kinds (`Unavailable`,
+    /// `Denied`, `Auth`, `Script`, in this order), the one for this kind.
+    pub(super) fn pick<T>(
+        self,
+        variants: [fn(redis::RedisError) -> T; 4],
+    ) -> fn(redis::RedisError) -> T {
+        let [transient, denied, auth, script] = variants;
+        match self {
+            Self::Transient => transient,
+            Self::Denied => denied,
+            Self::Auth => auth,
+            Self::Script => script,
+        }
+    }
 }
 
 /// Sorts a failed call into what is worth retrying and what is not.

@@ -1025,19 +1025,10 @@ mod tests {
     use core::pin::pin;
     use core::task::{Context, Poll, Waker};
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::task::Wake;
 
     use super::Semaphore;
 
-    #[derive(Default)]
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+    use crate::test_util::Count;
 
     /// `wake_front` wakes the front waiter's task without serving it; the
     /// waiter stays first in line, stores its waker again when polled, and
@@ -1053,11 +1044,11 @@ mod tests {
         assert!(a.as_mut().poll(&mut Context::from_waker(&wf)).is_pending());
         assert!(b.as_mut().poll(&mut Context::from_waker(&ws)).is_pending());
         assert!(sem.wake_front());
-        assert_eq!(first.0.load(Ordering::SeqCst), 1);
-        assert_eq!(second.0.load(Ordering::SeqCst), 0);
+        assert_eq!(first.get(), 1);
+        assert_eq!(second.get(), 0);
         // Woken, not served; waking again finds no waker until it polls.
         assert!(sem.wake_front());
-        assert_eq!(first.0.load(Ordering::SeqCst), 1);
+        assert_eq!(first.get(), 1);
         assert!(a.as_mut().poll(&mut Context::from_waker(&wf)).is_pending());
         assert_eq!(sem.queue_len(), 2);
         // A release with no waker stored still serves it (the task was
@@ -1069,11 +1060,7 @@ mod tests {
         };
         assert_eq!(sem.queue_len(), 1);
         sem.add_permits(1);
-        assert_eq!(
-            second.0.load(Ordering::SeqCst),
-            1,
-            "the next waiter is served and woken"
-        );
+        assert_eq!(second.get(), 1, "the next waiter is served and woken");
         assert!(matches!(
             b.as_mut().poll(&mut Context::from_waker(&ws)),
             Poll::Ready(Ok(_))

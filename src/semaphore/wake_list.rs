@@ -166,31 +166,25 @@ impl core::fmt::Debug for WakeList {
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::Wake;
 
-    struct Count(AtomicUsize);
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+    use crate::test_util::Count;
 
     #[test]
     fn wakes_each_once_and_drops_the_rest() {
-        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let count = Arc::new(Count::default());
         let mut list = WakeList::new();
         for _ in 0..CAPACITY {
             list.push(Waker::from(count.clone()));
         }
         assert!(!list.can_push());
         list.wake_all();
-        assert_eq!(count.0.load(Ordering::SeqCst), CAPACITY);
+        assert_eq!(count.get(), CAPACITY);
         assert_eq!(Arc::strong_count(&count), 1, "every waker consumed");
         list.push(Waker::from(count.clone()));
         drop(list);
         assert_eq!(Arc::strong_count(&count), 1, "unwoken wakers dropped");
-        assert_eq!(count.0.load(Ordering::SeqCst), CAPACITY);
+        assert_eq!(count.get(), CAPACITY);
     }
 
     struct Rude;
@@ -202,14 +196,14 @@ mod tests {
 
     #[test]
     fn a_panicking_waker_does_not_stop_the_batch() {
-        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let count = Arc::new(Count::default());
         let mut list = WakeList::new();
         list.push(Waker::from(Arc::new(Rude)));
         list.push(Waker::from(count.clone()));
         list.push(Waker::from(Arc::new(Rude)));
         list.push(Waker::from(count.clone()));
         list.wake_all();
-        assert_eq!(count.0.load(Ordering::SeqCst), 2, "the others are woken");
+        assert_eq!(count.get(), 2, "the others are woken");
         assert_eq!(Arc::strong_count(&count), 1, "every waker consumed");
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| list.resume_panic()));
         let payload = caught.expect_err("the first panic is resumed");
@@ -219,6 +213,6 @@ mod tests {
         quiet.push(Waker::from(count.clone()));
         quiet.wake_all();
         quiet.resume_panic(); // nothing caught: returns
-        assert_eq!(count.0.load(Ordering::SeqCst), 3);
+        assert_eq!(count.get(), 3);
     }
 }

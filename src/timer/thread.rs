@@ -768,23 +768,8 @@ mod tests {
     use super::*;
     use std::collections::{BTreeMap, VecDeque};
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::task::Wake;
 
-    /// A waker that counts its wake-ups.
-    #[derive(Default)]
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    fn counted() -> (Arc<Count>, Waker) {
-        let count = Arc::new(Count::default());
-        (count.clone(), Waker::from(count))
-    }
+    use crate::test_util::{Count, counted};
 
     /// A driver of its own, so no other test's sleeps show in its queue.
     fn private_driver() -> &'static Driver {
@@ -811,7 +796,7 @@ mod tests {
         assert_eq!(queue.expire(at(10), &mut due), Next::At(at(20)));
         assert_eq!(due.len(), 2);
         queue.assert_valid();
-        let wakes = || [&early, &tie, &late].map(|c| c.0.load(Ordering::SeqCst));
+        let wakes = || [&early, &tie, &late].map(|c| c.get());
         due.remove(0).wake();
         assert_eq!(wakes(), [1, 0, 0], "the earliest deadline comes first");
         due.remove(0).wake();
@@ -850,7 +835,7 @@ mod tests {
         let (pending, old) = queue.replace_waker(key, second_waker.clone());
         assert!(pending);
         old.wake();
-        assert_eq!(first.0.load(Ordering::SeqCst), 1, "the replaced waker");
+        assert_eq!(first.get(), 1, "the replaced waker");
         let gone = Key {
             id: key.id + 1,
             ..key
@@ -858,7 +843,7 @@ mod tests {
         let (pending, unused) = queue.replace_waker(gone, second_waker);
         assert!(!pending);
         unused.wake();
-        assert_eq!(second.0.load(Ordering::SeqCst), 1, "the unused waker");
+        assert_eq!(second.get(), 1, "the unused waker");
         assert_eq!(Arc::strong_count(&second), 2, "one waker left in the queue");
     }
 
@@ -1030,7 +1015,7 @@ mod tests {
         }
         // Only the waker held here is left: the queue kept no clone.
         assert_eq!(Arc::strong_count(&count), 2);
-        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        assert_eq!(count.get(), 0);
     }
 
     /// A sleep that becomes the earliest deadline wakes the thread, which
@@ -1066,7 +1051,7 @@ mod tests {
             })
             .expect("a 10 ms sleep was ready at its first poll 100 times");
         let give_up = start + Duration::from_secs(10);
-        while early.0.load(Ordering::SeqCst) == 0 {
+        while early.get() == 0 {
             assert!(
                 Instant::now() < give_up,
                 "the thread slept through an earlier deadline"
@@ -1074,7 +1059,7 @@ mod tests {
             thread::sleep(Duration::from_millis(1));
         }
         assert!(start.elapsed() >= Duration::from_millis(10));
-        assert_eq!(late.0.load(Ordering::SeqCst), 0);
+        assert_eq!(late.get(), 0);
         assert_eq!(driver.lock().len(), 1, "only the late sleep is left");
     }
 
@@ -1111,12 +1096,12 @@ mod tests {
             })
             .expect("descheduled past a 20 ms sleep 100 times");
         let give_up = Instant::now() + Duration::from_secs(10);
-        while second.0.load(Ordering::SeqCst) == 0 {
+        while second.get() == 0 {
             assert!(Instant::now() < give_up, "the sleep was never woken");
             thread::sleep(Duration::from_millis(1));
         }
         assert!(Instant::now() >= deadline);
-        assert_eq!(first.0.load(Ordering::SeqCst), 0);
+        assert_eq!(first.get(), 0);
         assert!(
             Pin::new(&mut sleep)
                 .poll(&mut Context::from_waker(&second_waker))

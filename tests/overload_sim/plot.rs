@@ -1,18 +1,17 @@
 //! The tables and the plot of the overload guide
-//! (`watertight::guide::overload`), drawn from the simulation (`sim.rs`);
-//! test builds only.
+//! (`watertight::guide::overload`), drawn from the simulation (`sim.rs`).
 //!
 //! The tests here check that `src/guide/overload.svg` and the tables in
 //! `src/guide/overload.md` are what the simulation gives now. After
 //! changing the simulation or a state machine, redraw them:
 //!
 //! ```text
-//! WATERTIGHT_WRITE_DOCS=1 cargo test --lib overload::plot
+//! WATERTIGHT_WRITE_DOCS=1 cargo test --test overload_sim plot
 //! ```
 
 use std::fmt::Write as _;
 
-use super::sim::{
+use crate::sim::{
     LOADS, MS, Report, SWEPT, Scenario, Strategy, alone, reservations, standard, sweep,
 };
 
@@ -529,7 +528,7 @@ mod tests {
         let committed = std::fs::read_to_string(SVG).unwrap_or_default();
         assert!(
             svg == committed,
-            "src/guide/overload.svg is out of date: WATERTIGHT_WRITE_DOCS=1 cargo test --lib overload::plot"
+            "src/guide/overload.svg is out of date: WATERTIGHT_WRITE_DOCS=1 cargo test --test overload_sim plot"
         );
     }
 
@@ -543,7 +542,7 @@ mod tests {
         }
         assert!(
             fresh == doc,
-            "the tables in src/guide/overload.md are out of date: WATERTIGHT_WRITE_DOCS=1 cargo test --lib overload::plot"
+            "the tables in src/guide/overload.md are out of date: WATERTIGHT_WRITE_DOCS=1 cargo test --test overload_sim plot"
         );
     }
 }

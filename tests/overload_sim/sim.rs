@@ -36,9 +36,8 @@ mod rng;
 use rng::Rng;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::time::Duration;
 
-use super::{Change, Drr, HoldEstimate, Join, QueueDelay, Seats, Verdict};
+use crate::overload::{Change, Drr, HoldEstimate, Join, QueueDelay, Seats, Verdict};
 
 /// A millisecond in nanoseconds.
 pub(crate) const MS: u64 = 1_000_000;
@@ -340,14 +339,8 @@ struct Sim<'a> {
 pub(crate) fn run(scenario: &Scenario, strategy: Strategy) -> Report {
     let s = scenario;
     let codel = match strategy {
-        Strategy::ControlledDelay => Some(QueueDelay::new(
-            Duration::from_nanos(TARGET),
-            Duration::from_nanos(INTERVAL),
-        )),
-        Strategy::AdaptiveLifo => Some(
-            QueueDelay::new(Duration::from_nanos(TARGET), Duration::from_nanos(INTERVAL))
-                .adaptive_lifo(true),
-        ),
+        Strategy::ControlledDelay => Some(QueueDelay::new(TARGET, INTERVAL)),
+        Strategy::AdaptiveLifo => Some(QueueDelay::new(TARGET, INTERVAL).adaptive_lifo(true)),
         _ => None,
     };
     let lanes = match strategy {
