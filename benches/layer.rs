@@ -251,7 +251,7 @@ impl Peer for BulkheadPeer {
     fn classify(error: &Self::Error) -> Outcome {
         match error {
             BulkheadError::Rejected(_) => Outcome::Rejected,
-            BulkheadError::CallTimeout => Outcome::CallTimeout,
+            BulkheadError::CallTimeout(_) => Outcome::CallTimeout,
             BulkheadError::Inner(never) => match *never {},
             // Non-exhaustive: a variant added later.
             other => Outcome::Other(format!("{other:?}")),

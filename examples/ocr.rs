@@ -129,7 +129,7 @@ impl OcrService {
                 ScanError::Busy { waited: r.waited() }
             }
             BulkheadError::Rejected(r) => ScanError::Unavailable(r),
-            BulkheadError::CallTimeout => ScanError::TooSlow,
+            BulkheadError::CallTimeout(_) => ScanError::TooSlow,
             BulkheadError::Inner(never) => match never {},
             // `BulkheadError` is non-exhaustive; this example knows every
             // variant it has today.

@@ -173,7 +173,7 @@ compile_error!(
 #[cfg(not(loom))]
 pub use bulkhead::{
     BuildError, BuildErrorKind, Bulkhead, BulkheadBuilder, BulkheadError, BulkheadPermit,
-    CallOptions, CallOutcome, ClassSeats, Metrics, Observer, RejectReason, Rejected,
+    CallOptions, CallOutcome, CallTimeout, ClassSeats, Metrics, Observer, RejectReason, Rejected,
 };
 pub use error::{AcquireError, LostReason, TryAcquireError};
 #[cfg(not(loom))]

@@ -107,9 +107,9 @@ fn bad_configurations_are_build_errors() {
     assert_eq!(err.to_string(), "max_concurrent_calls must be set");
 }
 
-/// `BulkheadError`'s `Display` says what happened at its level only; the
-/// rejection or the call's own error is its source, and the chain goes on
-/// from there.
+/// `BulkheadError`'s `Display` names the bulkhead and says what happened:
+/// a rejection and a call timeout display as themselves, the call's own
+/// error is the source, and the chain goes on from there.
 #[test]
 fn a_call_error_returns_its_cause_from_source_without_repeating_it() {
     let bh = Bulkhead::builder()
@@ -124,7 +124,7 @@ fn a_call_error_returns_its_cause_from_source_without_repeating_it() {
     assert_eq!(
         common::error_chain(&failed, 1),
         [
-            "the guarded call failed",
+            "the call guarded by a bulkhead failed",
             "the provider declined",
             "quota exceeded"
         ]
@@ -134,18 +134,11 @@ fn a_call_error_returns_its_cause_from_source_without_repeating_it() {
     let held = bh.try_acquire().unwrap();
     let rejected = block_on(bh.call(async { Ok::<(), common::Declined>(()) })).unwrap_err();
     assert_eq!(
-        common::error_chain(&rejected, 2),
-        [
-            "the bulkhead did not admit the call",
-            "bulkhead ledger is full"
-        ]
+        common::error_chain(&rejected, 1),
+        [r#"bulkhead "ledger" is full"#]
     );
-    let source = rejected
-        .source()
-        .unwrap()
-        .downcast_ref::<Rejected>()
-        .unwrap();
-    assert_eq!(source, rejected.rejected().unwrap());
+    assert_eq!(rejected.reason(), Some(RejectReason::Full));
+    assert!(rejected.source().is_none(), "the rejection is the message");
     drop(held);
 
     let timed_out = block_on(bh.call(async {
@@ -153,16 +146,22 @@ fn a_call_error_returns_its_cause_from_source_without_repeating_it() {
         Ok::<(), common::Declined>(())
     }))
     .unwrap_err();
-    assert_eq!(timed_out, BulkheadError::CallTimeout);
+    let BulkheadError::CallTimeout(cut) = &timed_out else {
+        panic!("{timed_out:?}")
+    };
+    assert_eq!(cut.bulkhead_name(), "ledger");
     assert_eq!(
         common::error_chain(&timed_out, 1),
-        ["call timed out inside the bulkhead"]
+        [format!(
+            r#"call in bulkhead "ledger" timed out after {:?}"#,
+            cut.timeout()
+        )]
     );
 
     // An error that is only `Display` (no source to return) still shows
     // this level's message, and the variant still holds it.
     let plain = block_on(bh.call(async { Err::<(), _>("no") })).unwrap_err();
-    assert_eq!(plain.to_string(), "the guarded call failed");
+    assert_eq!(plain.to_string(), "the call guarded by a bulkhead failed");
     assert_eq!(plain.into_inner(), Some("no"));
 }
 
@@ -180,7 +179,10 @@ fn fail_fast_rejects_at_once_with_full() {
     assert_eq!(rejected.reason(), RejectReason::Full);
     assert_eq!(rejected.waited(), Duration::ZERO);
     assert_eq!(rejected.name(), "invoice-provider");
-    assert_eq!(rejected.to_string(), "bulkhead invoice-provider is full");
+    assert_eq!(
+        rejected.to_string(),
+        r#"bulkhead "invoice-provider" is full"#
+    );
     let called = AtomicUsize::new(0);
     let r = block_on(bh.call(async {
         called.fetch_add(1, Ordering::SeqCst);
@@ -270,7 +272,7 @@ fn max_wait_times_out_with_timeout() {
     assert!(
         rejected
             .to_string()
-            .starts_with("bulkhead ocr had no free permit within")
+            .starts_with(r#"bulkhead "ocr" had no free permit within"#)
     );
     let m = bh.metrics();
     assert_eq!((m.rejected_timeout(), m.queued(), m.in_flight()), (1, 0, 1));
@@ -319,7 +321,7 @@ fn call_timeout_drops_the_call_and_releases_the_permit() {
         pending::<()>().await;
         Ok(())
     }));
-    assert_eq!(r, Err(BulkheadError::CallTimeout));
+    assert!(matches!(r, Err(BulkheadError::CallTimeout(_))), "{r:?}");
     assert_eq!(dropped.load(Ordering::SeqCst), 1, "the call was dropped");
     let m = bh.metrics();
     assert_eq!((m.in_flight(), m.call_timeouts(), m.finished()), (0, 1, 1));
@@ -430,7 +432,7 @@ fn close_and_wait_idle() {
         panic!("waiter not failed")
     };
     assert_eq!(r.reason(), RejectReason::Closed);
-    assert_eq!(r.to_string(), "bulkhead test is closed");
+    assert_eq!(r.to_string(), r#"bulkhead "test" is closed"#);
     assert_eq!(bh.try_acquire().unwrap_err().reason(), RejectReason::Closed);
 
     let mut idle = pin!(bh.wait_idle());
@@ -813,9 +815,10 @@ fn a_call_admitted_after_waiting_gets_a_fresh_call_timeout() {
         "call_timeout armed anew once the call runs"
     );
     timer.fire.store(true, Ordering::SeqCst);
-    assert_eq!(
-        poll_noop(call.as_mut()),
-        Poll::Ready(Err(BulkheadError::CallTimeout))
+    let out = poll_noop(call.as_mut());
+    assert!(
+        matches!(out, Poll::Ready(Err(BulkheadError::CallTimeout(_)))),
+        "{out:?}"
     );
     assert_eq!(bh.metrics().in_flight(), 0, "the permit went back");
     assert_eq!(bh.metrics().call_timeouts(), 1);

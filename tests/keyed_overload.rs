@@ -376,7 +376,7 @@ fn a_passed_deadline_is_rejected_at_once_by_the_key_and_the_call_never_runs() {
         );
         assert_eq!(
             r.to_string(),
-            "keyed bulkhead t: the key cannot serve the call before its deadline"
+            r#"keyed bulkhead "t": the key cannot serve the call before its deadline"#
         );
     }
     let r = block_on(kb.acquire_with(&1, CallOptions::new().deadline(Instant::now() - MS)))
@@ -483,7 +483,7 @@ fn a_deadline_the_global_limit_cannot_meet_is_rejected_at_once() {
     assert!(r.reason().is_global());
     assert_eq!(
         r.to_string(),
-        "keyed bulkhead t: the global limit cannot serve the call before its deadline"
+        r#"keyed bulkhead "t": the global limit cannot serve the call before its deadline"#
     );
     let r = match poll_once(pin!(
         kb.acquire_with(&2, CallOptions::new().deadline(Instant::now() + 150 * MS))

@@ -112,7 +112,7 @@ fn a_passed_deadline_is_rejected_at_once_and_the_call_never_runs() {
         assert_eq!(r.waited(), Duration::ZERO);
         assert_eq!(
             r.to_string(),
-            "bulkhead ledger cannot serve the call before its deadline"
+            r#"bulkhead "ledger" cannot serve the call before its deadline"#
         );
     }
     let r =
@@ -773,7 +773,7 @@ fn cancelled_waiters_on_a_standing_line_leave_the_counts_right() {
         assert!(r.waited() >= 2 * MS, "{kind}: {:?}", r.waited());
         assert_eq!(
             r.to_string(),
-            "bulkhead bulkhead is overloaded: its waiting line stood past its target wait"
+            r#"bulkhead "bulkhead" is overloaded: its waiting line stood past its target wait"#
         );
         // `third` runs (it arrived after the grant, so found a free
         // permit or waited under the target); a fourth waits, cancelled.

@@ -367,7 +367,7 @@ async fn a_fail_fast_rejection_in_a_client_stack_downcasts_to_rejected() {
         assert_eq!(rejected.reason(), RejectReason::Full);
         assert_eq!(rejected.name(), "partner");
         assert_eq!(rejected.waited(), Duration::ZERO);
-        assert_eq!(err.to_string(), "bulkhead partner is full");
+        assert_eq!(err.to_string(), r#"bulkhead "partner" is full"#);
         assert!(err.downcast_ref::<hyper::Error>().is_none());
         assert_eq!(
             stats.in_flight(),
@@ -406,7 +406,7 @@ async fn a_fail_fast_rejection_in_a_server_stack_becomes_a_503() {
         stats.arrived.notified().await;
         let (status, body) = get(server.addr).await.expect("request failed");
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(&body[..], b"bulkhead server is full");
+        assert_eq!(&body[..], br#"bulkhead "server" is full"#);
 
         gate.add_permits(1);
         let (status, _) = first.await.unwrap().expect("the first request failed");
@@ -683,7 +683,11 @@ async fn a_request_past_call_timeout_fails_with_call_timeout() {
     let err = service.clone().oneshot(()).await.unwrap_err();
     let timed_out = err.downcast_ref::<CallTimeout>().expect("a call timeout");
     assert_eq!(timed_out.bulkhead_name(), "slow");
-    assert_eq!(err.to_string(), "call timed out inside bulkhead slow");
+    assert_eq!(timed_out.timeout(), Duration::from_millis(20));
+    assert_eq!(
+        err.to_string(),
+        r#"call in bulkhead "slow" timed out after 20ms"#
+    );
     assert!(err.downcast_ref::<Rejected>().is_none());
 
     let m = bh.metrics();

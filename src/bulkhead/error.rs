@@ -25,9 +25,25 @@ pub use super::reason::RejectReason;
 /// let rejected = bh.try_acquire().unwrap_err();
 /// assert_eq!(rejected.reason(), RejectReason::Full);
 /// assert_eq!(rejected.name(), "gpu");
-/// assert_eq!(rejected.to_string(), "bulkhead gpu is full");
+/// assert_eq!(rejected.to_string(), r#"bulkhead "gpu" is full"#);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// `Debug` shows what a log of it needs: the bulkhead, the reason, the
+/// wait and the retry hint.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use watertight::Bulkhead;
+/// # let bh = Bulkhead::builder().name("gpu").max_concurrent_calls(1)
+/// #     .max_wait(Duration::ZERO).build().unwrap();
+/// # let _held = bh.try_acquire().unwrap();
+/// let rejected = bh.try_acquire().unwrap_err();
+/// assert_eq!(
+///     format!("{rejected:?}"),
+///     r#"Rejected { bulkhead: "gpu", reason: Full, waited: 0ns, retry_after: None }"#
+/// );
+/// ```
+#[derive(Clone, PartialEq, Eq)]
 pub struct Rejected {
     reason: RejectReason,
     /// `Unavailable` because the timer cannot run, not the permit store.
@@ -193,17 +209,28 @@ impl Rejected {
     }
 }
 
+impl fmt::Debug for Rejected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rejected")
+            .field("bulkhead", &self.name())
+            .field("reason", &self.reason)
+            .field("waited", &self.waited())
+            .field("retry_after", &self.retry_after())
+            .finish()
+    }
+}
+
 impl fmt::Display for Rejected {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.timer_gone {
             return write!(
                 f,
-                "bulkhead {} cannot keep its time limits: its timer is not running",
-                self.name
+                "bulkhead {:?} cannot keep its time limits: its timer is not running",
+                self.name()
             );
         }
         let row = self.reason.row();
-        write!(f, "bulkhead {} {}", self.name, row.says)?;
+        write!(f, "bulkhead {:?} {}", self.name(), row.says)?;
         if row.shows_wait {
             // Whole milliseconds: the timer's jitter below that is noise.
             write!(
@@ -218,15 +245,95 @@ impl fmt::Display for Rejected {
 
 impl std::error::Error for Rejected {}
 
+/// An admitted call that ran past its bulkhead's `call_timeout`: it was
+/// dropped and its permit released. Whether the downstream did the work is
+/// unknown: the request may have been sent before the time ran out.
+///
+/// It is [`BulkheadError::CallTimeout`] and
+/// [`KeyedError::CallTimeout`](crate::keyed::KeyedError::CallTimeout), and
+/// the error of a `BulkheadService` (feature `tower`) downcasts to it.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use watertight::{Bulkhead, BulkheadError};
+///
+/// # futures::executor::block_on(async {
+/// let bh = Bulkhead::builder()
+///     .name("upstream")
+///     .max_concurrent_calls(1)
+///     .call_timeout(Duration::from_millis(30))
+///     .build()
+///     .unwrap();
+/// let err = bh.call(std::future::pending::<Result<(), ()>>()).await.unwrap_err();
+/// let BulkheadError::CallTimeout(timed_out) = &err else { panic!("{err}") };
+/// assert_eq!(timed_out.bulkhead_name(), "upstream");
+/// assert_eq!(timed_out.timeout(), Duration::from_millis(30));
+/// assert_eq!(err.to_string(), r#"call in bulkhead "upstream" timed out after 30ms"#);
+/// # });
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct CallTimeout {
+    name: Name,
+    /// Nanoseconds, saturating (see [`nanos`]).
+    timeout_ns: u64,
+}
+
+impl CallTimeout {
+    #[cold]
+    pub(crate) fn new(name: Name, timeout: Duration) -> Self {
+        Self {
+            name,
+            timeout_ns: nanos(timeout),
+        }
+    }
+
+    /// The name of the bulkhead whose `call_timeout` ran out.
+    pub fn bulkhead_name(&self) -> &str {
+        self.name
+    }
+
+    /// The `call_timeout` that ran out.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns)
+    }
+}
+
+impl fmt::Debug for CallTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallTimeout")
+            .field("bulkhead", &self.bulkhead_name())
+            .field("timeout", &self.timeout())
+            .finish()
+    }
+}
+
+impl fmt::Display for CallTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "call in bulkhead {:?} timed out after {:?}",
+            self.bulkhead_name(),
+            self.timeout()
+        )
+    }
+}
+
+impl std::error::Error for CallTimeout {}
+
 /// The error of [`Bulkhead::call`](crate::Bulkhead::call): the call was
 /// rejected, ran out of time, or failed on its own.
 ///
-/// As the Rust API guidelines ask, `Display` says only what happened at
-/// this level ("the bulkhead did not admit the call", "the guarded call
-/// failed") and the error it holds, the [`Rejected`] or the call's own, is
-/// its [`source`](std::error::Error::source), not repeated in the message.
-/// Match the variant, or print the whole chain (`{:#}` with `anyhow`), to
-/// see why.
+/// `Display` names the bulkhead and says what happened, so that
+/// `e.to_string()` in a log or a response is enough: a rejection and a
+/// call timeout display as themselves (`bulkhead "ledger" is closed`,
+/// `call in bulkhead "ledger" timed out after 300ms`). The call's own
+/// error, and the reason a lease was lost, are the
+/// [`source`](std::error::Error::source), not repeated in the message (as
+/// the Rust API guidelines ask): print the whole chain (`{:#}` with
+/// `anyhow`) to see them. [`reason`](Self::reason) and
+/// [`retry_after`](Self::retry_after) are one call away.
 ///
 /// More variants may be added: a `match` needs a `_` arm.
 ///
@@ -240,25 +347,31 @@ impl std::error::Error for Rejected {}
 /// match bh.call(async { Err::<u32, _>("declined") }).await {
 ///     Ok(n) => println!("got {n}"),
 ///     Err(BulkheadError::Rejected(r)) => println!("not admitted: {r}"),
-///     Err(BulkheadError::CallTimeout) => println!("took too long"),
+///     Err(BulkheadError::CallTimeout(t)) => println!("took more than {:?}", t.timeout()),
 ///     Err(BulkheadError::Inner(e)) => assert_eq!(e, "declined"),
 ///     Err(other) => println!("{other}"),
 /// }
 /// # });
 /// ```
 ///
-/// The cause is the source:
+/// What happened is the message; the call's own error is the source:
 ///
 /// ```
 /// use std::error::Error;
-/// use watertight::{Bulkhead, BulkheadError};
+/// use watertight::{Bulkhead, RejectReason};
 ///
 /// # futures::executor::block_on(async {
 /// let bh = Bulkhead::builder().name("ledger").max_concurrent_calls(1).build().unwrap();
+/// let failed = bh.call(async { Err::<(), _>(std::io::Error::other("disk full")) });
+/// let err = failed.await.unwrap_err();
+/// assert_eq!(err.to_string(), "the call guarded by a bulkhead failed");
+/// assert_eq!(err.source().unwrap().to_string(), "disk full");
+///
 /// bh.close();
 /// let err = bh.call(async { Ok::<(), std::io::Error>(()) }).await.unwrap_err();
-/// assert_eq!(err.to_string(), "the bulkhead did not admit the call");
-/// assert_eq!(err.source().unwrap().to_string(), "bulkhead ledger is closed");
+/// assert_eq!(err.to_string(), r#"bulkhead "ledger" is closed"#);
+/// assert_eq!(err.reason(), Some(RejectReason::Closed));
+/// assert!(err.source().is_none());
 /// # });
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -268,7 +381,7 @@ pub enum BulkheadError<E> {
     Rejected(Rejected),
     /// The call was admitted but did not finish within `call_timeout`; it
     /// was dropped and its permit released.
-    CallTimeout,
+    CallTimeout(CallTimeout),
     /// The guarded call ran and returned this error.
     Inner(E),
     /// The permit was a lease from a shared store (the Redis bulkhead's)
@@ -291,7 +404,7 @@ impl<E> BulkheadError<E> {
     /// bh.close();
     /// let err = bh.call(async { Ok::<(), ()>(()) }).await.unwrap_err();
     /// assert_eq!(err.rejected().map(|r| r.reason()), Some(RejectReason::Closed));
-    /// assert_eq!(BulkheadError::<()>::CallTimeout.rejected(), None);
+    /// assert_eq!(BulkheadError::<()>::Inner(()).rejected(), None);
     /// # });
     /// ```
     pub fn rejected(&self) -> Option<&Rejected> {
@@ -312,7 +425,9 @@ impl<E> BulkheadError<E> {
     /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
     /// let err = bh.call(async { Err::<(), _>("no such invoice") }).await.unwrap_err();
     /// assert_eq!(err.into_inner(), Some("no such invoice"));
-    /// assert_eq!(BulkheadError::<&str>::CallTimeout.into_inner(), None);
+    /// bh.close();
+    /// let closed = bh.call(async { Err::<(), _>("no such invoice") }).await.unwrap_err();
+    /// assert_eq!(closed.into_inner(), None);
     /// # });
     /// ```
     pub fn into_inner(self) -> Option<E> {
@@ -320,6 +435,18 @@ impl<E> BulkheadError<E> {
             Self::Inner(e) => Some(e),
             _ => None,
         }
+    }
+
+    /// Why the call was not admitted, if it was not (see
+    /// [`Rejected::reason`]).
+    pub fn reason(&self) -> Option<RejectReason> {
+        self.rejected().map(Rejected::reason)
+    }
+
+    /// When trying again is likely to succeed, if the call was not admitted
+    /// and the bulkhead has an estimate (see [`Rejected::retry_after`]).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.rejected().and_then(Rejected::retry_after)
     }
 }
 
@@ -329,23 +456,24 @@ impl<E> From<Rejected> for BulkheadError<E> {
     }
 }
 
-/// This level only: the rejection or the call's error is the source.
+/// A rejection and a call timeout display as themselves; the call's error
+/// and a lost lease's reason are the source.
 impl<E> fmt::Display for BulkheadError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Rejected(_) => "the bulkhead did not admit the call",
-            Self::CallTimeout => "call timed out inside the bulkhead",
-            Self::Inner(_) => "the guarded call failed",
-            Self::LeaseLost(_) => "the call's lease was lost, the call was dropped",
-        })
+        match self {
+            Self::Rejected(r) => fmt::Display::fmt(r, f),
+            Self::CallTimeout(t) => fmt::Display::fmt(t, f),
+            Self::Inner(_) => f.write_str("the call guarded by a bulkhead failed"),
+            Self::LeaseLost(_) => f.write_str("the call's lease was lost, the call was dropped"),
+        }
     }
 }
 
 impl<E: std::error::Error + 'static> std::error::Error for BulkheadError<E> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Rejected(r) => Some(r),
-            Self::CallTimeout => None,
+            Self::Rejected(r) => r.source(),
+            Self::CallTimeout(t) => t.source(),
             Self::Inner(e) => Some(e),
             Self::LeaseLost(reason) => Some(reason),
         }

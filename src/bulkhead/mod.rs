@@ -70,7 +70,7 @@ pub(crate) use admission::{Admission, Admissions};
 pub use builder::BulkheadBuilder;
 pub use call::Call;
 use call::CallWith;
-pub use error::{BuildError, BuildErrorKind, BulkheadError, RejectReason, Rejected};
+pub use error::{BuildError, BuildErrorKind, BulkheadError, CallTimeout, RejectReason, Rejected};
 pub use metrics::Metrics;
 pub use observer::{CallOutcome, Observer};
 pub use options::CallOptions;

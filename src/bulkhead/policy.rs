@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::delay::LineDelay;
-use super::error::{Hint, RejectReason, Rejected, nanos};
+use super::error::{CallTimeout, Hint, RejectReason, Rejected, nanos};
 use super::leak::{LeakWatches, Watched};
 use super::line_timer::LineTimer;
 use super::metrics::{Counters, Metrics};
@@ -499,6 +499,12 @@ impl Policy {
     #[cold]
     pub(crate) fn reject_timer_gone(&self, waited: Duration) -> Rejected {
         self.rejected(RejectReason::Unavailable, true, nanos(waited))
+    }
+
+    /// The error of a call that ran past `call_timeout`.
+    #[cold]
+    pub(crate) fn call_timed_out(&self) -> CallTimeout {
+        CallTimeout::new(self.name, self.call_timeout.unwrap_or_default())
     }
 
     /// Counts a rejection by its reason, tells the observers and makes the

@@ -95,7 +95,7 @@ where
             BulkheadError::Inner,
             || {
                 Counters::bump(&policy.counters().call_timeouts);
-                BulkheadError::CallTimeout
+                BulkheadError::CallTimeout(policy.call_timed_out())
             },
             || BulkheadError::Rejected(policy.reject_timer_gone(Duration::ZERO)),
         )

@@ -25,7 +25,7 @@ use crate::bulkhead::Shared;
 use crate::bulkhead::permit::{Admitted, SeatHeld};
 use crate::bulkhead::run::poll_call;
 use crate::bulkhead::wait::Line;
-use crate::bulkhead::{Bulkhead, CallOptions, CallOutcome, RejectReason, Rejected};
+use crate::bulkhead::{Bulkhead, CallOptions, CallOutcome, CallTimeout, RejectReason, Rejected};
 use crate::semaphore::Semaphore;
 use crate::timer::{Clock, Deadline};
 
@@ -521,7 +521,10 @@ where
                     KeyedError::Inner,
                     || {
                         bump(&entry.call_timeouts);
-                        KeyedError::CallTimeout
+                        KeyedError::CallTimeout(CallTimeout::new(
+                            self.interned,
+                            limit.unwrap_or_default(),
+                        ))
                     },
                     || KeyedError::Rejected(self.unavailable()),
                 )

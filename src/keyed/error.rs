@@ -5,7 +5,7 @@ use core::fmt;
 use std::time::Duration;
 
 use crate::bulkhead::name::Name;
-use crate::bulkhead::{RejectReason, Rejected};
+use crate::bulkhead::{CallTimeout, RejectReason, Rejected};
 
 /// Why a [`KeyedBulkhead`](super::KeyedBulkhead) turned a call away: which
 /// of its limits said no.
@@ -219,9 +219,13 @@ impl fmt::Display for KeyedRejectReason {
 /// let rejected = tenants.try_acquire("acme").unwrap_err();
 /// assert_eq!(rejected.reason(), KeyedRejectReason::KeyFull);
 /// assert_eq!(rejected.name(), "tenants");
-/// assert_eq!(rejected.to_string(), "keyed bulkhead tenants: the key is full");
+/// assert_eq!(rejected.to_string(), r#"keyed bulkhead "tenants": the key is full"#);
+/// assert_eq!(
+///     format!("{rejected:?}"),
+///     r#"KeyedRejected { bulkhead: "tenants", reason: KeyFull, waited: 0ns, retry_after: None }"#
+/// );
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct KeyedRejected {
     reason: KeyedRejectReason,
     /// Nanoseconds, saturating (8 bytes where a `Duration` takes 16).
@@ -310,13 +314,29 @@ impl KeyedRejected {
     }
 }
 
+impl fmt::Debug for KeyedRejected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedRejected")
+            .field("bulkhead", &self.name())
+            .field("reason", &self.reason)
+            .field("waited", &self.waited())
+            .field("retry_after", &self.retry_after())
+            .finish()
+    }
+}
+
 impl fmt::Display for KeyedRejected {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = self.name;
+        let name = self.name();
         match self.reason.parts() {
             (Some(reason), Some(stage)) => {
                 let row = reason.row();
-                write!(f, "keyed bulkhead {name}: {} {}", stage.subject(), row.says)?;
+                write!(
+                    f,
+                    "keyed bulkhead {name:?}: {} {}",
+                    stage.subject(),
+                    row.says
+                )?;
                 if row.shows_wait {
                     // Whole milliseconds: the timer's jitter below that is noise.
                     let waited = Duration::from_millis(self.waited_ns / 1_000_000);
@@ -326,12 +346,12 @@ impl fmt::Display for KeyedRejected {
             }
             (Some(RejectReason::Unavailable), None) => write!(
                 f,
-                "keyed bulkhead {name} cannot keep its time limits: its timer is not running"
+                "keyed bulkhead {name:?} cannot keep its time limits: its timer is not running"
             ),
-            (Some(reason), None) => write!(f, "keyed bulkhead {name} {}", reason.row().says),
+            (Some(reason), None) => write!(f, "keyed bulkhead {name:?} {}", reason.row().says),
             (None, _) => write!(
                 f,
-                "keyed bulkhead {name} tracks its maximum of {} keys and none is idle",
+                "keyed bulkhead {name:?} tracks its maximum of {} keys and none is idle",
                 self.max_keys
             ),
         }
@@ -372,7 +392,7 @@ pub enum KeyedError<E> {
     Rejected(KeyedRejected),
     /// The call was admitted but did not finish within `call_timeout`; it
     /// was dropped and its permits released.
-    CallTimeout,
+    CallTimeout(CallTimeout),
     /// The guarded call ran and returned this error.
     Inner(E),
 }
@@ -393,6 +413,19 @@ impl<E> KeyedError<E> {
             _ => None,
         }
     }
+
+    /// Why the call was not admitted, if it was not (see
+    /// [`KeyedRejected::reason`]).
+    pub fn reason(&self) -> Option<KeyedRejectReason> {
+        self.rejected().map(KeyedRejected::reason)
+    }
+
+    /// When trying again is likely to succeed, if the call was not admitted
+    /// and the bulkhead that said no has an estimate (see
+    /// [`KeyedRejected::retry_after`]).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.rejected().and_then(KeyedRejected::retry_after)
+    }
 }
 
 impl<E> From<KeyedRejected> for KeyedError<E> {
@@ -401,22 +434,24 @@ impl<E> From<KeyedRejected> for KeyedError<E> {
     }
 }
 
-/// This level only: the rejection or the call's error is the source.
+/// A rejection and a call timeout display as themselves (the rejection's
+/// source is the underlying bulkhead's rejection, if one said no); the
+/// call's error is the source.
 impl<E> fmt::Display for KeyedError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Rejected(_) => "the keyed bulkhead did not admit the call",
-            Self::CallTimeout => "call timed out inside the keyed bulkhead",
-            Self::Inner(_) => "the guarded call failed",
-        })
+        match self {
+            Self::Rejected(r) => fmt::Display::fmt(r, f),
+            Self::CallTimeout(t) => fmt::Display::fmt(t, f),
+            Self::Inner(_) => f.write_str("the call guarded by a keyed bulkhead failed"),
+        }
     }
 }
 
 impl<E: std::error::Error + 'static> std::error::Error for KeyedError<E> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Rejected(r) => Some(r),
-            Self::CallTimeout => None,
+            Self::Rejected(r) => r.source(),
+            Self::CallTimeout(t) => t.source(),
             Self::Inner(e) => Some(e),
         }
     }

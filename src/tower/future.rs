@@ -9,7 +9,7 @@ use core::task::{Context, Poll, ready};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::{BoxError, CallTimeout};
+use super::BoxError;
 use crate::bulkhead::policy::Traced;
 use crate::bulkhead::run::Running;
 use crate::bulkhead::{Admission, AdmissionAs};
@@ -131,10 +131,7 @@ where
                     let result = result.map_err(|e| match e {
                         BulkheadError::Inner(e) => e.into(),
                         BulkheadError::Rejected(rejected) => rejected.into(),
-                        BulkheadError::CallTimeout => CallTimeout {
-                            name: permit.bulkhead_name().into(),
-                        }
-                        .into(),
+                        BulkheadError::CallTimeout(timed_out) => timed_out.into(),
                         // A local permit is never lost; kept for the match.
                         BulkheadError::LeaseLost(reason) => reason.into(),
                     });

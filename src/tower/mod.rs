@@ -159,7 +159,7 @@
 //! let err = service.oneshot(()).await.unwrap_err();
 //! let rejected = err.downcast_ref::<Rejected>().expect("a rejection");
 //! assert_eq!(rejected.reason(), RejectReason::Full);
-//! assert_eq!(err.to_string(), "bulkhead gpu is full");
+//! assert_eq!(err.to_string(), r#"bulkhead "gpu" is full"#);
 //! # Ok(())
 //! # }
 //! ```
@@ -195,16 +195,16 @@
 //! one that fails.
 
 mod deadline;
-mod error;
 mod future;
 mod layer;
 mod request;
 mod service;
 
+/// The error a request cut off by `call_timeout` downcasts to.
+pub use crate::CallTimeout;
 pub use deadline::{
     Deadline, DeadlineExtension, Earliest, GrpcTimeout, GrpcTimeoutHeader, parse_grpc_timeout,
 };
-pub use error::CallTimeout;
 pub use future::ResponseFuture;
 pub use layer::BulkheadLayer;
 pub use request::{NoDeadline, NoPriority, OptionsFrom, RequestDeadline, RequestPriority};
