@@ -39,6 +39,8 @@ const SOON: Duration = Duration::from_secs(5);
 #[derive(Clone, Copy, Default)]
 struct Opts {
     by: Option<Instant>,
+    /// A deadline as a time budget.
+    within: Option<Duration>,
     wait: Option<Duration>,
     class: Option<usize>,
     /// How long the tower kind's work holds its seat.
@@ -49,6 +51,13 @@ impl Opts {
     fn by(by: Instant) -> Self {
         Self {
             by: Some(by),
+            ..Self::default()
+        }
+    }
+
+    fn within(budget: Duration) -> Self {
+        Self {
+            within: Some(budget),
             ..Self::default()
         }
     }
@@ -71,6 +80,9 @@ impl Opts {
         let mut options = CallOptions::new();
         if let Some(by) = self.by {
             options = options.deadline(by);
+        }
+        if let Some(budget) = self.within {
+            options = options.within(budget);
         }
         if let Some(wait) = self.wait {
             options = options.max_wait(wait);
@@ -313,6 +325,39 @@ async fn a_deadline_ends_the_wait_it_can_no_longer_make() {
         let before = Instant::now();
         let by = Opts::by(before + Duration::from_millis(200));
         let out = kind.call(1, by).await;
+        let waited = before.elapsed();
+        assert_eq!(out, Err(RejectReason::WontMakeDeadline), "{}", kind.name());
+        assert!(
+            waited >= Duration::from_millis(150) && waited < SOON,
+            "{}: {waited:?}",
+            kind.name()
+        );
+        drop(held);
+    }
+}
+
+/// A deadline given as a time budget is the same promise: it starts when
+/// the bulkhead first judges the call (once, for every stage and every
+/// attempt), a budget of zero is spent at once, and a call that waits is
+/// rejected when it can no longer make it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_is_a_deadline_that_starts_with_the_call() {
+    let server = server();
+    for kind in Kind::all(LONG, server.as_ref(), "budget").await {
+        let before = Instant::now();
+        assert_eq!(
+            kind.call(1, Opts::within(Duration::ZERO)).await,
+            Err(RejectReason::WontMakeDeadline),
+            "{}",
+            kind.name()
+        );
+        assert!(before.elapsed() < SOON, "{}", kind.name());
+        let ample = Opts::within(Duration::from_secs(60));
+        assert_eq!(kind.call(1, ample).await, Ok(7), "{}", kind.name());
+
+        let held = kind.hold().await;
+        let before = Instant::now();
+        let out = kind.call(1, Opts::within(Duration::from_millis(200))).await;
         let waited = before.elapsed();
         assert_eq!(out, Err(RejectReason::WontMakeDeadline), "{}", kind.name());
         assert!(

@@ -148,6 +148,50 @@ async fn a_deadline_verdict_uses_the_paused_hold_average() {
 /// Controlled delay cuts a standing line by paused waits: with a target
 /// of 20 ms, a line that stood an interval has its waiters cut once they
 /// waited the target, measured on the paused clock.
+/// A deadline given as a time budget starts on the bulkhead's clock, the
+/// paused one here: the verdict uses the paused hold average as a deadline
+/// does, and a budget that leaves room waits on paused time until it can
+/// no longer make it (the wait measured on the paused clock, with no real
+/// time passing for it).
+#[tokio::test(start_paused = true)]
+async fn a_budget_starts_on_the_paused_clock() {
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_wait(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    held_100ms_each(&bh, 8).await;
+    let held = bh.try_acquire().unwrap();
+    let start = Instant::now();
+    let short = CallOptions::new().within(50 * MS);
+    let out = bh.call_with(short, async { Ok::<_, ()>(()) }).await;
+    assert!(
+        matches!(&out, Err(e) if e.reason() == Some(RejectReason::WontMakeDeadline)),
+        "{out:?}"
+    );
+    assert_eq!(start.elapsed(), Duration::ZERO, "it waited");
+
+    let real = std::time::Instant::now();
+    let start = Instant::now();
+    let roomy = CallOptions::new().within(2_000 * MS);
+    let out = bh.call_with(roomy, async { Ok::<_, ()>(()) }).await;
+    let waited = start.elapsed();
+    assert!(
+        matches!(&out, Err(e) if e.reason() == Some(RejectReason::WontMakeDeadline)),
+        "{out:?}"
+    );
+    // It waits until the budget less the hold average (about 100 ms).
+    assert!(
+        about(waited, 1_900 * MS),
+        "waited {waited:?} of paused time"
+    );
+    assert!(
+        real.elapsed() < Duration::from_secs(1),
+        "the wait was paused time"
+    );
+    drop(held);
+}
+
 #[tokio::test(start_paused = true)]
 async fn controlled_delay_cuts_by_paused_waits() {
     let bh = Bulkhead::builder()

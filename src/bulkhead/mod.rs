@@ -416,7 +416,7 @@ impl Bulkhead {
     /// ```
     #[inline]
     pub fn try_acquire_with(&self, options: CallOptions) -> Result<BulkheadPermit, Rejected> {
-        if options.deadline.is_some() || options.class_named().is_some() {
+        if options.has_deadline() || options.class_named().is_some() {
             return self.try_acquire_judged(&options);
         }
         self.try_acquire()

@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 ///   its permit (the averages behind [`Rejected::retry_after`]) does not
 ///   fit in the time left; otherwise it waits at most until the deadline
 ///   minus that hold time.
+/// - [`within`](Self::within): the same, with the deadline given as a
+///   time budget that starts when the bulkhead first judges the call.
 /// - [`max_wait`](Self::max_wait): this call waits at most this long, if
 ///   that is sooner than the bulkhead's own `max_wait` (which it cannot
 ///   lengthen); run out, it is rejected as
@@ -33,8 +35,8 @@ use std::time::{Duration, Instant};
 ///
 /// The deadline is read on the bulkhead's clock: inside a tokio runtime
 /// with the default timer, tokio's (so take it from
-/// `tokio::time::Instant::now().into_std()` under a paused test clock),
-/// else the system's. Both estimates are averages, so a call admitted near
+/// `tokio::time::Instant::now().into_std()` under a paused test clock, or
+/// give a budget, which starts on that clock), else the system's. Both estimates are averages, so a call admitted near
 /// its deadline may still miss it: pass an earlier deadline for a margin.
 /// Until a call's hold time has been measured, every call that has time
 /// left is admitted. A call without options pays nothing for them.
@@ -66,13 +68,24 @@ use std::time::{Duration, Instant};
 /// [`RejectReason`]: crate::RejectReason
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CallOptions {
-    pub(crate) deadline: Option<Instant>,
+    due: Due,
     // In nanoseconds, `NONE` for none (a longer wait is none either way):
     // a call's future keeps its options, so they are kept small.
     max_wait: u64,
     // `NONE as u32` for none; a class past `u32::MAX - 1` is the least
     // important one all the same.
     class: u32,
+}
+
+/// When a call must be done, if it must (16 bytes: the budget leaves the
+/// instant's nanoseconds field, where the tag lives, alone).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Due {
+    None,
+    At(Instant),
+    /// A budget in nanoseconds, from when the bulkhead first judges the
+    /// call, on its clock.
+    Within(u64),
 }
 
 /// No `max_wait`, no class (see [`CallOptions`]'s fields).
@@ -84,17 +97,44 @@ impl CallOptions {
     #[must_use]
     pub const fn new() -> Self {
         Self {
-            deadline: None,
+            due: Due::None,
             max_wait: NONE,
             class: NONE as u32,
         }
     }
 
     /// The call must be done by `by`: deadline-aware admission (see
-    /// above).
+    /// above). Replaces a [`within`](Self::within) budget given before.
     #[must_use]
     pub const fn deadline(mut self, by: Instant) -> Self {
-        self.deadline = Some(by);
+        self.due = Due::At(by);
+        self
+    }
+
+    /// The call must be done within `budget`: a deadline given as a time
+    /// budget, which is what most callers hold (a request's timeout, what
+    /// is left of a caller's budget). It starts when the bulkhead first
+    /// judges the call (the first poll of `call_with` or `acquire_with`,
+    /// `try_acquire_with`, or the tower layer's admission of the request)
+    /// and is measured on the bulkhead's clock, tokio's paused clock
+    /// included. Replaces a [`deadline`](Self::deadline) given before.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use watertight::{Bulkhead, CallOptions, RejectReason};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    /// let budget = CallOptions::new().within(Duration::from_secs(1));
+    /// assert_eq!(bh.call_with(budget, async { Ok::<_, ()>(7) }).await, Ok(7));
+    /// let spent = CallOptions::new().within(Duration::ZERO);
+    /// let late = bh.try_acquire_with(spent).unwrap_err();
+    /// assert_eq!(late.reason(), RejectReason::WontMakeDeadline);
+    /// # });
+    /// ```
+    #[must_use]
+    pub const fn within(mut self, budget: Duration) -> Self {
+        self.due = Due::Within(saturating_nanos(budget));
         self
     }
 
@@ -103,12 +143,7 @@ impl CallOptions {
     /// only if one is free at once.
     #[must_use]
     pub const fn max_wait(mut self, max_wait: Duration) -> Self {
-        let nanos = max_wait.as_nanos();
-        self.max_wait = if nanos < NONE as u128 {
-            nanos as u64
-        } else {
-            NONE
-        };
+        self.max_wait = saturating_nanos(max_wait);
         self
     }
 
@@ -122,6 +157,40 @@ impl CallOptions {
             most
         };
         self
+    }
+
+    /// Whether the call has a deadline (an instant or a budget).
+    #[inline]
+    pub(crate) fn has_deadline(&self) -> bool {
+        self.due != Due::None
+    }
+
+    /// The call's deadline, a budget counted from `now` (read only for a
+    /// budget).
+    #[inline]
+    pub(crate) fn deadline_by(&self, now: impl FnOnce() -> Instant) -> Option<Instant> {
+        match self.due {
+            Due::None => None,
+            Due::At(by) => Some(by),
+            // `NONE`, or past what an `Instant` holds: no deadline.
+            Due::Within(NONE) => None,
+            Due::Within(budget) => now().checked_add(Duration::from_nanos(budget)),
+        }
+    }
+
+    /// These options with a budget turned into a deadline from `now`: for
+    /// a kind that judges a call more than once (the keyed bulkhead's two
+    /// stages, the Redis bulkhead before and after it asks Redis), so that
+    /// the budget starts once.
+    #[must_use]
+    pub(crate) fn started(self, now: impl FnOnce() -> Instant) -> Self {
+        Self {
+            due: match self.deadline_by(now) {
+                Some(by) => Due::At(by),
+                None => Due::None,
+            },
+            ..self
+        }
     }
 
     /// The call's own `max_wait`, if it has one.
@@ -168,7 +237,17 @@ impl CallOptions {
     /// deadline, no wait of its own.
     #[inline]
     pub(crate) fn waits_plainly(&self) -> bool {
-        self.deadline.is_none() && self.max_wait == NONE
+        !self.has_deadline() && self.max_wait == NONE
+    }
+}
+
+/// `d` in nanoseconds, `NONE` if it is that long or longer.
+const fn saturating_nanos(d: Duration) -> u64 {
+    let nanos = d.as_nanos();
+    if nanos < NONE as u128 {
+        nanos as u64
+    } else {
+        NONE
     }
 }
 
@@ -181,7 +260,20 @@ impl Default for CallOptions {
 impl fmt::Debug for CallOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CallOptions")
-            .field("deadline", &self.deadline)
+            .field(
+                "deadline",
+                &match self.due {
+                    Due::At(by) => Some(by),
+                    _ => None,
+                },
+            )
+            .field(
+                "within",
+                &match self.due {
+                    Due::Within(budget) if budget != NONE => Some(Duration::from_nanos(budget)),
+                    _ => None,
+                },
+            )
             .field("max_wait", &self.own_wait())
             .field("class", &self.class_named())
             .finish()

@@ -114,7 +114,7 @@ impl Policy {
         ahead: usize,
         line: &mut Line,
     ) -> Result<(), Rejected> {
-        if let Some(by) = options.deadline {
+        if let Some(by) = options.deadline_by(|| self.line_now()) {
             line.deadline = self.since_origin(by) & !OWN_WAIT;
             self.admit_by_behind(line, free, ahead)?;
         }

@@ -43,7 +43,7 @@ where
     pub(super) fn staged<const PLAIN: bool, Q, F, T, E>(
         &self,
         key: &Q,
-        options: CallOptions,
+        mut options: CallOptions,
         call: F,
     ) -> impl Future<Output = Result<T, KeyedError<E>>>
     where
@@ -60,6 +60,11 @@ where
             // back as `Cancelled`.
             let user = inner.enter(key)?;
             let entry = &*user.entry;
+            // A budget starts once, for both stages (in place: another
+            // binding would be another slot in the future).
+            if !PLAIN {
+                options = options.started(|| inner.now());
+            }
             let plain = PLAIN || options.waits_plainly();
             let own = if PLAIN { None } else { Some(&options) };
             let mut start = None;
@@ -249,6 +254,8 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        // A budget starts once, for both stages.
+        let options = options.started(|| self.now());
         self.acquire_staged(
             key,
             &options,

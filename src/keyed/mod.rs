@@ -569,6 +569,8 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let inner = &*self.inner;
+        // A budget starts once, for both stages.
+        let options = options.started(|| inner.now());
         let user = inner.enter(key)?;
         let mut key_permit = match user.entry.bulkhead.try_acquire_with(options) {
             Ok(permit) => permit,

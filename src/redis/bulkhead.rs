@@ -335,7 +335,12 @@ impl RedisBulkhead {
         // Before Redis is asked: a call that could not make its deadline
         // even with a lease free now.
         let started = (!options.waits_plainly()).then(|| s.policy.line_now());
-        if options.deadline.is_some() {
+        // A budget starts once, here, not again when Redis says busy.
+        let options = match started {
+            Some(now) => options.started(|| now),
+            None => options,
+        };
+        if options.has_deadline() {
             s.policy.line_for(&options, isize::MAX, 0)?;
         }
         if s.policy.fails_fast() || !options.may_wait() {

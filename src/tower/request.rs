@@ -136,7 +136,9 @@ where
 {
     #[inline]
     fn deadline(&self, request: &Req) -> Option<Instant> {
-        (self.0)(request).deadline
+        // A budget counts from now here; the service reads `options`, and
+        // starts it on the bulkhead's clock.
+        (self.0)(request).deadline_by(Instant::now)
     }
 
     #[inline]
