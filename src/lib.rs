@@ -12,7 +12,7 @@
 //!
 //! It depends on no runtime: the futures work on tokio, async-std, smol or
 //! `futures::executor::block_on`, and plain threads can wait in the same
-//! line with [`Semaphore::acquire_blocking`].
+//! line with [`Semaphore::acquire_blocking`] (and [`Bulkhead::call_blocking`]).
 //!
 //! [`Bulkhead`] wraps the semaphore in the policy people use to guard a
 //! downstream dependency: wait (for at most `max_wait`, in a line of at most

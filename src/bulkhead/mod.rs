@@ -89,6 +89,7 @@ use idle::Idle;
 use crate::semaphore::Semaphore;
 pub(crate) use permit::Admitted;
 use policy::Policy;
+use run::run_blocking;
 use wait::Line;
 
 /// Limits how many calls reach a downstream dependency at once, and decides
@@ -280,6 +281,53 @@ impl Bulkhead {
                 result
             },
         }
+    }
+
+    /// [`call`](Self::call) for a plain thread: blocks the thread until a
+    /// permit is granted (under the same `max_wait`, line and policy as an
+    /// async caller, in the same line), runs `call` on it, then gives the
+    /// permit back. Async and blocking callers share one bulkhead.
+    ///
+    /// A closure cannot be stopped from outside, so `call_timeout` does not
+    /// cut it short: it runs to the end and its result is returned (its
+    /// time still counts in the hold times, and the leak watch still sees
+    /// a call held too long). A panic in `call` gives the permit back and
+    /// is reported as [`CallOutcome::Panicked`] before it unwinds on.
+    ///
+    /// Never call it inside an async task: it blocks the executor's thread
+    /// (and on a single-threaded runtime, the timer that bounds the wait).
+    /// Use it on plain threads, or in `spawn_blocking`.
+    ///
+    /// # Errors
+    ///
+    /// [`BulkheadError::Rejected`] if the call was not admitted,
+    /// [`BulkheadError::Inner`] with the call's own error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use watertight::{Bulkhead, RejectReason};
+    ///
+    /// let bh = Bulkhead::builder()
+    ///     .name("scanner")
+    ///     .max_concurrent_calls(1)
+    ///     .max_wait(Duration::from_millis(20))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(bh.call_blocking(|| Ok::<_, ()>(7)), Ok(7));
+    ///
+    /// let held = bh.try_acquire().unwrap();
+    /// let err = bh.call_blocking(|| Ok::<_, ()>(8)).unwrap_err();
+    /// assert_eq!(err.reason(), Some(RejectReason::Timeout));
+    /// drop(held);
+    /// ```
+    pub fn call_blocking<T, E>(
+        &self,
+        call: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, BulkheadError<E>> {
+        let mut permit = crate::blocking::block_on(self.acquire())?;
+        run_blocking(call, |outcome| permit.set_outcome(outcome)).map_err(BulkheadError::Inner)
     }
 
     /// Waits for a permit under the bulkhead's policy, for callers that

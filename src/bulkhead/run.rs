@@ -49,6 +49,22 @@ impl<T, E> Ran<T, E> {
     }
 }
 
+/// Runs a blocking call (`call_blocking`) and reports its outcome through
+/// `outcome` (a permit's): success or failure by its result. No timer can
+/// cut a closure short; a panic unwinds past `outcome`, and the permit,
+/// dropped while unwinding, reports `Panicked`.
+pub(crate) fn run_blocking<T, E>(
+    call: impl FnOnce() -> Result<T, E>,
+    outcome: impl FnOnce(CallOutcome),
+) -> Result<T, E> {
+    let out = call();
+    outcome(match out {
+        Ok(_) => CallOutcome::Success,
+        Err(_) => CallOutcome::Failure,
+    });
+    out
+}
+
 /// Polls an admitted call, then (once it is pending) its deadline for
 /// `limit` on `clock`: the deadline is armed only if the call is still
 /// pending after its first poll, so a call that finishes at once makes no

@@ -125,6 +125,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::bulkhead::name::Name;
+use crate::bulkhead::run::run_blocking;
 use crate::bulkhead::{Bulkhead, BulkheadBuilder, CallOptions, CallOutcome, RejectReason};
 use crate::semaphore::Semaphore;
 use crate::timer::Clock;
@@ -422,6 +423,41 @@ where
         F: Future<Output = Result<T, E>>,
     {
         self.staged::<false, Q, F, T, E>(key, options, call)
+    }
+
+    /// [`call`](Self::call) for a plain thread: blocks the thread until
+    /// both stages admit the call (the key's, then the global one, under the
+    /// same budget and lines as async callers), runs `call`, then gives the
+    /// permits back. As with
+    /// [`Bulkhead::call_blocking`](crate::Bulkhead::call_blocking),
+    /// `call_timeout` cannot cut a closure short, a panic gives the permits
+    /// back, and it must not be called inside an async task.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyedError::Rejected`] if the call was not admitted,
+    /// [`KeyedError::Inner`] with the call's own error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use watertight::keyed::KeyedBulkhead;
+    ///
+    /// let hosts = KeyedBulkhead::<String>::builder().max_concurrent_calls(1).build().unwrap();
+    /// let rows = hosts.call_blocking("db-1.internal", || Ok::<_, ()>(vec![1, 2]));
+    /// assert_eq!(rows.unwrap(), [1, 2]);
+    /// ```
+    pub fn call_blocking<Q, T, E>(
+        &self,
+        key: &Q,
+        call: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, KeyedError<E>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut permit = crate::blocking::block_on(self.acquire(key))?;
+        run_blocking(call, |outcome| permit.set_outcome(outcome)).map_err(KeyedError::Inner)
     }
 
     /// Waits for a permit of `key` and then, with a global limit, a global
