@@ -118,6 +118,12 @@ pub struct GrpcTimeout;
 /// assert!(GrpcTimeout.deadline(&Frame { timeout: Some("5S".into()) }).is_some());
 /// assert!(GrpcTimeout.deadline(&Frame { timeout: None }).is_none());
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` has no `grpc-timeout` header that watertight can read",
+    label = "no `GrpcTimeoutHeader` for this request type",
+    note = "for `http::Request`, enable the `http` feature of watertight",
+    note = "for a request type of your own, implement `watertight::tower::GrpcTimeoutHeader` for it"
+)]
 pub trait GrpcTimeoutHeader {
     /// The raw `grpc-timeout` value, if the request has one.
     fn grpc_timeout(&self) -> Option<&[u8]>;

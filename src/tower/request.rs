@@ -26,6 +26,11 @@ use crate::CallOptions;
 ///
 /// assert_eq!(ByTier.priority(&"paid"), Some(0));
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot read a priority class from a `{Req}`",
+    label = "not a priority reader for `{Req}`",
+    note = "a reader is a `RequestPriority<{Req}>`: a closure `Fn(&{Req}) -> Option<usize>`, or a type that implements it"
+)]
 pub trait RequestPriority<Req> {
     /// The priority class of `request` (0 the most important), or `None`
     /// for a plain call.
@@ -93,6 +98,12 @@ impl<Req> RequestPriority<Req> for NoPriority {
 /// let by = JobBudget.deadline(&Job { budget: Duration::from_secs(1) });
 /// assert!(by.is_some());
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot read a deadline from a `{Req}`",
+    label = "not a deadline reader for `{Req}`",
+    note = "a reader is a `RequestDeadline<{Req}>`: a closure `Fn(&{Req}) -> Option<Instant>`, `OptionsFrom`, or a ready-made one",
+    note = "the ready-made readers of `http::Request` (`GrpcTimeout`, `DeadlineExtension`) need the `http` feature of watertight"
+)]
 pub trait RequestDeadline<Req> {
     /// The time by which `request` must be done, or `None` if it carries
     /// no deadline (it is admitted as without one).
