@@ -68,7 +68,8 @@
 //!   explicitly.
 //!
 //! Two features publish what every bulkhead does (turn them off per
-//! bulkhead with `BulkheadBuilder::exporters(false)`):
+//! bulkhead with `BulkheadBuilder::exporters(false)`, or each alone with
+//! `export_metrics(false)` / `export_tracing(false)`):
 //!
 //! - `metrics`: counters, an in-flight gauge and wait/hold-time histograms
 //!   through the [`metrics`](https://docs.rs/metrics) facade, labelled by
@@ -77,7 +78,9 @@
 //!   before the first call (building earlier is fine; see
 //!   `BulkheadBuilder::exporters`).
 //! - `tracing`: a [`tracing`](https://docs.rs/tracing) event for every
-//!   admission, rejection, finished call and suspected leak, and each
+//!   admission, rejection, finished call and suspected leak, each at a
+//!   level the builder sets (`trace_levels`: rejections at `DEBUG` by
+//!   default, calls cut short and leaks at `WARN`), and each
 //!   call of `Bulkhead::call` runs inside a `bulkhead_call` span that names
 //!   the bulkhead, so the call's own events say who admitted them.
 //!
@@ -184,6 +187,9 @@ pub use semaphore::{OwnedPermit, Permit, Semaphore};
 /// receive.
 #[cfg(not(loom))]
 pub mod observer {
+    #[cfg(feature = "tracing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
+    pub use crate::bulkhead::export::TraceLevels;
     pub use crate::bulkhead::observer::{
         CallOutcome, Finished, LeakSuspected, Observer, Permitted, Rejection,
     };

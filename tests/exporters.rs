@@ -104,6 +104,40 @@ fn exporters_can_be_turned_off() {
     assert!(snapshotter.snapshot().into_vec().is_empty());
 }
 
+/// `export_metrics(false)` turns the metrics exporter off alone, and
+/// `export_tracing(false)` leaves it on.
+#[cfg(feature = "metrics")]
+#[test]
+fn the_metrics_exporter_turns_off_alone() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let off = Bulkhead::builder()
+            .max_concurrent_calls(1)
+            .export_metrics(false)
+            .build()
+            .unwrap();
+        drop(off.try_acquire().unwrap());
+    });
+    assert!(snapshotter.snapshot().into_vec().is_empty());
+    metrics::with_local_recorder(&recorder, || {
+        let on = Bulkhead::builder()
+            .name("metrics-only")
+            .max_concurrent_calls(1)
+            .export_tracing(false)
+            .build()
+            .unwrap();
+        drop(on.try_acquire().unwrap());
+    });
+    let series = snapshotter.snapshot().into_vec();
+    assert!(
+        series
+            .iter()
+            .any(|(key, ..)| key.key().labels().any(|l| l.value() == "metrics-only")),
+        "the metrics exporter stayed on"
+    );
+}
+
 /// The series are registered on a bulkhead's first event, not when it is
 /// built: a bulkhead built before the global recorder is installed
 /// publishes, as long as it had no event before. One that did keeps the

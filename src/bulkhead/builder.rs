@@ -9,6 +9,7 @@ use super::idle::Idle;
 
 use super::classes::Classes;
 use super::error::{BuildError, BuildErrorKind};
+use super::export::Exports;
 use super::observer::Observer;
 use super::policy::{Policy, Settings};
 use super::{Bulkhead, Shared};
@@ -27,7 +28,7 @@ use crate::timer::{Clock, Timer};
 /// | `fair` | `true` | strict FIFO; `false` lets newcomers take a free permit ahead of waiters |
 /// | `timer` | picked by [`default_timer`](crate::timer::default_timer) | where delays come from |
 /// | `observer` | none | hooks that see every call (may be given several times) |
-/// | `exporters` | `true` | publish to `metrics` / `tracing` when those features are on |
+/// | `exporters` | `true` | publish to `metrics` / `tracing` when those features are on (each alone: `export_metrics`, `export_tracing`; levels: `trace_levels`) |
 /// | `leak_threshold` | none | report permits held longer than this |
 /// | `queue_delay` | off | controlled delay: cut a standing line's waits to a target |
 /// | `adaptive_lifo` | off | with `queue_delay`: serve the newest waiter first while the line stands |
@@ -58,7 +59,7 @@ pub struct BulkheadBuilder {
     pub(crate) fair: bool,
     pub(crate) timer: Option<Arc<dyn Timer>>,
     pub(crate) observers: Vec<Arc<dyn Observer>>,
-    pub(crate) exporters: bool,
+    pub(crate) exports: Exports,
     pub(crate) leak_threshold: Option<Duration>,
     /// Controlled delay: the target wait and the interval.
     pub(crate) queue_delay: Option<(Duration, Duration)>,
@@ -100,7 +101,7 @@ impl BulkheadBuilder {
             fair: true,
             timer: None,
             observers: Vec::new(),
-            exporters: true,
+            exports: Exports::ALL,
             leak_threshold: None,
             queue_delay: None,
             adaptive_lifo: false,
@@ -372,7 +373,37 @@ impl BulkheadBuilder {
     /// # }
     /// ```
     pub fn exporters(mut self, enabled: bool) -> Self {
-        self.exporters = enabled;
+        self.exports.metrics = enabled;
+        self.exports.tracing = enabled;
+        self
+    }
+
+    /// Whether to publish to the `metrics` facade (feature `metrics`;
+    /// default `true`), whatever [`export_tracing`](Self::export_tracing)
+    /// says. See [`exporters`](Self::exporters).
+    pub fn export_metrics(mut self, enabled: bool) -> Self {
+        self.exports.metrics = enabled;
+        self
+    }
+
+    /// Whether to emit `tracing` events and the `bulkhead_call` span
+    /// (feature `tracing`; default `true`), whatever
+    /// [`export_metrics`](Self::export_metrics) says. See
+    /// [`exporters`](Self::exporters), and
+    /// [`trace_levels`](Self::trace_levels) for each event's level.
+    pub fn export_tracing(mut self, enabled: bool) -> Self {
+        self.exports.tracing = enabled;
+        self
+    }
+
+    /// The level of each kind of `tracing` event (feature `tracing`):
+    /// rejections at `DEBUG` by default, calls cut short and leaks at
+    /// `WARN`; the table on [`TraceLevels`](crate::observer::TraceLevels)
+    /// says each default and why.
+    #[cfg(feature = "tracing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
+    pub fn trace_levels(mut self, levels: crate::observer::TraceLevels) -> Self {
+        self.exports.levels = levels;
         self
     }
 
@@ -700,14 +731,7 @@ impl BulkheadBuilder {
         let Checked { name, clock } = self.check(name, "bulkhead")?;
         // The exporters first, so a user's panicking observer cannot keep
         // them from an event (and leave a gauge wrong).
-        let mut observers = Vec::new();
-        if self.exporters {
-            #[cfg(feature = "metrics")]
-            observers
-                .push(Arc::new(super::export::MetricsExporter::new(&name)) as Arc<dyn Observer>);
-            #[cfg(feature = "tracing")]
-            observers.push(Arc::new(super::export::TracingExporter) as Arc<dyn Observer>);
-        }
+        let mut observers = self.exports.observers(&name);
         observers.extend(self.observers);
         Ok(Policy::new(Settings {
             name: super::name::intern(&name),
@@ -721,7 +745,7 @@ impl BulkheadBuilder {
             queue_delay: self.queue_delay,
             adaptive_lifo: self.adaptive_lifo,
             #[cfg(feature = "tracing")]
-            spans: self.exporters,
+            spans: self.exports.tracing,
         }))
     }
 }
@@ -737,7 +761,7 @@ impl fmt::Debug for BulkheadBuilder {
             .field("fair", &self.fair)
             .field("timer", &self.timer)
             .field("observers", &self.observers.len())
-            .field("exporters", &self.exporters)
+            .field("exports", &self.exports)
             .field("leak_threshold", &self.leak_threshold)
             .field("queue_delay", &self.queue_delay)
             .field("adaptive_lifo", &self.adaptive_lifo)

@@ -4,7 +4,48 @@
 #[cfg(feature = "metrics")]
 pub(crate) use self::metrics_export::MetricsExporter;
 #[cfg(feature = "tracing")]
+pub use self::tracing_export::TraceLevels;
+#[cfg(feature = "tracing")]
 pub(crate) use self::tracing_export::TracingExporter;
+
+/// Which exporters a builder installs (each only with its feature on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Exports {
+    pub(crate) metrics: bool,
+    pub(crate) tracing: bool,
+    #[cfg(feature = "tracing")]
+    pub(crate) levels: TraceLevels,
+}
+
+impl Exports {
+    /// Both on, at the default levels.
+    pub(crate) const ALL: Exports = Exports {
+        metrics: true,
+        tracing: true,
+        #[cfg(feature = "tracing")]
+        levels: TraceLevels::DEFAULT,
+    };
+
+    /// The observers to install, ahead of the user's.
+    pub(crate) fn observers(
+        &self,
+        #[cfg_attr(not(feature = "metrics"), allow(unused_variables))] name: &str,
+    ) -> Vec<std::sync::Arc<dyn super::observer::Observer>> {
+        #[cfg_attr(not(any(feature = "metrics", feature = "tracing")), allow(unused_mut))]
+        let mut observers: Vec<std::sync::Arc<dyn super::observer::Observer>> = Vec::new();
+        #[cfg(feature = "metrics")]
+        if self.metrics {
+            observers.push(std::sync::Arc::new(MetricsExporter::new(name)));
+        }
+        #[cfg(feature = "tracing")]
+        if self.tracing {
+            observers.push(std::sync::Arc::new(TracingExporter {
+                levels: self.levels,
+            }));
+        }
+        observers
+    }
+}
 
 #[cfg(feature = "metrics")]
 mod metrics_export {
@@ -127,23 +168,102 @@ mod metrics_export {
 
 #[cfg(feature = "tracing")]
 mod tracing_export {
-    use super::super::observer::{Finished, LeakSuspected, Observer, Permitted, Rejection};
+    use tracing::Level;
 
-    /// Emits a `tracing` event for every admission (debug), rejection (warn),
-    /// finished call (debug; warn when it timed out or panicked) and
-    /// suspected leak (warn), with target `watertight`. (The `bulkhead_call`
-    /// span around each call comes from `Policy::traced`, not from here:
-    /// an observer sees events, not the call's future.)
+    use super::super::observer::{
+        CallOutcome, Finished, LeakSuspected, Observer, Permitted, Rejection,
+    };
+
+    /// The level of each kind of event the `tracing` exporter emits (feature
+    /// `tracing`), `None` for none; set with
+    /// [`BulkheadBuilder::trace_levels`](crate::BulkheadBuilder::trace_levels).
+    /// Every event has target `watertight` and names its bulkhead.
+    ///
+    /// | field | event | default | why |
+    /// |---|---|---|---|
+    /// | `permitted` | a call admitted | `DEBUG` | one per call: for debugging |
+    /// | `rejected` | a call turned away | `DEBUG` | the bulkhead doing its job: under overload one per rejected call (thousands a second), which the metrics count; raise it where a rejection is rare and each one matters |
+    /// | `finished` | a call ended (success, failure, cancelled, released) | `DEBUG` | one per call: for debugging |
+    /// | `cut_short` | a call cut off by `call_timeout`, or that panicked | `WARN` | a call the bulkhead had to stop, or a bug |
+    /// | `leak` | a permit held past `leak_threshold` | `WARN` | a bug: a permit that may never come back |
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tracing::Level;
+    /// use watertight::Bulkhead;
+    /// use watertight::observer::TraceLevels;
+    ///
+    /// let mut levels = TraceLevels::default();
+    /// levels.rejected = Some(Level::WARN); // rejections are rare here, and matter
+    /// levels.permitted = None;
+    /// let bh = Bulkhead::builder().max_concurrent_calls(4).trace_levels(levels).build().unwrap();
+    /// # drop(bh);
+    /// ```
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    #[non_exhaustive]
+    pub struct TraceLevels {
+        /// A call admitted.
+        pub permitted: Option<Level>,
+        /// A call turned away.
+        pub rejected: Option<Level>,
+        /// A call that ended on its own, or whose permit was dropped.
+        pub finished: Option<Level>,
+        /// A call cut off by `call_timeout`, or that panicked.
+        pub cut_short: Option<Level>,
+        /// A permit held past `leak_threshold`.
+        pub leak: Option<Level>,
+    }
+
+    impl TraceLevels {
+        /// The defaults of the table above.
+        pub const DEFAULT: TraceLevels = TraceLevels {
+            permitted: Some(Level::DEBUG),
+            rejected: Some(Level::DEBUG),
+            finished: Some(Level::DEBUG),
+            cut_short: Some(Level::WARN),
+            leak: Some(Level::WARN),
+        };
+    }
+
+    impl Default for TraceLevels {
+        fn default() -> Self {
+            Self::DEFAULT
+        }
+    }
+
+    /// A `tracing` event at a level known only at run time (the macros
+    /// want it constant): one callsite per level.
+    macro_rules! event_at {
+        ($level:expr, $($event:tt)+) => {
+            match $level {
+                None => {}
+                Some(level) if level == Level::ERROR => tracing::error!($($event)+),
+                Some(level) if level == Level::WARN => tracing::warn!($($event)+),
+                Some(level) if level == Level::INFO => tracing::info!($($event)+),
+                Some(level) if level == Level::DEBUG => tracing::debug!($($event)+),
+                Some(_) => tracing::trace!($($event)+),
+            }
+        };
+    }
+
+    /// Emits a `tracing` event for every admission, rejection, finished
+    /// call and suspected leak, at the levels of its [`TraceLevels`]. (The
+    /// `bulkhead_call` span around each call comes from `Policy::traced`,
+    /// not from here: an observer sees events, not the call's future.)
     #[derive(Debug)]
-    pub(crate) struct TracingExporter;
+    pub(crate) struct TracingExporter {
+        pub(crate) levels: TraceLevels,
+    }
 
     impl Observer for TracingExporter {
         fn on_permitted(&self, e: &Permitted<'_>) {
-            tracing::debug!(target: "watertight", bulkhead = e.name, waited = ?e.waited, "call permitted");
+            event_at!(self.levels.permitted, target: "watertight", bulkhead = e.name, waited = ?e.waited, "call permitted");
         }
 
         fn on_rejected(&self, e: &Rejection<'_>) {
-            tracing::warn!(
+            event_at!(
+                self.levels.rejected,
                 target: "watertight",
                 bulkhead = e.name,
                 reason = e.reason.as_str(),
@@ -153,27 +273,23 @@ mod tracing_export {
         }
 
         fn on_finished(&self, e: &Finished<'_>) {
-            use super::super::observer::CallOutcome;
-            match e.outcome {
-                CallOutcome::TimedOut | CallOutcome::Panicked => tracing::warn!(
-                    target: "watertight",
-                    bulkhead = e.name,
-                    outcome = e.outcome.as_str(),
-                    held = ?e.held,
-                    "call finished"
-                ),
-                _ => tracing::debug!(
-                    target: "watertight",
-                    bulkhead = e.name,
-                    outcome = e.outcome.as_str(),
-                    held = ?e.held,
-                    "call finished"
-                ),
-            }
+            let level = match e.outcome {
+                CallOutcome::TimedOut | CallOutcome::Panicked => self.levels.cut_short,
+                _ => self.levels.finished,
+            };
+            event_at!(
+                level,
+                target: "watertight",
+                bulkhead = e.name,
+                outcome = e.outcome.as_str(),
+                held = ?e.held,
+                "call finished"
+            );
         }
 
         fn on_leak_suspected(&self, e: &LeakSuspected<'_>) {
-            tracing::warn!(
+            event_at!(
+                self.levels.leak,
                 target: "watertight",
                 bulkhead = e.name,
                 held = ?e.held,

@@ -48,7 +48,7 @@ mod classes;
 mod delay;
 mod engine;
 pub(crate) mod error;
-mod export;
+pub(crate) mod export;
 pub(crate) mod guard;
 pub(crate) mod idle;
 mod leak;

@@ -343,7 +343,30 @@ where
     /// [`BulkheadBuilder::exporters`](crate::BulkheadBuilder::exporters)
     /// says.
     pub fn exporters(mut self, enabled: bool) -> Self {
-        self.base.exporters = enabled;
+        self.base = self.base.exporters(enabled);
+        self
+    }
+
+    /// As [`BulkheadBuilder::export_metrics`](crate::BulkheadBuilder::export_metrics),
+    /// for the keys' bulkheads and the one made by `global_limit`.
+    pub fn export_metrics(mut self, enabled: bool) -> Self {
+        self.base = self.base.export_metrics(enabled);
+        self
+    }
+
+    /// As [`BulkheadBuilder::export_tracing`](crate::BulkheadBuilder::export_tracing),
+    /// for the keys' bulkheads and the one made by `global_limit`.
+    pub fn export_tracing(mut self, enabled: bool) -> Self {
+        self.base = self.base.export_tracing(enabled);
+        self
+    }
+
+    /// As [`BulkheadBuilder::trace_levels`](crate::BulkheadBuilder::trace_levels),
+    /// for the keys' bulkheads and the one made by `global_limit`.
+    #[cfg(feature = "tracing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
+    pub fn trace_levels(mut self, levels: crate::observer::TraceLevels) -> Self {
+        self.base = self.base.trace_levels(levels);
         self
     }
 
@@ -651,8 +674,8 @@ where
                 let mut builder = Bulkhead::builder()
                     .name(format!("{name}.global"))
                     .max_concurrent_calls(check_limit(limit)?)
-                    .fair(base.fair)
-                    .exporters(base.exporters);
+                    .fair(base.fair);
+                builder.exports = base.exports;
                 if let Some(max_queue) = self.global_max_queue {
                     builder = builder.max_queue(max_queue);
                 }
@@ -719,7 +742,7 @@ impl<K, S> fmt::Debug for KeyedBulkheadBuilder<K, S> {
             .field("adaptive_lifo", &b.adaptive_lifo)
             .field("timer", &b.timer)
             .field("observers", &b.observers.len())
-            .field("exporters", &b.exporters)
+            .field("exports", &b.exports)
             .field("global", &global)
             .field("global_max_queue", &self.global_max_queue)
             .field("fair_shares", &self.fair_shares)

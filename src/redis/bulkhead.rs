@@ -117,6 +117,26 @@ impl RedisBulkheadBuilder {
         self
     }
 
+    /// As [`BulkheadBuilder::export_metrics`].
+    pub fn export_metrics(mut self, enabled: bool) -> Self {
+        self.policy = self.policy.export_metrics(enabled);
+        self
+    }
+
+    /// As [`BulkheadBuilder::export_tracing`].
+    pub fn export_tracing(mut self, enabled: bool) -> Self {
+        self.policy = self.policy.export_tracing(enabled);
+        self
+    }
+
+    /// As [`BulkheadBuilder::trace_levels`].
+    #[cfg(feature = "tracing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
+    pub fn trace_levels(mut self, levels: crate::observer::TraceLevels) -> Self {
+        self.policy = self.policy.trace_levels(levels);
+        self
+    }
+
     /// Makes the bulkhead; it takes its name from the semaphore.
     ///
     /// # Errors
