@@ -207,6 +207,40 @@ impl Rejected {
             .div_ceil(u64::from(limit.max(1)));
         Some(Duration::from_nanos(ns))
     }
+
+    /// [`retry_after`](Self::retry_after) in whole seconds, rounded up and
+    /// at least 1: the value of an HTTP `Retry-After` header (which counts
+    /// whole seconds, so a hint under a second would otherwise read 0).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use watertight::Bulkhead;
+    ///
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).max_wait(Duration::ZERO).build().unwrap();
+    /// for _ in 0..16 {
+    ///     // Hold times to estimate from, of about a millisecond.
+    ///     let p = bh.try_acquire().unwrap();
+    ///     std::thread::sleep(Duration::from_millis(1));
+    ///     drop(p);
+    /// }
+    /// let _held = bh.try_acquire().unwrap();
+    /// let rejected = bh.try_acquire().unwrap_err();
+    /// assert!(rejected.retry_after().unwrap() < Duration::from_secs(1));
+    /// assert_eq!(rejected.retry_after_secs(), Some(1));
+    /// ```
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after().map(|d| {
+            let whole = d.as_secs();
+            let secs = if d.subsec_nanos() > 0 {
+                whole + 1
+            } else {
+                whole
+            };
+            secs.max(1)
+        })
+    }
 }
 
 impl fmt::Debug for Rejected {

@@ -9,7 +9,7 @@ use core::task::{Context, Poll, ready};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::BoxError;
+use super::{Answer, BoxErrors};
 use crate::bulkhead::policy::Traced;
 use crate::bulkhead::run::Running;
 use crate::bulkhead::{Admission, AdmissionAs};
@@ -57,12 +57,13 @@ pin_project! {
     /// that call and releases the permit (the observer sees
     /// [`CallOutcome::Cancelled`](crate::CallOutcome::Cancelled)).
     #[must_use = "futures do nothing unless polled"]
-    pub struct ResponseFuture<S, Req>
+    pub struct ResponseFuture<S, Req, A = BoxErrors>
     where
         S: Service<Req>,
     {
         #[pin]
         state: State<S, Req, S::Future>,
+        answer: A,
     }
 }
 
@@ -94,33 +95,37 @@ pin_project! {
     }
 }
 
-impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
+impl<S: Service<Req>, Req, A> ResponseFuture<S, Req, A> {
     /// A plain request: its admission, then its call.
     #[inline]
-    pub(super) fn admit(admission: Admission, call: Option<(S, Req)>) -> Self {
+    pub(super) fn admit(admission: Admission, call: Option<(S, Req)>, answer: A) -> Self {
         Self {
             state: State::Admit { admission, call },
+            answer,
         }
     }
 
     /// A request of a priority class: its admission, then its call.
     #[inline]
-    pub(super) fn admit_as(admission: AdmissionAs, call: Option<(S, Req)>) -> Self {
+    pub(super) fn admit_as(admission: AdmissionAs, call: Option<(S, Req)>, answer: A) -> Self {
         Self {
             state: State::AdmitAs { admission, call },
+            answer,
         }
     }
 }
 
-impl<S, Req> Future for ResponseFuture<S, Req>
+impl<S, Req, A> Future for ResponseFuture<S, Req, A>
 where
     S: Service<Req>,
-    S::Error: Into<BoxError>,
+    A: Answer<S::Response, S::Error>,
 {
-    type Output = Result<S::Response, BoxError>;
+    type Output = Result<S::Response, A::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = self.project().state;
+        let this = self.project();
+        let mut state = this.state;
+        let answer = &*this.answer;
         loop {
             let (admitted, call) = match state.as_mut().project() {
                 StateProj::Admit { admission, call } => (ready!(admission.poll(cx)), call),
@@ -128,13 +133,14 @@ where
                 StateProj::Run { running, permit } => {
                     let (result, outcome) = ready!(running.poll_with(cx, permit.policy()));
                     permit.set_outcome(outcome);
-                    let result = result.map_err(|e| match e {
-                        BulkheadError::Inner(e) => e.into(),
-                        BulkheadError::Rejected(rejected) => rejected.into(),
-                        BulkheadError::CallTimeout(timed_out) => timed_out.into(),
+                    let result = match result {
+                        Ok(response) => Ok(response),
+                        Err(BulkheadError::Inner(e)) => Err(answer.inner(e)),
+                        Err(BulkheadError::Rejected(rejected)) => answer.rejected(rejected),
+                        Err(BulkheadError::CallTimeout(timed_out)) => answer.timed_out(timed_out),
                         // A local permit is never lost; kept for the match.
-                        BulkheadError::LeaseLost(reason) => reason.into(),
-                    });
+                        Err(BulkheadError::LeaseLost(reason)) => answer.lost(reason),
+                    };
                     // Drops the call, then gives the permit back.
                     state.set(State::Done);
                     return Poll::Ready(result);
@@ -145,7 +151,7 @@ where
                 Ok(permit) => permit,
                 Err(rejected) => {
                     state.set(State::Done);
-                    return Poll::Ready(Err(rejected.into()));
+                    return Poll::Ready(answer.rejected(rejected));
                 }
             };
             let (mut inner, request) = call.take().expect("called once, when admitted");
@@ -162,7 +168,7 @@ where
     }
 }
 
-impl<S, Req> fmt::Debug for ResponseFuture<S, Req>
+impl<S, Req, A> fmt::Debug for ResponseFuture<S, Req, A>
 where
     S: Service<Req>,
 {

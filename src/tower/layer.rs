@@ -5,7 +5,7 @@ use core::fmt;
 
 use tower_layer::Layer;
 
-use super::{BulkheadService, NoDeadline, NoPriority, OptionsFrom};
+use super::{BoxErrors, BulkheadService, NoDeadline, NoPriority, OptionsFrom};
 use crate::Bulkhead;
 #[cfg(doc)]
 use crate::CallOptions;
@@ -47,10 +47,11 @@ use crate::CallOptions;
 /// let _new = ServiceBuilder::new().layer(BulkheadLayer::new(bh));
 /// ```
 #[derive(Clone)]
-pub struct BulkheadLayer<D = NoDeadline, P = NoPriority> {
+pub struct BulkheadLayer<D = NoDeadline, P = NoPriority, A = BoxErrors> {
     bulkhead: Bulkhead,
     deadline: D,
     priority: P,
+    answer: A,
 }
 
 impl BulkheadLayer {
@@ -73,11 +74,12 @@ impl BulkheadLayer {
             bulkhead,
             deadline: NoDeadline,
             priority: NoPriority,
+            answer: BoxErrors,
         }
     }
 }
 
-impl<D, P> BulkheadLayer<D, P> {
+impl<D, P, A> BulkheadLayer<D, P, A> {
     /// Admits each request by the deadline `deadline` reads from it
     /// (deadline-aware admission, as for a call with a
     /// [deadline](crate::CallOptions::deadline)): a request
@@ -139,11 +141,12 @@ impl<D, P> BulkheadLayer<D, P> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn deadline_from<F>(self, deadline: F) -> BulkheadLayer<F, P> {
+    pub fn deadline_from<F>(self, deadline: F) -> BulkheadLayer<F, P, A> {
         BulkheadLayer {
             bulkhead: self.bulkhead,
             deadline,
             priority: self.priority,
+            answer: self.answer,
         }
     }
 
@@ -185,7 +188,7 @@ impl<D, P> BulkheadLayer<D, P> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn options_from<F>(self, options: F) -> BulkheadLayer<OptionsFrom<F>, P> {
+    pub fn options_from<F>(self, options: F) -> BulkheadLayer<OptionsFrom<F>, P, A> {
         self.deadline_from(OptionsFrom(options))
     }
 
@@ -232,11 +235,103 @@ impl<D, P> BulkheadLayer<D, P> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn priority_from<F>(self, priority: F) -> BulkheadLayer<D, F> {
+    pub fn priority_from<F>(self, priority: F) -> BulkheadLayer<D, F, A> {
         BulkheadLayer {
             bulkhead: self.bulkhead,
             deadline: self.deadline,
             priority,
+            answer: self.answer,
+        }
+    }
+
+    /// Answers a request the bulkhead turns away or cuts off with an HTTP
+    /// response instead of an error (feature `http`): `503 Service
+    /// Unavailable` for a rejection, with a `Retry-After` header (whole
+    /// seconds, rounded up, at least 1) when the bulkhead has an estimate,
+    /// `504 Gateway Timeout` for a call cut off by `call_timeout`, each
+    /// with the error's message as a `text/plain` body (see
+    /// [`Refusal::response`](super::Refusal::response)). The inner
+    /// service's own errors pass through unboxed, so over an axum router
+    /// (whose error is `Infallible`) the layer needs no
+    /// `HandleErrorLayer`. The inner service's response must be an
+    /// `http::Response<B>` whose body `B` is `From<String>` (axum's `Body`,
+    /// `Full<Bytes>`, `String`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::time::Duration;
+    /// use watertight::Bulkhead;
+    /// use watertight::tower::BulkheadLayer;
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let bh = Bulkhead::builder().name("search").max_concurrent_calls(1).max_wait(Duration::ZERO).build().unwrap();
+    /// let service = ServiceBuilder::new()
+    ///     .layer(BulkheadLayer::new(bh.clone()).http_responses())
+    ///     .service_fn(|_: http::Request<String>| async {
+    ///         Ok::<_, Infallible>(http::Response::new(String::from("found")))
+    ///     });
+    /// let _busy = bh.try_acquire().unwrap();
+    /// let response = service.oneshot(http::Request::new(String::new())).await.unwrap();
+    /// assert_eq!(response.status(), 503);
+    /// assert_eq!(response.body(), r#"bulkhead "search" is full"#);
+    /// # }
+    /// ```
+    #[cfg(feature = "http")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+    pub fn http_responses(self) -> BulkheadLayer<D, P, super::HttpResponses> {
+        self.answer_with(super::HttpResponses(super::PlainResponses))
+    }
+
+    /// [`http_responses`](Self::http_responses) with responses of your own:
+    /// `respond` makes the response to each [`Refusal`](super::Refusal)
+    /// (its [`response`](super::Refusal::response) is the default one, to
+    /// build on).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use watertight::Bulkhead;
+    /// use watertight::tower::{BulkheadLayer, Refusal};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let bh = Bulkhead::builder().max_concurrent_calls(1).max_wait(std::time::Duration::ZERO).build().unwrap();
+    /// let json = |refusal: Refusal<'_>| {
+    ///     let mut response = refusal.response::<String>();
+    ///     *response.body_mut() = format!(r#"{{"error":"{}"}}"#, response.status().as_u16());
+    ///     response.headers_mut().insert("content-type", "application/json".parse().unwrap());
+    ///     response
+    /// };
+    /// let service = ServiceBuilder::new()
+    ///     .layer(BulkheadLayer::new(bh.clone()).http_responses_with(json))
+    ///     .service_fn(|_: http::Request<()>| async { Ok::<_, Infallible>(http::Response::new(String::new())) });
+    /// let _busy = bh.try_acquire().unwrap();
+    /// let response = service.oneshot(http::Request::new(())).await.unwrap();
+    /// assert_eq!(response.body(), r#"{"error":"503"}"#);
+    /// # }
+    /// ```
+    #[cfg(feature = "http")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+    pub fn http_responses_with<F>(
+        self,
+        respond: F,
+    ) -> BulkheadLayer<D, P, super::HttpResponses<F>> {
+        self.answer_with(super::HttpResponses(respond))
+    }
+
+    #[cfg(feature = "http")]
+    fn answer_with<B>(self, answer: B) -> BulkheadLayer<D, P, B> {
+        BulkheadLayer {
+            bulkhead: self.bulkhead,
+            deadline: self.deadline,
+            priority: self.priority,
+            answer,
         }
     }
 
@@ -246,12 +341,13 @@ impl<D, P> BulkheadLayer<D, P> {
     }
 }
 
-impl<D, P> fmt::Debug for BulkheadLayer<D, P> {
+impl<D, P, A> fmt::Debug for BulkheadLayer<D, P, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BulkheadLayer")
             .field("bulkhead", &self.bulkhead)
             .field("deadline", &core::any::type_name::<D>())
             .field("priority", &core::any::type_name::<P>())
+            .field("answer", &core::any::type_name::<A>())
             .finish()
     }
 }
@@ -262,8 +358,8 @@ impl From<Bulkhead> for BulkheadLayer {
     }
 }
 
-impl<S, D: Clone, P: Clone> Layer<S> for BulkheadLayer<D, P> {
-    type Service = BulkheadService<S, D, P>;
+impl<S, D: Clone, P: Clone, A: Clone> Layer<S> for BulkheadLayer<D, P, A> {
+    type Service = BulkheadService<S, D, P, A>;
 
     fn layer(&self, inner: S) -> Self::Service {
         BulkheadService {
@@ -271,6 +367,7 @@ impl<S, D: Clone, P: Clone> Layer<S> for BulkheadLayer<D, P> {
             bulkhead: self.bulkhead.clone(),
             deadline: self.deadline.clone(),
             priority: self.priority.clone(),
+            answer: self.answer.clone(),
         }
     }
 }

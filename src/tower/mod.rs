@@ -165,10 +165,11 @@
 //! ```
 //!
 //! A hyper server that got an error from its service closes the
-//! connection; to answer `503 Service Unavailable` instead, turn the
-//! rejection into a response in a layer above the bulkhead (tower's
-//! `ServiceBuilder::map_result`, or axum's `HandleErrorLayer`). See
-//! `examples/tower_service.rs` and the
+//! connection, and axum wants services that cannot fail. With the `http`
+//! feature, [`BulkheadLayer::http_responses`] answers instead: `503` (with
+//! `Retry-After`) for a rejection, `504` for a call timeout, and the inner
+//! service's errors pass through unboxed (the service's `A` type
+//! parameter, an [`Answer`], decides). See the
 //! [bulkhead guide](crate::guide::bulkhead#in-a-tower-stack).
 //!
 //! # Implementation notes
@@ -194,6 +195,7 @@
 //! allocates nothing of its own on any path, apart from the boxed error of
 //! one that fails.
 
+mod answer;
 mod deadline;
 mod future;
 mod layer;
@@ -202,6 +204,10 @@ mod service;
 
 /// The error a request cut off by `call_timeout` downcasts to.
 pub use crate::CallTimeout;
+pub use answer::{Answer, BoxErrors};
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub use answer::{HttpResponses, PlainResponses, Refusal, RefusalResponse};
 pub use deadline::{
     Deadline, DeadlineExtension, Earliest, GrpcTimeout, GrpcTimeoutHeader, parse_grpc_timeout,
 };

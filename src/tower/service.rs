@@ -6,7 +6,8 @@ use core::task::{Context, Poll};
 use tower_service::Service;
 
 use super::{
-    BoxError, NoDeadline, NoPriority, OptionsFrom, RequestDeadline, RequestPriority, ResponseFuture,
+    Answer, BoxErrors, NoDeadline, NoPriority, OptionsFrom, RequestDeadline, RequestPriority,
+    ResponseFuture,
 };
 use crate::Bulkhead;
 use crate::bulkhead::Admissions;
@@ -18,8 +19,10 @@ use crate::bulkhead::Admissions;
 /// It holds no permit while idle: `poll_ready` only asks the inner service
 /// (see the [module documentation](super)). Requests wait, time out or are
 /// rejected in the response future, under the bulkhead's policy; errors are
-/// [`BoxError`]s that downcast to [`Rejected`](crate::Rejected),
-/// [`CallTimeout`](super::CallTimeout), or the inner service's error. `D` reads each request's
+/// [`BoxError`](super::BoxError)s that downcast to [`Rejected`](crate::Rejected),
+/// [`CallTimeout`](super::CallTimeout), or the inner service's error (with
+/// `http_responses`, rejections and timeouts are responses instead: `A`
+/// decides, see [`Answer`]). `D` reads each request's
 /// deadline, if it has one (see [`BulkheadLayer::deadline_from`](super::BulkheadLayer::deadline_from)).
 ///
 /// The inner service must be `Clone` (`call` moves the instance that was
@@ -51,11 +54,12 @@ use crate::bulkhead::Admissions;
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct BulkheadService<S, D = NoDeadline, P = NoPriority> {
+pub struct BulkheadService<S, D = NoDeadline, P = NoPriority, A = BoxErrors> {
     pub(super) inner: S,
     pub(super) bulkhead: Bulkhead,
     pub(super) deadline: D,
     pub(super) priority: P,
+    pub(super) answer: A,
 }
 
 impl<S> BulkheadService<S> {
@@ -66,11 +70,12 @@ impl<S> BulkheadService<S> {
             bulkhead,
             deadline: NoDeadline,
             priority: NoPriority,
+            answer: BoxErrors,
         }
     }
 }
 
-impl<S, D, P> BulkheadService<S, D, P> {
+impl<S, D, P, A> BulkheadService<S, D, P, A> {
     /// Admits each request by the deadline `deadline` reads from it, as
     /// [`BulkheadLayer::deadline_from`](super::BulkheadLayer::deadline_from) does.
     ///
@@ -94,12 +99,13 @@ impl<S, D, P> BulkheadService<S, D, P> {
     /// assert_eq!(rejected.reason(), RejectReason::WontMakeDeadline);
     /// # });
     /// ```
-    pub fn deadline_from<F>(self, deadline: F) -> BulkheadService<S, F, P> {
+    pub fn deadline_from<F>(self, deadline: F) -> BulkheadService<S, F, P, A> {
         BulkheadService {
             inner: self.inner,
             bulkhead: self.bulkhead,
             deadline,
             priority: self.priority,
+            answer: self.answer,
         }
     }
 
@@ -122,12 +128,46 @@ impl<S, D, P> BulkheadService<S, D, P> {
     /// assert_eq!(service.oneshot(1).await.unwrap(), 1);
     /// # });
     /// ```
-    pub fn priority_from<F>(self, priority: F) -> BulkheadService<S, D, F> {
+    pub fn priority_from<F>(self, priority: F) -> BulkheadService<S, D, F, A> {
         BulkheadService {
             inner: self.inner,
             bulkhead: self.bulkhead,
             deadline: self.deadline,
             priority,
+            answer: self.answer,
+        }
+    }
+
+    /// Answers a request the bulkhead turns away or cuts off with a response
+    /// instead of an error, as
+    /// [`BulkheadLayer::http_responses`](super::BulkheadLayer::http_responses)
+    /// does.
+    #[cfg(feature = "http")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+    pub fn http_responses(self) -> BulkheadService<S, D, P, super::HttpResponses> {
+        self.answer_with(super::HttpResponses(super::PlainResponses))
+    }
+
+    /// [`http_responses`](Self::http_responses) with responses of your own,
+    /// as [`BulkheadLayer::http_responses_with`](super::BulkheadLayer::http_responses_with)
+    /// does.
+    #[cfg(feature = "http")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+    pub fn http_responses_with<F>(
+        self,
+        respond: F,
+    ) -> BulkheadService<S, D, P, super::HttpResponses<F>> {
+        self.answer_with(super::HttpResponses(respond))
+    }
+
+    #[cfg(feature = "http")]
+    fn answer_with<B>(self, answer: B) -> BulkheadService<S, D, P, B> {
+        BulkheadService {
+            inner: self.inner,
+            bulkhead: self.bulkhead,
+            deadline: self.deadline,
+            priority: self.priority,
+            answer,
         }
     }
 
@@ -152,7 +192,7 @@ impl<S, D, P> BulkheadService<S, D, P> {
     /// assert_eq!(service.oneshot(20).await.unwrap(), 20);
     /// # });
     /// ```
-    pub fn options_from<F>(self, options: F) -> BulkheadService<S, OptionsFrom<F>, P> {
+    pub fn options_from<F>(self, options: F) -> BulkheadService<S, OptionsFrom<F>, P, A> {
         self.deadline_from(OptionsFrom(options))
     }
 
@@ -177,32 +217,34 @@ impl<S, D, P> BulkheadService<S, D, P> {
     }
 }
 
-impl<S: fmt::Debug, D, P> fmt::Debug for BulkheadService<S, D, P> {
+impl<S: fmt::Debug, D, P, A> fmt::Debug for BulkheadService<S, D, P, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BulkheadService")
             .field("inner", &self.inner)
             .field("bulkhead", &self.bulkhead)
             .field("deadline", &core::any::type_name::<D>())
             .field("priority", &core::any::type_name::<P>())
+            .field("answer", &core::any::type_name::<A>())
             .finish()
     }
 }
 
-impl<S, D, P, Req> Service<Req> for BulkheadService<S, D, P>
+impl<S, D, P, A, Req> Service<Req> for BulkheadService<S, D, P, A>
 where
     S: Service<Req> + Clone,
-    S::Error: Into<BoxError>,
     D: RequestDeadline<Req>,
     P: RequestPriority<Req>,
+    A: Answer<S::Response, S::Error> + Clone,
 {
     type Response = S::Response;
-    type Error = BoxError;
-    type Future = ResponseFuture<S, Req>;
+    type Error = A::Error;
+    type Future = ResponseFuture<S, Req, A>;
 
     /// Ready when the inner service is; takes no permit.
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+        let answer = &self.answer;
+        self.inner.poll_ready(cx).map_err(|e| answer.inner(e))
     }
 
     #[inline]
@@ -220,9 +262,10 @@ where
         let clone = self.inner.clone();
         let inner = core::mem::replace(&mut self.inner, clone);
         let call = Some((inner, request));
+        let answer = self.answer.clone();
         match admission {
-            Admissions::Plain(admission) => ResponseFuture::admit(admission, call),
-            Admissions::Classed(classed) => ResponseFuture::admit_as(classed, call),
+            Admissions::Plain(admission) => ResponseFuture::admit(admission, call, answer),
+            Admissions::Classed(classed) => ResponseFuture::admit_as(classed, call, answer),
         }
     }
 }
