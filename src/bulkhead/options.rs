@@ -183,14 +183,24 @@ impl CallOptions {
     /// stages, the Redis bulkhead before and after it asks Redis), so that
     /// the budget starts once.
     #[must_use]
+    #[inline]
     pub(crate) fn started(self, now: impl FnOnce() -> Instant) -> Self {
-        Self {
-            due: match self.deadline_by(now) {
-                Some(by) => Due::At(by),
-                None => Due::None,
+        match self.due {
+            Due::Within(_) => Self {
+                due: match self.deadline_by(now) {
+                    Some(by) => Due::At(by),
+                    None => Due::None,
+                },
+                ..self
             },
-            ..self
+            _ => self,
         }
+    }
+
+    /// Whether the deadline is a budget not started yet.
+    #[inline]
+    pub(crate) fn has_budget(&self) -> bool {
+        matches!(self.due, Due::Within(_))
     }
 
     /// The call's own `max_wait`, if it has one.

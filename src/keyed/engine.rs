@@ -62,7 +62,7 @@ where
             let entry = &*user.entry;
             // A budget starts once, for both stages (in place: another
             // binding would be another slot in the future).
-            if !PLAIN {
+            if !PLAIN && options.has_budget() {
                 options = options.started(|| inner.now());
             }
             let plain = PLAIN || options.waits_plainly();
