@@ -28,7 +28,15 @@ fn metrics_feature_publishes_counters_gauges_and_histograms() {
         block_on(bh.call(async { Ok::<_, ()>(()) })).unwrap();
     });
     let mut seen = std::collections::BTreeMap::new();
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+    for (key, unit, help, value) in snapshotter.snapshot().into_vec() {
+        // Every series is described, with its unit: `# HELP` lines.
+        let unit = unit.unwrap_or_else(|| panic!("{key:?} has no unit"));
+        let expected = match key.key().name() {
+            "bulkhead_wait_seconds" | "bulkhead_hold_seconds" => metrics::Unit::Seconds,
+            _ => metrics::Unit::Count,
+        };
+        assert_eq!(unit, expected, "{key:?}");
+        assert!(help.is_some_and(|h| !h.is_empty()), "{key:?} has no help");
         let (kind, key) = (key.kind(), key.key().clone());
         let mut labels: Vec<String> = key
             .labels()

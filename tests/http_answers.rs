@@ -25,6 +25,18 @@ async fn handler(req: Request<Duration>) -> Result<Response<String>, Infallible>
     Ok(Response::new("done".to_owned()))
 }
 
+/// Runs calls that hold their permit `hold` each, for a hold time to
+/// estimate the retry hint from.
+async fn hold_times<S>(service: &S, hold: Duration)
+where
+    S: Service<Request<Duration>, Response = Response<String>, Error = Infallible> + Clone,
+{
+    for _ in 0..32 {
+        let ok = service.clone().oneshot(request(hold)).await.unwrap();
+        assert_eq!(ok.status(), StatusCode::OK);
+    }
+}
+
 /// What an axum router asks of a layered service: that it cannot fail.
 fn infallible<S: Service<Request<Duration>, Error = Infallible>>(service: S) -> S {
     service
@@ -63,14 +75,7 @@ async fn rejections_answer_503_with_retry_after_and_timeouts_504() {
     drop(held);
 
     // Calls that hold their permit 1.5 s each.
-    for _ in 0..32 {
-        let ok = service
-            .clone()
-            .oneshot(request(Duration::from_millis(1_500)))
-            .await
-            .unwrap();
-        assert_eq!(ok.status(), StatusCode::OK);
-    }
+    hold_times(&service, Duration::from_millis(1_500)).await;
     let held = bh.try_acquire().unwrap();
     let busy = service
         .clone()
@@ -120,14 +125,7 @@ async fn a_hint_under_a_second_says_one() {
     let service = ServiceBuilder::new()
         .layer(BulkheadLayer::new(bh.clone()).http_responses())
         .service_fn(handler);
-    for _ in 0..32 {
-        let ok = service
-            .clone()
-            .oneshot(request(Duration::from_millis(20)))
-            .await
-            .unwrap();
-        assert_eq!(ok.status(), StatusCode::OK);
-    }
+    hold_times(&service, Duration::from_millis(20)).await;
     let _held = bh.try_acquire().unwrap();
     let busy = service.oneshot(request(Duration::ZERO)).await.unwrap();
     assert_eq!(busy.headers()[RETRY_AFTER], "1", "{busy:?}");

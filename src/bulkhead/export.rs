@@ -113,9 +113,53 @@ mod metrics_export {
         }
     }
 
+    /// Every series with its unit and help text, for the recorder's
+    /// `# HELP` and `# UNIT` lines (described again with each bulkhead's
+    /// registration: a recorder installed later gets them too, and a
+    /// recorder keeps one description a name).
+    fn describe() {
+        use metrics::Unit;
+        metrics::describe_counter!(
+            "bulkhead_calls_permitted_total",
+            Unit::Count,
+            "Calls the bulkhead admitted."
+        );
+        metrics::describe_counter!(
+            "bulkhead_calls_rejected_total",
+            Unit::Count,
+            "Calls the bulkhead turned away, by reason."
+        );
+        metrics::describe_counter!(
+            "bulkhead_calls_finished_total",
+            Unit::Count,
+            "Admitted calls that ended, by outcome."
+        );
+        metrics::describe_gauge!(
+            "bulkhead_calls_in_flight",
+            Unit::Count,
+            "Calls holding a permit now."
+        );
+        metrics::describe_histogram!(
+            "bulkhead_wait_seconds",
+            Unit::Seconds,
+            "How long admitted calls waited for their permit."
+        );
+        metrics::describe_histogram!(
+            "bulkhead_hold_seconds",
+            Unit::Seconds,
+            "How long calls held their permit."
+        );
+        metrics::describe_counter!(
+            "bulkhead_leaks_suspected_total",
+            Unit::Count,
+            "Permits held past the leak threshold."
+        );
+    }
+
     impl Handles {
         #[cold]
         fn register(name: &str) -> Self {
+            describe();
             let name = name.to_owned();
             Self {
                 permitted: metrics::counter!("bulkhead_calls_permitted_total", "bulkhead" => name.clone()),

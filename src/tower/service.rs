@@ -21,8 +21,9 @@ use crate::bulkhead::Admissions;
 /// rejected in the response future, under the bulkhead's policy; errors are
 /// [`BoxError`](super::BoxError)s that downcast to [`Rejected`](crate::Rejected),
 /// [`CallTimeout`](super::CallTimeout), or the inner service's error (with
-/// `http_responses`, rejections and timeouts are responses instead: `A`
-/// decides, see [`Answer`]). `D` reads each request's
+/// [`BulkheadLayer::http_responses`](super::BulkheadLayer::http_responses),
+/// rejections and timeouts are responses instead: `A` decides, see
+/// [`Answer`]; build the service with that layer for it). `D` reads each request's
 /// deadline, if it has one (see [`BulkheadLayer::deadline_from`](super::BulkheadLayer::deadline_from)).
 ///
 /// The inner service must be `Clone` (`call` moves the instance that was
@@ -135,39 +136,6 @@ impl<S, D, P, A> BulkheadService<S, D, P, A> {
             deadline: self.deadline,
             priority,
             answer: self.answer,
-        }
-    }
-
-    /// Answers a request the bulkhead turns away or cuts off with a response
-    /// instead of an error, as
-    /// [`BulkheadLayer::http_responses`](super::BulkheadLayer::http_responses)
-    /// does.
-    #[cfg(feature = "http")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-    pub fn http_responses(self) -> BulkheadService<S, D, P, super::HttpResponses> {
-        self.answer_with(super::HttpResponses(super::PlainResponses))
-    }
-
-    /// [`http_responses`](Self::http_responses) with responses of your own,
-    /// as [`BulkheadLayer::http_responses_with`](super::BulkheadLayer::http_responses_with)
-    /// does.
-    #[cfg(feature = "http")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-    pub fn http_responses_with<F>(
-        self,
-        respond: F,
-    ) -> BulkheadService<S, D, P, super::HttpResponses<F>> {
-        self.answer_with(super::HttpResponses(respond))
-    }
-
-    #[cfg(feature = "http")]
-    fn answer_with<B>(self, answer: B) -> BulkheadService<S, D, P, B> {
-        BulkheadService {
-            inner: self.inner,
-            bulkhead: self.bulkhead,
-            deadline: self.deadline,
-            priority: self.priority,
-            answer,
         }
     }
 
