@@ -425,7 +425,55 @@ pub enum BulkheadError<E> {
     LeaseLost(crate::LostReason),
 }
 
-impl<E> BulkheadError<E> {
+/// The accessors and the `From` every call error has, written once for
+/// [`BulkheadError`] and [`KeyedError`](crate::keyed::KeyedError): its
+/// rejection, its call's own error, the rejection's reason and retry hint.
+/// The docs of `rejected` and `into_inner` come first, each ended by `;`.
+macro_rules! call_error_accessors {
+    (
+        $error:ident, $rejected:ident, $reason:ident;
+        $(#[$rejected_doc:meta])* ;
+        $(#[$inner_doc:meta])* ;
+    ) => {
+        impl<E> $error<E> {
+            $(#[$rejected_doc])*
+            pub fn rejected(&self) -> Option<&$rejected> {
+                match self {
+                    Self::Rejected(r) => Some(r),
+                    _ => None,
+                }
+            }
+
+            $(#[$inner_doc])*
+            pub fn into_inner(self) -> Option<E> {
+                match self {
+                    Self::Inner(e) => Some(e),
+                    _ => None,
+                }
+            }
+
+            #[doc = concat!("Why the call was not admitted, if it was not (see [`", stringify!($rejected), "::reason`]).")]
+            pub fn reason(&self) -> Option<$reason> {
+                self.rejected().map($rejected::reason)
+            }
+
+            #[doc = concat!("When trying again is likely to succeed, if the call was not admitted and the bulkhead that said no has an estimate (see [`", stringify!($rejected), "::retry_after`]).")]
+            pub fn retry_after(&self) -> Option<Duration> {
+                self.rejected().and_then($rejected::retry_after)
+            }
+        }
+
+        impl<E> From<$rejected> for $error<E> {
+            fn from(r: $rejected) -> Self {
+                Self::Rejected(r)
+            }
+        }
+    };
+}
+pub(crate) use call_error_accessors;
+
+call_error_accessors! {
+    BulkheadError, Rejected, RejectReason;
     /// The rejection, if the call was not admitted.
     ///
     /// # Examples
@@ -441,13 +489,7 @@ impl<E> BulkheadError<E> {
     /// assert_eq!(BulkheadError::<()>::Inner(()).rejected(), None);
     /// # });
     /// ```
-    pub fn rejected(&self) -> Option<&Rejected> {
-        match self {
-            Self::Rejected(r) => Some(r),
-            _ => None,
-        }
-    }
-
+    ;
     /// The call's own error, if it ran and failed.
     ///
     /// # Examples
@@ -464,30 +506,7 @@ impl<E> BulkheadError<E> {
     /// assert_eq!(closed.into_inner(), None);
     /// # });
     /// ```
-    pub fn into_inner(self) -> Option<E> {
-        match self {
-            Self::Inner(e) => Some(e),
-            _ => None,
-        }
-    }
-
-    /// Why the call was not admitted, if it was not (see
-    /// [`Rejected::reason`]).
-    pub fn reason(&self) -> Option<RejectReason> {
-        self.rejected().map(Rejected::reason)
-    }
-
-    /// When trying again is likely to succeed, if the call was not admitted
-    /// and the bulkhead has an estimate (see [`Rejected::retry_after`]).
-    pub fn retry_after(&self) -> Option<Duration> {
-        self.rejected().and_then(Rejected::retry_after)
-    }
-}
-
-impl<E> From<Rejected> for BulkheadError<E> {
-    fn from(r: Rejected) -> Self {
-        Self::Rejected(r)
-    }
+    ;
 }
 
 /// A rejection and a call timeout display as themselves; the call's error

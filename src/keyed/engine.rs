@@ -315,18 +315,7 @@ where
                     self.wait_global(&user.entry, start, Some(options), wait)
                         .await
                 };
-                match admitted {
-                    Ok(permit) => {
-                        bump(&user.entry.admitted);
-                        Some(permit)
-                    }
-                    Err(rejected) => {
-                        // The call never ran: the key's observers see it as
-                        // cancelled.
-                        key_permit.set_outcome(CallOutcome::Cancelled);
-                        return Err(rejected);
-                    }
-                }
+                Some(global_stage_ended(&user.entry, &mut key_permit, admitted)?)
             }
         };
         Ok(KeyedPermit {
@@ -784,5 +773,26 @@ impl<'a> Counted<'a> {
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How the global stage ended, for the key's entry and permit: admitted
+/// by both stages (counted on the key), or turned away by the global one,
+/// where the key's permit, whose call never ran, goes back as
+/// `Cancelled`. The one place both ways through the stages settle it.
+pub(super) fn global_stage_ended<P, R>(
+    entry: &Entry,
+    key_permit: &mut BulkheadPermit,
+    admitted: Result<P, R>,
+) -> Result<P, R> {
+    match admitted {
+        Ok(permit) => {
+            bump(&entry.admitted);
+            Ok(permit)
+        }
+        Err(rejected) => {
+            key_permit.set_outcome(CallOutcome::Cancelled);
+            Err(rejected)
+        }
     }
 }

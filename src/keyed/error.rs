@@ -4,6 +4,7 @@
 use core::fmt;
 use std::time::Duration;
 
+use crate::bulkhead::error::call_error_accessors;
 use crate::bulkhead::name::Name;
 use crate::bulkhead::{CallTimeout, RejectReason, Rejected};
 
@@ -397,41 +398,12 @@ pub enum KeyedError<E> {
     Inner(E),
 }
 
-impl<E> KeyedError<E> {
+call_error_accessors! {
+    KeyedError, KeyedRejected, KeyedRejectReason;
     /// The rejection, if the call was not admitted.
-    pub fn rejected(&self) -> Option<&KeyedRejected> {
-        match self {
-            Self::Rejected(r) => Some(r),
-            _ => None,
-        }
-    }
-
+    ;
     /// The call's own error, if it ran and failed.
-    pub fn into_inner(self) -> Option<E> {
-        match self {
-            Self::Inner(e) => Some(e),
-            _ => None,
-        }
-    }
-
-    /// Why the call was not admitted, if it was not (see
-    /// [`KeyedRejected::reason`]).
-    pub fn reason(&self) -> Option<KeyedRejectReason> {
-        self.rejected().map(KeyedRejected::reason)
-    }
-
-    /// When trying again is likely to succeed, if the call was not admitted
-    /// and the bulkhead that said no has an estimate (see
-    /// [`KeyedRejected::retry_after`]).
-    pub fn retry_after(&self) -> Option<Duration> {
-        self.rejected().and_then(KeyedRejected::retry_after)
-    }
-}
-
-impl<E> From<KeyedRejected> for KeyedError<E> {
-    fn from(r: KeyedRejected) -> Self {
-        Self::Rejected(r)
-    }
+    ;
 }
 
 /// A rejection and a call timeout display as themselves (the rejection's

@@ -126,10 +126,10 @@ use std::time::Duration;
 
 use crate::bulkhead::name::Name;
 use crate::bulkhead::run::run_blocking;
-use crate::bulkhead::{Bulkhead, BulkheadBuilder, CallOptions, CallOutcome, RejectReason};
+use crate::bulkhead::{Bulkhead, BulkheadBuilder, CallOptions, RejectReason};
 use crate::semaphore::Semaphore;
 use crate::timer::Clock;
-use engine::GlobalStage;
+use engine::{GlobalStage, global_stage_ended};
 use fair::FairLine;
 use labels::Labels;
 use registry::Registry;
@@ -622,16 +622,9 @@ where
                     false => global.try_acquire_with(options),
                 };
                 unwinding.passed();
-                match acquired {
-                    Ok(permit) => {
-                        bump(&user.entry.admitted);
-                        Some(permit)
-                    }
-                    Err(rejected) => {
-                        key_permit.set_outcome(CallOutcome::Cancelled);
-                        return Err(inner.global_rejected(&user.entry, rejected, Duration::ZERO));
-                    }
-                }
+                let acquired =
+                    acquired.map_err(|r| inner.global_rejected(&user.entry, r, Duration::ZERO));
+                Some(global_stage_ended(&user.entry, &mut key_permit, acquired)?)
             }
         };
         Ok(KeyedPermit {
