@@ -1159,3 +1159,54 @@ fn semaphore_paths_allocate_nothing() {
         },
     );
 }
+
+/// Blocking waits allocate nothing after the thread's first: its parker is
+/// made once and reused, whether the permit is free at once or handed over
+/// by another thread while this one is parked.
+#[test]
+fn blocking_waits_allocate_nothing_after_the_first() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use watertight::Semaphore;
+
+    let bh = Bulkhead::builder().max_concurrent_calls(1).build().unwrap();
+    let sem = Semaphore::new(1);
+    assert_no_allocation("Semaphore::acquire_blocking, free", || {
+        drop(sem.acquire_blocking().unwrap());
+    });
+    assert_no_allocation("Bulkhead::call_blocking, free", || {
+        assert_eq!(bh.call_blocking(|| Ok::<_, ()>(1)), Ok(1));
+    });
+
+    // Handed over while parked: a helper thread holds the permit, waits
+    // until this thread is in line, then releases it; `rounds` counts the
+    // rounds this thread finished, so the helper takes the permit again
+    // only after each.
+    let rounds = Arc::new(AtomicUsize::new(0));
+    let held_by_helper = Arc::new(AtomicUsize::new(0));
+    let helper = {
+        let (bh, rounds, held) = (bh.clone(), rounds.clone(), held_by_helper.clone());
+        std::thread::spawn(move || {
+            for round in 0..25 {
+                while rounds.load(Ordering::SeqCst) < round {
+                    std::thread::yield_now();
+                }
+                let permit = bh.try_acquire().unwrap();
+                held.store(round + 1, Ordering::SeqCst);
+                while bh.metrics().queued() == 0 {
+                    std::thread::yield_now();
+                }
+                drop(permit);
+            }
+        })
+    };
+    let mut round = 0;
+    assert_no_allocation("Bulkhead::call_blocking, handed over while parked", || {
+        while held_by_helper.load(Ordering::SeqCst) <= round {
+            std::thread::yield_now();
+        }
+        assert_eq!(bh.call_blocking(|| Ok::<_, ()>(2)), Ok(2));
+        round += 1;
+        rounds.store(round, Ordering::SeqCst);
+    });
+    helper.join().unwrap();
+}
