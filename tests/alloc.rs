@@ -36,6 +36,18 @@ use counting_alloc::{Counting, allocations};
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The tests take turns. `ThreadTimer`s share one queue per process, so
+/// one test's sleeps can make that queue grow inside another test's
+/// counted call, on the other test's thread.
+static TURNS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    // A test that failed while holding the lock has already been reported.
+    TURNS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Runs `path` five times to warm up, then asserts that twenty more
 /// allocate nothing.
 fn assert_no_allocation(what: &str, path: impl FnMut()) {
@@ -334,6 +346,7 @@ fn assert_rejected<T: std::fmt::Debug>(
 
 #[test]
 fn thread_timer_paths_allocate_nothing() {
+    let _turn = one_at_a_time();
     let timer: Arc<dyn Timer> = Arc::new(ThreadTimer::new());
     every_path(
         "ThreadTimer",
@@ -388,6 +401,7 @@ fn start_call<'a>(bh: &'a Bulkhead, slot: &mut Slot<'a>) {
 /// place, a full round per path.
 #[test]
 fn thread_timer_with_64_calls_in_flight_allocates_nothing() {
+    let _turn = one_at_a_time();
     const CALLS: usize = 64;
     raise_thread_timer_peak();
     let bh = Bulkhead::builder()
@@ -434,6 +448,7 @@ impl Wake for OtherTask {
 /// again by another task.
 #[test]
 fn thread_sleeps_in_a_rolling_window_allocate_nothing() {
+    let _turn = one_at_a_time();
     const WINDOW: usize = 128;
     raise_thread_timer_peak();
     let other = Waker::from(Arc::new(OtherTask));
@@ -488,6 +503,7 @@ fn tokio_runtime() -> &'static tokio::runtime::Runtime {
 #[cfg(feature = "tokio")]
 #[test]
 fn tokio_timer_paths_allocate_nothing() {
+    let _turn = one_at_a_time();
     let rt = tokio_runtime();
     let timer: Arc<dyn Timer> = Arc::new(watertight::timer::TokioTimer::new(rt.handle().clone()));
     every_path(
@@ -501,6 +517,7 @@ fn tokio_timer_paths_allocate_nothing() {
 #[cfg(feature = "tokio")]
 #[test]
 fn default_timer_in_tokio_allocates_nothing() {
+    let _turn = one_at_a_time();
     let _entered = tokio_runtime().enter();
     every_path("default in tokio", &|b| b.build().unwrap(), |fut| {
         tokio_runtime().block_on(fut)
@@ -510,6 +527,7 @@ fn default_timer_in_tokio_allocates_nothing() {
 #[cfg(feature = "async-io")]
 #[test]
 fn async_io_timer_paths_allocate_nothing() {
+    let _turn = one_at_a_time();
     let timer: Arc<dyn Timer> = Arc::new(watertight::timer::AsyncIoTimer::new());
     // Not `async_io::block_on`: it makes a parker (an allocation) per call.
     every_path(
@@ -529,6 +547,7 @@ fn async_io_timer_paths_allocate_nothing() {
 #[cfg(feature = "tower")]
 #[test]
 fn tower_layer_allocates_nothing_per_request() {
+    let _turn = one_at_a_time();
     use std::convert::Infallible;
     use std::future::ready;
 
@@ -872,6 +891,7 @@ fn assert_keyed_rejected<T: std::fmt::Debug>(
 
 #[test]
 fn keyed_thread_timer_paths_allocate_nothing() {
+    let _turn = one_at_a_time();
     let timer: Arc<dyn Timer> = Arc::new(ThreadTimer::new());
     keyed_every_path(
         "ThreadTimer",
@@ -894,6 +914,7 @@ thread_local! {
 #[cfg(feature = "tokio")]
 #[test]
 fn keyed_tokio_timer_paths_allocate_nothing() {
+    let _turn = one_at_a_time();
     let handle = OWN_RUNTIME.with(|rt| rt.handle().clone());
     let timer: Arc<dyn Timer> = Arc::new(watertight::timer::TokioTimer::new(handle));
     keyed_every_path(
@@ -908,6 +929,7 @@ fn keyed_tokio_timer_paths_allocate_nothing() {
 #[cfg(feature = "tokio")]
 #[test]
 fn keyed_default_timer_in_tokio_allocates_nothing() {
+    let _turn = one_at_a_time();
     let handle = OWN_RUNTIME.with(|rt| rt.handle().clone());
     let _entered = handle.enter();
     keyed_every_path("default in tokio", &|b| b.build().unwrap(), |fut| {
@@ -918,6 +940,7 @@ fn keyed_default_timer_in_tokio_allocates_nothing() {
 #[cfg(feature = "async-io")]
 #[test]
 fn keyed_async_io_timer_paths_allocate_nothing() {
+    let _turn = one_at_a_time();
     let timer: Arc<dyn Timer> = Arc::new(watertight::timer::AsyncIoTimer::new());
     keyed_every_path(
         "AsyncIoTimer",
@@ -932,6 +955,7 @@ fn keyed_async_io_timer_paths_allocate_nothing() {
 /// the line's storage has grown.
 #[test]
 fn priority_class_paths_allocate_nothing() {
+    let _turn = one_at_a_time();
     let timer: Arc<dyn Timer> = Arc::new(ThreadTimer::new());
     let bh = Bulkhead::builder()
         .max_concurrent_calls(1)
@@ -1065,6 +1089,7 @@ impl Wake for CountWakes {
 /// waiters are polled with a real waker, which must be woken each time.
 #[test]
 fn semaphore_paths_allocate_nothing() {
+    let _turn = one_at_a_time();
     use watertight::Semaphore;
     let count = Arc::new(CountWakes(std::sync::atomic::AtomicUsize::new(0)));
     let waker = Waker::from(count.clone());
@@ -1165,6 +1190,7 @@ fn semaphore_paths_allocate_nothing() {
 /// by another thread while this one is parked.
 #[test]
 fn blocking_waits_allocate_nothing_after_the_first() {
+    let _turn = one_at_a_time();
     use std::sync::atomic::{AtomicUsize, Ordering};
     use watertight::Semaphore;
 
