@@ -69,6 +69,9 @@ fn metrics_feature_publishes_counters_gauges_and_histograms() {
             "1",
         ),
         ("Gauge bulkhead_calls_in_flight{bulkhead=partner}", "0"),
+        ("Gauge bulkhead_calls_waiting{bulkhead=partner}", "0"),
+        ("Gauge bulkhead_limit{bulkhead=partner}", "1"),
+        ("Gauge bulkhead_permits_available{bulkhead=partner}", "1"),
         (
             "Histogram bulkhead_wait_seconds{bulkhead=partner}",
             "2 samples",
@@ -87,7 +90,7 @@ fn metrics_feature_publishes_counters_gauges_and_histograms() {
     }
     // Every series is registered on the bulkhead's first event: one per
     // rejection reason and call outcome, and no more (bounded labels).
-    assert_eq!(seen.len(), 1 + 7 + 6 + 1 + 2 + 1, "{seen:#?}");
+    assert_eq!(seen.len(), 1 + 7 + 6 + 4 + 2 + 1, "{seen:#?}");
     for (name, value) in &seen {
         if !expect.iter().any(|(n, _)| n == name) {
             assert!(value == "0" || value == "0 samples", "{name} = {value}");
@@ -146,14 +149,16 @@ fn the_metrics_exporter_turns_off_alone() {
     );
 }
 
-/// The series are registered on a bulkhead's first event, not when it is
-/// built: a bulkhead built before the global recorder is installed
-/// publishes, as long as it had no event before. One that did keeps the
-/// no-op recorder it found then. (The only test here that installs a
-/// global recorder: it can be installed once per process.)
+/// The series are registered on a bulkhead's first event that finds a
+/// recorder, not when it is built: a bulkhead built, and even called,
+/// before the global recorder is installed publishes from its first event
+/// after, with its in-flight gauge counting the permit held across the
+/// installation. (The only test here that installs a global recorder: it
+/// can be installed once per process.)
 #[cfg(feature = "metrics")]
 #[test]
-fn metrics_recorder_installed_after_build_is_used_from_the_first_event() {
+fn metrics_recorder_installed_after_build_or_use_is_published_to() {
+    use metrics_util::CompositeKey;
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
     let built_early = Bulkhead::builder()
@@ -163,10 +168,11 @@ fn metrics_recorder_installed_after_build_is_used_from_the_first_event() {
         .unwrap();
     let used_early = Bulkhead::builder()
         .name("used-before-the-recorder")
-        .max_concurrent_calls(1)
+        .max_concurrent_calls(2)
         .build()
         .unwrap();
     drop(used_early.try_acquire().unwrap());
+    let held_across = used_early.try_acquire().unwrap();
 
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
@@ -177,8 +183,13 @@ fn metrics_recorder_installed_after_build_is_used_from_the_first_event() {
     let _held = built_early.try_acquire().unwrap();
     assert!(built_early.try_acquire().is_err());
 
-    let snapshot = snapshotter.snapshot().into_vec();
-    let counter = |metric: &str, bulkhead: &str, extra: Option<(&str, &str)>| {
+    // A snapshot takes the values (the debugging recorder sets each back
+    // to zero): one per phase.
+    let snapshot = || snapshotter.snapshot().into_vec();
+    let find = |snapshot: &[(CompositeKey, _, _, DebugValue)],
+                metric: &str,
+                bulkhead: &str,
+                extra: Option<(&str, &str)>| {
         snapshot.iter().find_map(|(key, _, _, value)| {
             let key = key.key();
             let has = |k: &str, v: &str| key.labels().any(|l| l.key() == k && l.value() == v);
@@ -186,38 +197,203 @@ fn metrics_recorder_installed_after_build_is_used_from_the_first_event() {
                 && has("bulkhead", bulkhead)
                 && extra.is_none_or(|(k, v)| has(k, v));
             match value {
-                DebugValue::Counter(n) if matches => Some(*n),
+                DebugValue::Counter(n) if matches => Some(*n as f64),
+                DebugValue::Gauge(g) if matches => Some(g.into_inner()),
                 _ => None,
             }
         })
     };
+    let now = snapshot();
     let permitted = "bulkhead_calls_permitted_total";
+    let early = "built-before-the-recorder";
+    assert_eq!(find(&now, permitted, early, None), Some(2.0));
+    let full = Some(("reason", "full"));
     assert_eq!(
-        counter(permitted, "built-before-the-recorder", None),
-        Some(2)
+        find(&now, "bulkhead_calls_rejected_total", early, full),
+        Some(1.0)
+    );
+    let success = Some(("outcome", "success"));
+    assert_eq!(
+        find(&now, "bulkhead_calls_finished_total", early, success),
+        Some(1.0)
+    );
+    // Called before the recorder: what came after is published, and the
+    // permit taken before still counts in flight until it goes back.
+    let used = "used-before-the-recorder";
+    assert_eq!(find(&now, permitted, used, None), Some(1.0));
+    assert_eq!(
+        find(&now, "bulkhead_calls_in_flight", used, None),
+        Some(1.0)
     );
     assert_eq!(
-        counter(
-            "bulkhead_calls_rejected_total",
-            "built-before-the-recorder",
-            Some(("reason", "full"))
+        find(&now, "bulkhead_permits_available", used, None),
+        Some(1.0)
+    );
+    drop(held_across);
+    let now = snapshot();
+    assert_eq!(
+        find(&now, "bulkhead_permits_available", used, None),
+        Some(2.0)
+    );
+    let released = Some(("outcome", "released"));
+    assert_eq!(
+        find(&now, "bulkhead_calls_finished_total", used, released),
+        Some(1.0)
+    );
+}
+
+/// A keyed bulkhead's keys are published as `bulkhead=<name>` with the
+/// key's label as a label of its own; keys that share a label share its
+/// series (their sum), and the global limit is `bulkhead=<name>.global`,
+/// with the line, the limit and the permits free.
+#[cfg(feature = "metrics")]
+#[test]
+fn keyed_series_carry_the_key_as_a_label() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use watertight::keyed::KeyedBulkhead;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (held, snapshot) = metrics::with_local_recorder(&recorder, || {
+        let kb = KeyedBulkhead::<String>::builder()
+            .name("tenants")
+            .max_concurrent_calls(2)
+            .global_limit(5)
+            .max_wait(Duration::ZERO)
+            // Both of acme's regions share its label.
+            .key_label(|key: &String| key.split('/').next().unwrap().to_owned())
+            .build()
+            .unwrap();
+        let held = [
+            kb.try_acquire("acme/eu").unwrap(),
+            kb.try_acquire("acme/us").unwrap(),
+            kb.try_acquire("acme/us").unwrap(),
+            kb.try_acquire("initech/eu").unwrap(),
+        ];
+        let full = kb.try_acquire("acme/us").unwrap_err();
+        assert_eq!(
+            full.to_string(),
+            "keyed bulkhead \"tenants\": the key is full"
+        );
+        (held, snapshotter.snapshot().into_vec())
+    });
+    let series: std::collections::BTreeMap<String, f64> = snapshot
+        .into_iter()
+        .filter_map(|(key, _, _, value)| {
+            let key = key.key();
+            let mut labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            let value = match value {
+                DebugValue::Counter(n) => n as f64,
+                DebugValue::Gauge(g) => g.into_inner(),
+                DebugValue::Histogram(_) => return None,
+            };
+            Some((format!("{}{{{}}}", key.name(), labels.join(",")), value))
+        })
+        .collect();
+    let expect = [
+        (
+            "bulkhead_calls_permitted_total{bulkhead=tenants,key=acme}",
+            3.0,
         ),
-        Some(1)
-    );
-    assert_eq!(
-        counter(
-            "bulkhead_calls_finished_total",
-            "built-before-the-recorder",
-            Some(("outcome", "success"))
+        (
+            "bulkhead_calls_permitted_total{bulkhead=tenants,key=initech}",
+            1.0,
         ),
-        Some(1)
-    );
-    // Its first event came before the recorder: nothing of it is published.
+        ("bulkhead_calls_in_flight{bulkhead=tenants,key=acme}", 3.0),
+        (
+            "bulkhead_calls_rejected_total{bulkhead=tenants,key=acme,reason=full}",
+            1.0,
+        ),
+        (
+            "bulkhead_calls_permitted_total{bulkhead=tenants.global}",
+            4.0,
+        ),
+        ("bulkhead_calls_in_flight{bulkhead=tenants.global}", 4.0),
+        ("bulkhead_limit{bulkhead=tenants.global}", 5.0),
+        ("bulkhead_permits_available{bulkhead=tenants.global}", 1.0),
+        ("bulkhead_calls_waiting{bulkhead=tenants.global}", 0.0),
+    ];
+    for (name, value) in expect {
+        assert_eq!(series.get(name), Some(&value), "{name} in {series:#?}");
+    }
+    // The line, the limit and the permits free are the global bulkhead's
+    // (and a plain bulkhead's): a sum over keys would not mean them.
     assert!(
-        !snapshot.iter().any(|(key, ..)| key
-            .key()
-            .labels()
-            .any(|l| l.value() == "used-before-the-recorder")),
-        "{snapshot:?}"
+        !series
+            .keys()
+            .any(|k| k.contains("key=") && k.starts_with("bulkhead_limit")),
+        "{series:#?}"
     );
+    assert!(
+        !series.keys().any(|k| k.contains("tenants[")),
+        "{series:#?}"
+    );
+    drop(held);
+}
+
+/// A call whose key admits it but whose wait for the global limit runs
+/// out of its budget is a timeout on the key's series and on the global
+/// one, and not an admission: neither `permitted` nor a `cancelled` end.
+#[cfg(feature = "metrics")]
+#[test]
+fn a_global_stage_timeout_is_a_rejection_on_both_series() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use watertight::keyed::{KeyedBulkhead, KeyedError, KeyedRejectReason};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let snapshot = metrics::with_local_recorder(&recorder, || {
+        let kb = KeyedBulkhead::<String>::builder()
+            .name("tenants")
+            .max_concurrent_calls(2)
+            .global_limit(1)
+            .max_wait(Duration::from_millis(20))
+            .key_label(|key: &String| key.clone())
+            .build()
+            .unwrap();
+        let held = kb.try_acquire("quiet").unwrap();
+        let out = block_on(kb.call("noisy", async { Ok::<_, ()>(()) }));
+        match out {
+            Err(KeyedError::Rejected(r)) => {
+                assert_eq!(r.reason(), KeyedRejectReason::GlobalTimeout)
+            }
+            other => panic!("expected a global timeout, got {other:?}"),
+        }
+        drop(held);
+        block_on(kb.call("noisy", async { Ok::<_, ()>(()) })).unwrap();
+        snapshotter.snapshot().into_vec()
+    });
+    let value = |name: &str, labels: &[(&str, &str)]| {
+        snapshot.iter().find_map(|(key, _, _, value)| {
+            let key = key.key();
+            let all = labels
+                .iter()
+                .all(|(k, v)| key.labels().any(|l| l.key() == *k && l.value() == *v));
+            let count = key.labels().count();
+            match value {
+                DebugValue::Counter(n) if key.name() == name && all && count == labels.len() => {
+                    Some(*n)
+                }
+                _ => None,
+            }
+        })
+    };
+    let noisy = [("bulkhead", "tenants"), ("key", "noisy")];
+    let with = |extra: (&'static str, &'static str)| {
+        let mut labels = noisy.to_vec();
+        labels.push(extra);
+        labels
+    };
+    let rejected = "bulkhead_calls_rejected_total";
+    let finished = "bulkhead_calls_finished_total";
+    assert_eq!(value("bulkhead_calls_permitted_total", &noisy), Some(1));
+    assert_eq!(value(rejected, &with(("reason", "timeout"))), Some(1));
+    assert_eq!(value(finished, &with(("outcome", "cancelled"))), Some(0));
+    assert_eq!(value(finished, &with(("outcome", "success"))), Some(1));
+    let global = [("bulkhead", "tenants.global"), ("reason", "timeout")];
+    assert_eq!(value(rejected, &global), Some(1));
 }

@@ -281,8 +281,10 @@ async fn one_max_wait_budget_covers_both_limits() {
     );
     assert_eq!((a.rejected_by_global(), a.bulkhead().permitted()), (2, 2));
     assert_eq!(kb.stats().rejected_by_global(), 2);
-    // The global bulkhead never said no: the keyed budget did.
-    assert_eq!(kb.global_metrics().unwrap().rejected(), 0);
+    // The keyed budget ended both waits in the global bulkhead's line,
+    // which counts them as its own timeouts.
+    let global = kb.global_metrics().unwrap();
+    assert_eq!((global.rejected(), global.rejected_timeout()), (2, 2));
 }
 
 #[test]
@@ -1380,16 +1382,33 @@ async fn a_noisy_tenant_cannot_starve_a_quiet_one() {
     }
 }
 
+/// A key's observers hear of a call once both stages admitted it, and of
+/// a call the global limit turned away as a rejection for its reason (not
+/// as an admission that was cancelled); the global bulkhead's hear of its
+/// own. `bulkhead()` still counts the key's stage alone.
 #[test]
 fn permit_outcome_reaches_the_observers() {
     #[derive(Debug, Default)]
-    struct Outcomes(Mutex<Vec<(String, CallOutcome)>>);
-    impl Observer for Outcomes {
+    struct Seen(Mutex<Vec<(String, String)>>);
+    impl Observer for Seen {
+        fn on_permitted(&self, e: &watertight::observer::Permitted<'_>) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((e.name.to_owned(), "permitted".to_owned()));
+        }
+        fn on_rejected(&self, e: &watertight::observer::Rejection<'_>) {
+            let what = format!("rejected {}", e.reason);
+            self.0.lock().unwrap().push((e.name.to_owned(), what));
+        }
         fn on_finished(&self, e: &watertight::observer::Finished<'_>) {
-            self.0.lock().unwrap().push((e.name.to_owned(), e.outcome));
+            self.0
+                .lock()
+                .unwrap()
+                .push((e.name.to_owned(), e.outcome.to_string()));
         }
     }
-    let seen = Arc::new(Outcomes::default());
+    let seen = Arc::new(Seen::default());
     let kb = KeyedBulkhead::<String>::builder()
         .name("t")
         .max_concurrent_calls(1)
@@ -1400,16 +1419,28 @@ fn permit_outcome_reaches_the_observers() {
         .unwrap();
     let mut p = kb.try_acquire("a").unwrap();
     p.set_outcome(CallOutcome::Success);
-    // Rejected by the global limit: b's key permit goes back as cancelled.
     assert_eq!(reason(kb.try_acquire("b")), KeyedRejectReason::GlobalFull);
     drop(p);
-    let seen = seen.0.lock().unwrap();
+    let b = kb.metrics_for("b").unwrap();
     assert_eq!(
-        *seen,
+        (
+            b.bulkhead().permitted(),
+            b.admitted(),
+            b.rejected_by_global()
+        ),
+        (1, 0, 1)
+    );
+    let seen = seen.0.lock().unwrap();
+    let seen: Vec<(&str, &str)> = seen.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    assert_eq!(
+        seen,
         [
-            ("t[b]".to_owned(), CallOutcome::Cancelled),
-            ("t.global".to_owned(), CallOutcome::Success),
-            ("t[a]".to_owned(), CallOutcome::Success),
+            ("t.global", "permitted"),
+            ("t[a]", "permitted"),
+            ("t.global", "rejected full"),
+            ("t[b]", "rejected full"),
+            ("t.global", "success"),
+            ("t[a]", "success"),
         ]
     );
 }

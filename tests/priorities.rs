@@ -1185,9 +1185,11 @@ async fn controlled_delay_cuts_only_the_class_whose_line_stands() {
 }
 
 /// An observer that panics on the first rejection it sees.
+#[cfg(feature = "tokio")]
 #[derive(Default)]
 struct PanicsOnFirstRejection(std::sync::atomic::AtomicBool);
 
+#[cfg(feature = "tokio")]
 impl Observer for PanicsOnFirstRejection {
     fn on_rejected(&self, _: &Rejection<'_>) {
         if !self.0.swap(true, std::sync::atomic::Ordering::Relaxed) {

@@ -334,3 +334,43 @@ async fn one_semaphores_keys_share_one_cluster_slot() {
     assert_eq!(hash_tag("x{}:{slots}:leases"), "x{}:{slots}:leases");
     drop(held);
 }
+
+/// The `metrics` exporter of a Redis bulkhead publishes the fleet's limit
+/// as last read and this process's calls, and no free permits, which only
+/// Redis knows.
+#[cfg(feature = "metrics")]
+#[tokio::test(flavor = "current_thread")]
+async fn the_metrics_exporter_publishes_no_free_permits_of_the_fleet() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // This thread's: the current-thread runtime polls the calls here.
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let bh = RedisBulkhead::builder(semaphore(&server, "exported", 3, 5_000).await)
+        .build()
+        .unwrap();
+    bh.call(async { Ok::<_, ()>(()) }).await.unwrap();
+    let gauges: std::collections::BTreeMap<String, f64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| match value {
+            DebugValue::Gauge(g) => Some((key.key().name().to_owned(), g.into_inner())),
+            _ => None,
+        })
+        .collect();
+    let expected = [
+        ("bulkhead_calls_in_flight", 0.0),
+        ("bulkhead_calls_waiting", 0.0),
+        ("bulkhead_limit", 3.0),
+    ];
+    let expected: std::collections::BTreeMap<String, f64> = expected
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    assert_eq!(gauges, expected);
+}

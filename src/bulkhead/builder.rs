@@ -60,6 +60,11 @@ pub struct BulkheadBuilder {
     pub(crate) timer: Option<Arc<dyn Timer>>,
     pub(crate) observers: Vec<Arc<dyn Observer>>,
     pub(crate) exports: Exports,
+    /// The metrics exporter to install in place of a new one (see
+    /// [`Exports::observers`]).
+    pub(crate) metrics_series: Option<Arc<dyn Observer>>,
+    /// See `Policy::reports_later`.
+    pub(crate) reports_later: bool,
     pub(crate) leak_threshold: Option<Duration>,
     /// Controlled delay: the target wait and the interval.
     pub(crate) queue_delay: Option<(Duration, Duration)>,
@@ -102,6 +107,8 @@ impl BulkheadBuilder {
             timer: None,
             observers: Vec::new(),
             exports: Exports::ALL,
+            metrics_series: None,
+            reports_later: false,
             leak_threshold: None,
             queue_delay: None,
             adaptive_lifo: false,
@@ -333,15 +340,15 @@ impl BulkheadBuilder {
     /// `metrics` / `tracing` features are on (default `true`). Without those
     /// features this does nothing.
     ///
-    /// The `metrics` exporter registers its series on the bulkhead's first
-    /// event (its first admission or rejection), with the recorder in
-    /// effect there: the thread's local one, else the global one. So the
-    /// recorder must be installed before the bulkhead's first call, not
-    /// before it is built: a bulkhead built at startup, ahead of the
-    /// metrics set-up, publishes. One called before any recorder exists
-    /// keeps the no-op recorder it found then, and never publishes.
-    /// (`tracing` has no such rule: each event goes to the subscriber of
-    /// the moment.)
+    /// The `metrics` exporter registers its series at the bulkhead's first
+    /// event (an admission, a rejection, a call's end) that finds a
+    /// recorder in effect: the thread's local one, else the global one.
+    /// So a bulkhead built, or even called, before the recorder is
+    /// installed publishes from its first event after, as the `metrics`
+    /// macros do; what happened before is not published (the gauges are
+    /// right from then on: calls in flight are counted from the start).
+    /// Once registered, the series stay with that recorder. (`tracing`
+    /// has no such rule: each event goes to the subscriber of the moment.)
     ///
     /// # Examples
     ///
@@ -353,8 +360,8 @@ impl BulkheadBuilder {
     /// assert!(quiet.try_acquire().is_ok());
     /// ```
     ///
-    /// With the `metrics` feature, the order that publishes: build whenever,
-    /// install the recorder, then call.
+    /// With the `metrics` feature: build and call whenever, install the
+    /// recorder, and the next call publishes.
     ///
     /// ```
     /// # #[cfg(feature = "metrics")] {
@@ -362,13 +369,14 @@ impl BulkheadBuilder {
     /// use metrics_util::debugging::DebuggingRecorder;
     ///
     /// let inventory = Bulkhead::builder().name("inventory").max_concurrent_calls(10).build().unwrap();
+    /// drop(inventory.try_acquire().unwrap()); // a warm-up call: no recorder yet
     ///
     /// // A service would install its exporter here (a Prometheus one, say).
     /// let recorder = DebuggingRecorder::new();
     /// let snapshotter = recorder.snapshotter();
     /// metrics::set_global_recorder(recorder).unwrap();
     ///
-    /// drop(inventory.try_acquire().unwrap()); // the first event: the series are registered
+    /// drop(inventory.try_acquire().unwrap()); // the next event: the series are registered
     /// assert!(!snapshotter.snapshot().into_vec().is_empty());
     /// # }
     /// ```
@@ -731,7 +739,7 @@ impl BulkheadBuilder {
         let Checked { name, clock } = self.check(name, "bulkhead")?;
         // The exporters first, so a user's panicking observer cannot keep
         // them from an event (and leave a gauge wrong).
-        let mut observers = self.exports.observers(&name);
+        let mut observers = self.exports.observers(&name, self.metrics_series);
         observers.extend(self.observers);
         Ok(Policy::new(Settings {
             name: super::name::intern(&name),
@@ -744,6 +752,7 @@ impl BulkheadBuilder {
             leak_threshold: self.leak_threshold,
             queue_delay: self.queue_delay,
             adaptive_lifo: self.adaptive_lifo,
+            reports_later: self.reports_later,
             #[cfg(feature = "tracing")]
             spans: self.exports.tracing,
         }))

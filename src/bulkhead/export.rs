@@ -26,16 +26,22 @@ impl Exports {
         levels: TraceLevels::DEFAULT,
     };
 
-    /// The observers to install, ahead of the user's.
+    /// The observers to install, ahead of the user's. `series`: the
+    /// metrics exporter to use instead of a new one of the bulkhead's own
+    /// (a keyed bulkhead's keys share one per label).
     pub(crate) fn observers(
         &self,
         #[cfg_attr(not(feature = "metrics"), allow(unused_variables))] name: &str,
+        #[cfg_attr(not(feature = "metrics"), allow(unused_variables))] series: Option<
+            std::sync::Arc<dyn super::observer::Observer>,
+        >,
     ) -> Vec<std::sync::Arc<dyn super::observer::Observer>> {
         #[cfg_attr(not(any(feature = "metrics", feature = "tracing")), allow(unused_mut))]
         let mut observers: Vec<std::sync::Arc<dyn super::observer::Observer>> = Vec::new();
         #[cfg(feature = "metrics")]
         if self.metrics {
-            observers.push(std::sync::Arc::new(MetricsExporter::new(name)));
+            observers
+                .push(series.unwrap_or_else(|| std::sync::Arc::new(MetricsExporter::new(name))));
         }
         #[cfg(feature = "tracing")]
         if self.tracing {
@@ -49,9 +55,10 @@ impl Exports {
 
 #[cfg(feature = "metrics")]
 mod metrics_export {
-    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, OnceLock};
 
-    use metrics::{Counter, Gauge, Histogram};
+    use metrics::{Counter, Gauge, Histogram, Label};
 
     use super::super::observer::{
         CallOutcome, Finished, LeakSuspected, Observer, Permitted, Rejection,
@@ -59,7 +66,8 @@ mod metrics_export {
     use super::super::reason::{REASONS, RejectReason};
 
     /// Publishes through the `metrics` crate's recorder. Names, all
-    /// labelled `bulkhead=<name>`:
+    /// labelled `bulkhead=<name>` (and a keyed bulkhead's keys
+    /// `key=<label>`):
     ///
     /// | name | kind | extra labels |
     /// |---|---|---|
@@ -67,24 +75,60 @@ mod metrics_export {
     /// | `bulkhead_calls_rejected_total` | counter | `reason` |
     /// | `bulkhead_calls_finished_total` | counter | `outcome` |
     /// | `bulkhead_calls_in_flight` | gauge | |
+    /// | `bulkhead_calls_waiting` | gauge | |
+    /// | `bulkhead_limit` | gauge | |
+    /// | `bulkhead_permits_available` | gauge | |
     /// | `bulkhead_wait_seconds` | histogram | |
     /// | `bulkhead_hold_seconds` | histogram | |
     /// | `bulkhead_leaks_suspected_total` | counter | |
     ///
-    /// Labels are bounded: one bulkhead name, six reasons, six outcomes.
-    /// The handles are registered once, on the bulkhead's first event, with
-    /// the recorder in effect there (the thread's local one, else the
-    /// global one, else the no-op): a bulkhead built before the recorder is
-    /// installed publishes as long as it had no event before. Every event
-    /// after the first costs no allocation or lookup, only the `OnceLock`'s
-    /// load. Registering at build time instead would tie a bulkhead made
-    /// at startup (a `static`, a config loader) to whatever recorder
-    /// existed then, which is usually none.
+    /// Labels are bounded: one bulkhead name (and key label), seven
+    /// reasons, six outcomes.
+    ///
+    /// The handles are registered on the first event that finds a
+    /// recorder in effect (the thread's local one, else the global one),
+    /// and kept: every later event costs no allocation or lookup, only the
+    /// `OnceLock`'s load. Until then each event looks for one, and meanwhile
+    /// publishes to `metrics`' no-op recorder: a bulkhead made and called
+    /// before the recorder is installed starts publishing at its first
+    /// event after. Registering at build time instead would tie a bulkhead
+    /// made at startup (a `static`, a config loader) to whatever recorder
+    /// existed then, which is usually none. The no-op recorder is told
+    /// from a real one by its size (none): a zero-sized recorder of the
+    /// user's is published to as well, but looked for again at every
+    /// event.
+    ///
+    /// The gauges are set, not moved: calls in flight are counted here
+    /// (so a recorder installed while calls run starts from the right
+    /// number), the line and the limit come with each event. The keys of
+    /// a keyed bulkhead that share a label share one exporter (their sum);
+    /// only a bulkhead's own exporter publishes the line, the limit and the
+    /// permits available, which a sum of keys would not mean (and a Redis
+    /// bulkhead's no permits available: they are the fleet's).
     #[derive(Debug)]
     pub(crate) struct MetricsExporter {
-        name: String,
-        /// Set on the first event; never replaced.
+        labels: Vec<Label>,
+        /// The gauges published besides calls in flight.
+        gauges: Gauges,
+        /// Calls this exporter saw admitted and not yet ended.
+        in_flight: AtomicUsize,
+        /// Registered with a recorder that has state; never replaced.
         handles: OnceLock<Handles>,
+        /// Registered with a zero-sized recorder (the no-op one, until a
+        /// recorder is installed).
+        provisional: OnceLock<Handles>,
+    }
+
+    /// The gauges an exporter publishes.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Gauges {
+        /// Calls in flight, waiting, the limit and the permits free.
+        All,
+        /// All but the permits free.
+        #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+        NoAvailable,
+        /// Calls in flight alone (the sum of several keys).
+        InFlight,
     }
 
     /// One bulkhead's series, registered together.
@@ -94,22 +138,98 @@ mod metrics_export {
         rejected: [Counter; REASONS],
         finished: [Counter; CallOutcome::ALL.len()],
         in_flight: Gauge,
+        waiting: Gauge,
+        limit: Gauge,
+        available: Gauge,
         wait: Histogram,
         hold: Histogram,
         leaks: Counter,
     }
 
     impl MetricsExporter {
+        /// A bulkhead's own exporter.
         pub(crate) fn new(name: &str) -> Self {
+            Self::with_labels(vec![Label::new("bulkhead", name.to_owned())], Gauges::All)
+        }
+
+        /// The exporter of a bulkhead whose free permits it cannot know
+        /// (a Redis bulkhead's are the fleet's).
+        #[cfg(feature = "redis")]
+        pub(crate) fn without_available(name: &str) -> Self {
+            let labels = vec![Label::new("bulkhead", name.to_owned())];
+            Self::with_labels(labels, Gauges::NoAvailable)
+        }
+
+        /// The exporter shared by a keyed bulkhead's keys labelled `key`
+        /// (every key, with `None`).
+        pub(crate) fn for_keys(name: &str, key: Option<&Arc<str>>) -> Arc<Self> {
+            let mut labels = vec![Label::new("bulkhead", name.to_owned())];
+            if let Some(key) = key {
+                labels.push(Label::new("key", key.to_string()));
+            }
+            Arc::new(Self::with_labels(labels, Gauges::InFlight))
+        }
+
+        fn with_labels(labels: Vec<Label>, gauges: Gauges) -> Self {
             Self {
-                name: name.to_owned(),
+                labels,
+                gauges,
+                in_flight: AtomicUsize::new(0),
                 handles: OnceLock::new(),
+                provisional: OnceLock::new(),
             }
         }
 
         #[inline]
         fn handles(&self) -> &Handles {
-            self.handles.get_or_init(|| Handles::register(&self.name))
+            match self.handles.get() {
+                Some(handles) => handles,
+                None => self.look_for_recorder(),
+            }
+        }
+
+        /// No recorder with state was in effect at an earlier event: the
+        /// one in effect now, if it has one, else the no-op's handles.
+        #[cold]
+        fn look_for_recorder(&self) -> &Handles {
+            let found = metrics::with_recorder(|r| size_of_val(r) != 0);
+            let slot = match found {
+                true => &self.handles,
+                false => &self.provisional,
+            };
+            slot.get_or_init(|| Handles::register(&self.labels, self.gauges))
+        }
+
+        /// Sets the gauges after an event: calls in flight from this
+        /// exporter's count, the rest as the event saw them.
+        fn set_gauges(&self, h: &Handles, waiting: usize, limit: usize) {
+            let in_flight = self.publish_in_flight(h);
+            if self.gauges != Gauges::InFlight {
+                h.waiting.set(waiting as f64);
+                h.limit.set(limit as f64);
+            }
+            if self.gauges == Gauges::All {
+                h.available.set(limit.saturating_sub(in_flight) as f64);
+            }
+        }
+
+        /// Sets the in-flight gauge to the count, and again while the count
+        /// moved meanwhile: of two events racing, the one that set an older
+        /// count sees it moved and sets it again, so once calls stop coming
+        /// the gauge holds the count. (A few rounds at most under load; the
+        /// next event's setting catches up after that.) Returns the count
+        /// set last.
+        fn publish_in_flight(&self, h: &Handles) -> usize {
+            let mut count = self.in_flight.load(Ordering::SeqCst);
+            for _ in 0..8 {
+                h.in_flight.set(count as f64);
+                let now = self.in_flight.load(Ordering::SeqCst);
+                if now == count {
+                    break;
+                }
+                count = now;
+            }
+            count
         }
     }
 
@@ -139,6 +259,21 @@ mod metrics_export {
             Unit::Count,
             "Calls holding a permit now."
         );
+        metrics::describe_gauge!(
+            "bulkhead_calls_waiting",
+            Unit::Count,
+            "Callers waiting in the bulkhead's line."
+        );
+        metrics::describe_gauge!(
+            "bulkhead_limit",
+            Unit::Count,
+            "The bulkhead's limit on calls in flight."
+        );
+        metrics::describe_gauge!(
+            "bulkhead_permits_available",
+            Unit::Count,
+            "Permits free now: the limit less the calls in flight."
+        );
         metrics::describe_histogram!(
             "bulkhead_wait_seconds",
             Unit::Seconds,
@@ -158,50 +293,66 @@ mod metrics_export {
 
     impl Handles {
         #[cold]
-        fn register(name: &str) -> Self {
+        fn register(labels: &[Label], gauges: Gauges) -> Self {
             describe();
-            let name = name.to_owned();
+            let with = |extra: Option<Label>| -> Vec<Label> {
+                labels.iter().cloned().chain(extra).collect()
+            };
+            let own = || with(None);
+            // Only those published (see `Gauges`).
+            let gauge = |name: &'static str, published: bool| match published {
+                true => metrics::gauge!(name, own()),
+                false => Gauge::noop(),
+            };
             Self {
-                permitted: metrics::counter!("bulkhead_calls_permitted_total", "bulkhead" => name.clone()),
+                permitted: metrics::counter!("bulkhead_calls_permitted_total", own()),
                 rejected: RejectReason::ALL.map(|r| {
                     metrics::counter!(
                         "bulkhead_calls_rejected_total",
-                        "bulkhead" => name.clone(),
-                        "reason" => r.as_str()
+                        with(Some(Label::from_static_parts("reason", r.as_str())))
                     )
                 }),
                 finished: CallOutcome::ALL.map(|o| {
                     metrics::counter!(
                         "bulkhead_calls_finished_total",
-                        "bulkhead" => name.clone(),
-                        "outcome" => o.as_str()
+                        with(Some(Label::from_static_parts("outcome", o.as_str())))
                     )
                 }),
-                in_flight: metrics::gauge!("bulkhead_calls_in_flight", "bulkhead" => name.clone()),
-                wait: metrics::histogram!("bulkhead_wait_seconds", "bulkhead" => name.clone()),
-                hold: metrics::histogram!("bulkhead_hold_seconds", "bulkhead" => name.clone()),
-                leaks: metrics::counter!("bulkhead_leaks_suspected_total", "bulkhead" => name),
+                in_flight: metrics::gauge!("bulkhead_calls_in_flight", own()),
+                waiting: gauge("bulkhead_calls_waiting", gauges != Gauges::InFlight),
+                limit: gauge("bulkhead_limit", gauges != Gauges::InFlight),
+                available: gauge("bulkhead_permits_available", gauges == Gauges::All),
+                wait: metrics::histogram!("bulkhead_wait_seconds", own()),
+                hold: metrics::histogram!("bulkhead_hold_seconds", own()),
+                leaks: metrics::counter!("bulkhead_leaks_suspected_total", own()),
             }
         }
     }
 
     impl Observer for MetricsExporter {
         fn on_permitted(&self, e: &Permitted<'_>) {
+            self.in_flight.fetch_add(1, Ordering::SeqCst);
             let h = self.handles();
             h.permitted.increment(1);
-            h.in_flight.increment(1.0);
             h.wait.record(e.waited.as_secs_f64());
+            self.set_gauges(h, e.waiting, e.limit);
         }
 
         fn on_rejected(&self, e: &Rejection<'_>) {
-            self.handles().rejected[e.reason.index()].increment(1);
+            let h = self.handles();
+            h.rejected[e.reason.index()].increment(1);
+            self.set_gauges(h, e.waiting, e.limit);
         }
 
         fn on_finished(&self, e: &Finished<'_>) {
+            // Saturating: a count gone below zero would publish 2^64.
+            let _ = self
+                .in_flight
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
             let h = self.handles();
             h.finished[e.outcome.index()].increment(1);
-            h.in_flight.decrement(1.0);
             h.hold.record(e.held.as_secs_f64());
+            self.set_gauges(h, e.waiting, e.limit);
         }
 
         fn on_leak_suspected(&self, _: &LeakSuspected<'_>) {

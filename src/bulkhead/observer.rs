@@ -193,6 +193,10 @@ pub struct Permitted<'a> {
     pub name: &'a str,
     /// How long the call waited for its permit.
     pub waited: Duration,
+    /// Callers waiting in the bulkhead's line at this moment.
+    pub waiting: usize,
+    /// The bulkhead's limit on calls in flight at this moment.
+    pub limit: usize,
 }
 
 /// What [`Observer::on_rejected`] sees.
@@ -218,6 +222,10 @@ pub struct Rejection<'a> {
     pub reason: RejectReason,
     /// How long it waited first.
     pub waited: Duration,
+    /// Callers waiting in the bulkhead's line at this moment.
+    pub waiting: usize,
+    /// The bulkhead's limit on calls in flight at this moment.
+    pub limit: usize,
 }
 
 /// What [`Observer::on_finished`] sees.
@@ -243,6 +251,10 @@ pub struct Finished<'a> {
     pub held: Duration,
     /// How the call ended.
     pub outcome: CallOutcome,
+    /// Callers waiting in the bulkhead's line at this moment.
+    pub waiting: usize,
+    /// The bulkhead's limit on calls in flight at this moment.
+    pub limit: usize,
 }
 
 #[cfg(test)]

@@ -78,7 +78,7 @@ pub(crate) fn seated<S: Deref<Target = Shared>>(
     outcome_if_dropped: CallOutcome,
 ) -> Guard<Seated<S>> {
     let since = match admitted {
-        Admitted::Waited(w) => w.since,
+        Admitted::Waited(w) => since_waited(&shared.policy, w),
         Admitted::Now => shared.policy.clock_in(shared.seats_left() == 0),
     };
     Guard::new(Seated { shared, class }, since, outcome_if_dropped)
@@ -124,9 +124,20 @@ pub(crate) fn held<S: Deref<Target = Shared>>(
 #[inline(always)]
 fn granted_at(shared: &Shared, admitted: Admitted) -> Option<std::time::Instant> {
     match admitted {
-        Admitted::Waited(w) => w.since,
+        Admitted::Waited(w) => since_waited(&shared.policy, w),
         // No permit left means the hold time matters for retry hints.
         Admitted::Now => shared.policy.clock_in(shared.sem.available_permits() <= 0),
+    }
+}
+
+/// Where the hold time of a permit granted after waiting counts from:
+/// the grant, or, while the admission is to be told later to observers,
+/// when the wait began (see `Guard::report_admitted`).
+#[inline(always)]
+fn since_waited(policy: &Policy, w: Waited) -> Option<std::time::Instant> {
+    match policy.reports_later() && policy.observed() {
+        false => w.since,
+        true => w.since.and_then(|t| t.checked_sub(w.waited)),
     }
 }
 
@@ -201,6 +212,12 @@ impl BulkheadPermit {
         };
         permit.policy().permitted(admitted.waited());
         permit
+    }
+
+    /// The permit's guard (the keyed stages report through it).
+    #[inline]
+    pub(crate) fn guard(&mut self) -> &mut Guard<Seated<Arc<Shared>>> {
+        &mut self.held
     }
 
     /// The policy of the bulkhead the permit came from.

@@ -65,6 +65,13 @@ pub(crate) struct Policy {
     /// read on waiting paths only, and a pointer keeps the policy's layout
     /// (and the code of the fast path) as it is without it.
     pub(super) delay: Option<Box<LineDelay>>,
+    /// Admissions are told to the observers when the caller says so
+    /// ([`Guard::report_admitted`](super::guard::Guard::report_admitted)),
+    /// not at the grant (where they are counted): a keyed bulkhead's key
+    /// under a global limit, whose call is admitted once both stages
+    /// admit it, and is a rejection to the key's observers if the global
+    /// stage turns it away.
+    pub(super) reports_later: bool,
 }
 
 /// The future of [`Policy::traced`].
@@ -89,6 +96,8 @@ pub(crate) struct Settings {
     pub(crate) queue_delay: Option<(Duration, Duration)>,
     /// Adaptive LIFO while the controlled-delay line stands.
     pub(crate) adaptive_lifo: bool,
+    /// See `Policy::reports_later`.
+    pub(crate) reports_later: bool,
     /// See `Policy::spans`.
     #[cfg(feature = "tracing")]
     pub(crate) spans: bool,
@@ -142,6 +151,7 @@ impl Policy {
             leak_threshold,
             queue_delay,
             adaptive_lifo,
+            reports_later,
             #[cfg(feature = "tracing")]
             spans,
         } = settings;
@@ -169,6 +179,7 @@ impl Policy {
             delay: queue_delay.map(|(target, interval)| {
                 Box::new(LineDelay::new(target, interval, adaptive_lifo))
             }),
+            reports_later,
         }
     }
 
@@ -351,6 +362,12 @@ impl Policy {
         self.clock.as_ref()
     }
 
+    /// The limit as last noted (see [`note_limit`](Self::note_limit)).
+    #[inline]
+    pub(crate) fn limit_now(&self) -> usize {
+        self.hint_limit.load(Ordering::Relaxed)
+    }
+
     /// Keeps the retry hint's idea of the limit current.
     #[inline]
     pub(crate) fn note_limit(&self, limit: usize) {
@@ -452,14 +469,40 @@ impl Policy {
         panic.filter(|_| !std::thread::panicking())
     }
 
-    /// Counts an admitted call and tells the observers. Call it once the
+    /// Counts an admitted call and tells the observers (unless the policy
+    /// reports later: see the field `reports_later`). Call it once the
     /// permit is owned by a guard, so that a panicking observer cannot
     /// leak it.
     #[inline]
     pub(crate) fn permitted(&self, waited: Duration) {
         Counters::bump(&self.counters.permitted);
+        if self.observed() && !self.reports_later {
+            self.tell_permitted(waited);
+        }
+    }
+
+    /// Whether admissions are told later (see the field).
+    #[inline]
+    pub(crate) fn reports_later(&self) -> bool {
+        self.reports_later
+    }
+
+    /// Tells the observers of an admission counted earlier (a policy that
+    /// reports later).
+    #[inline]
+    pub(crate) fn report_permitted(&self, waited: Duration) {
         if self.observed() {
             self.tell_permitted(waited);
+        }
+    }
+
+    /// Tells the observers that a call admitted here, and counted as
+    /// such, was turned away by a later stage for `reason` (a policy that
+    /// reports later). A panicking observer unwinds past it.
+    #[cold]
+    pub(crate) fn report_refused(&self, reason: RejectReason, waited: Duration) {
+        if self.observed() {
+            self.tell_rejected(reason, nanos(waited));
         }
     }
 
@@ -475,6 +518,8 @@ impl Policy {
             o.on_permitted(&Permitted {
                 name: self.name,
                 waited,
+                waiting: self.queued(),
+                limit: self.limit_now(),
             })
         });
     }
@@ -543,6 +588,8 @@ impl Policy {
                 name: self.name,
                 reason,
                 waited: Duration::from_nanos(waited_ns),
+                waiting: self.queued(),
+                limit: self.limit_now(),
             })
         });
         if let Some(payload) = panic {
@@ -673,6 +720,8 @@ impl Policy {
                     name: self.name,
                     held,
                     outcome,
+                    waiting: self.queued(),
+                    limit: self.limit_now(),
                 })
             });
         }

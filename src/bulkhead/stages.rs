@@ -150,6 +150,14 @@ impl Bulkhead {
         self.shared.policy.reject_now(reason)
     }
 
+    /// Rejects a caller that waited `waited` in this bulkhead's line and
+    /// was ended for `reason` by a limit of its own (a keyed bulkhead's
+    /// budget): counted and reported as the bulkhead's own rejections are.
+    #[cold]
+    pub(crate) fn reject_waited(&self, reason: RejectReason, waited: Duration) -> Rejected {
+        self.shared.policy.reject(reason, waited)
+    }
+
     /// While unwinding from one of this bulkhead's admissions: the reason
     /// of the rejection it counted, if its observers' panic is what
     /// unwinds (see `Policy::take_unwinding_rejection`). Taken once.

@@ -329,7 +329,10 @@ where
     /// reports to them under its own name (see
     /// [`key_label`](Self::key_label)), and so does the global bulkhead
     /// made by [`global_limit`](Self::global_limit), as `"<name>.global"`.
-    /// May be called more than once.
+    /// Under a global limit, a key's bulkhead reports a call as permitted
+    /// once both stages admitted it, and a call the global stage turned
+    /// away as its rejection, for the global stage's reason. May be called
+    /// more than once.
     pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.base.observers.push(observer);
         self
@@ -338,8 +341,8 @@ where
     /// Whether the keys' bulkheads (and the one made by `global_limit`)
     /// publish to the `metrics` facade and to `tracing` when those features
     /// are on (default `true`). Their labels are bounded: see
-    /// [`key_label`](Self::key_label). Each key's series are registered on
-    /// that key's first call, with the recorder installed then, as
+    /// [`key_label`](Self::key_label). The keys' series are registered
+    /// once a recorder is in effect, as
     /// [`BulkheadBuilder::exporters`](crate::BulkheadBuilder::exporters)
     /// says.
     pub fn exporters(mut self, enabled: bool) -> Self {
@@ -521,9 +524,11 @@ where
         self
     }
 
-    /// A metric label for each key: each key's bulkhead is named
-    /// `"<name>[<label>]"`, which is what observers, `metrics` and
-    /// `tracing` see. At most [`max_labels`](Self::max_labels) distinct
+    /// A metric label for each key: the `metrics` exporter publishes the
+    /// key's series labelled `bulkhead=<name>` and `key=<label>` (keys
+    /// sharing a label share its series), and the key's bulkhead is named
+    /// `"<name>[<label>]"`, which is what observers, `tracing` and errors
+    /// see. At most [`max_labels`](Self::max_labels) distinct
     /// labels are ever handed out; keys whose label would be a new one past
     /// that are labelled `"other"`. A label, once handed out, stays (a
     /// metrics series outlives an evicted key), so the bulkhead never
@@ -532,7 +537,7 @@ where
     /// lock held.
     ///
     /// Without a `key_label`, every key's bulkhead is named `<name>`: the
-    /// exporters publish the keys' sum, and per-key numbers are in
+    /// exporters publish the keys' sum (no `key` label), and per-key numbers are in
     /// [`KeyedBulkhead::metrics_for`] and [`KeyedBulkhead::snapshot`].
     ///
     /// # Examples
@@ -657,6 +662,10 @@ where
         // over both permits).
         let mut template = base.clone();
         template.call_timeout = None;
+        // Under a global limit, a key's admission is told once the global
+        // stage admits the call too (or is told as a rejection if it
+        // refuses it).
+        template.reports_later = !matches!(self.global, Global::None);
         // Check it once now, so making a key's bulkhead later cannot fail.
         template
             .clone()

@@ -7,13 +7,13 @@ use core::future::{Future, poll_fn};
 use core::hash::{BuildHasher, Hash};
 use core::pin::pin;
 use core::task::{Poll, ready};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::entry::Entry;
 use super::fair::{FairLine, Turn};
-use super::labels::Labels;
+use super::labels::{KeySeries, Labels};
 use super::permit::User;
 use super::registry::{Refused, Registry};
 use super::{
@@ -22,6 +22,7 @@ use super::{
 };
 use crate::BulkheadPermit;
 use crate::bulkhead::Shared;
+use crate::bulkhead::guard::{Guard, Source};
 use crate::bulkhead::permit::{Admitted, SeatHeld};
 use crate::bulkhead::run::poll_call;
 use crate::bulkhead::wait::Line;
@@ -89,6 +90,7 @@ where
             };
             let mut global_held = None;
             if let Some(global) = &inner.global {
+                key_held.defer_report();
                 let classed = if PLAIN {
                     None
                 } else {
@@ -97,7 +99,8 @@ where
                 global_held = Some(if let Some(class) = classed {
                     inner
                         .seat_global(entry, start, &options, global, class)
-                        .await?
+                        .await
+                        .map_err(refused(&mut key_held))?
                 } else {
                     // The call's own `max_wait` is read again by the global
                     // bulkhead (from when it starts waiting there), but the
@@ -116,7 +119,7 @@ where
                         (now, false) => global.hold_now_with(&options, &mut line, now == Now::Wait),
                     };
                     if let Some(held) = inner.global_now(entry, start, own, now) {
-                        held?
+                        held.map_err(refused(&mut key_held))?
                     } else {
                         let wait = move |turn| async move {
                             match turn {
@@ -124,10 +127,13 @@ where
                                 Some(turn) => global.hold_waiting_after(Some(line), turn).await,
                             }
                         };
-                        inner.wait_global(entry, start, own, wait).await?
+                        inner
+                            .wait_global(entry, start, own, wait)
+                            .await
+                            .map_err(refused(&mut key_held))?
                     }
                 });
-                bump(&entry.admitted);
+                admitted(entry, &mut key_held);
             }
             let (result, outcome) = inner.run(entry, call).await;
             if let Some(global_held) = &mut global_held {
@@ -165,6 +171,7 @@ where
         } = config;
         Self {
             interned: crate::bulkhead::name::intern(&name),
+            series: KeySeries::new(&name),
             name,
             template,
             default_limit,
@@ -305,6 +312,7 @@ where
         let global = match &self.global {
             None => None,
             Some(global) => {
+                key_permit.guard().defer_report();
                 let now = |now| (now == Now::Take).then(|| now_global(global));
                 let admitted = if let Some(admitted) =
                     self.global_now(&user.entry, start, Some(options), now)
@@ -315,7 +323,11 @@ where
                     self.wait_global(&user.entry, start, Some(options), wait)
                         .await
                 };
-                Some(global_stage_ended(&user.entry, &mut key_permit, admitted)?)
+                Some(global_stage_ended(
+                    &user.entry,
+                    key_permit.guard(),
+                    admitted,
+                )?)
             }
         };
         Ok(KeyedPermit {
@@ -558,7 +570,7 @@ where
             .key_label
             .as_ref()
             .map(|key_label| self.labels.assign(key_label(&key)));
-        let Some(bulkhead) = self.make_bulkhead(limit, label.as_deref()) else {
+        let Some(bulkhead) = self.make_bulkhead(limit, label.as_ref()) else {
             return Err(self.unavailable());
         };
         match self
@@ -585,14 +597,14 @@ where
     /// the only way building it can fail (the default timer, asked for by
     /// a key first seen inside a tokio runtime without a time driver; a
     /// `TokioTimer` whose runtime is gone).
-    fn make_bulkhead(&self, limit: usize, label: Option<&str>) -> Option<Bulkhead> {
+    fn make_bulkhead(&self, limit: usize, label: Option<&Arc<str>>) -> Option<Bulkhead> {
         let name = match label {
             Some(label) => format!("{}[{label}]", self.name),
             None => self.name.to_string(),
         };
-        let bulkhead = self
-            .template
-            .clone()
+        let mut template = self.template.clone();
+        template.metrics_series = self.series.for_key(label);
+        let bulkhead = template
             .name(name)
             .max_concurrent_calls(limit.max(1))
             .build()
@@ -662,7 +674,8 @@ where
 
     /// The wait for a global permit ended without the global bulkhead
     /// saying no: our budget ran out (or its timer cannot run), or we were
-    /// closed.
+    /// closed. Counted for the key, and by the global bulkhead as its own
+    /// rejection (the caller waited in its line).
     #[cold]
     #[inline(never)]
     fn global_gave_up(
@@ -673,6 +686,9 @@ where
     ) -> KeyedRejected {
         if let Some(by) = reason.bulkhead_reason() {
             count_global_rejection(entry, &self.counters, by);
+            if let Some(global) = &self.global {
+                let _ = global.reject_waited(by, waited);
+            }
         }
         KeyedRejected::new(
             reason,
@@ -777,22 +793,34 @@ impl Drop for Counted<'_> {
 }
 
 /// How the global stage ended, for the key's entry and permit: admitted
-/// by both stages (counted on the key), or turned away by the global one,
-/// where the key's permit, whose call never ran, goes back as
-/// `Cancelled`. The one place both ways through the stages settle it.
-pub(super) fn global_stage_ended<P, R>(
+/// by both stages ([`admitted`]), or turned away by the global one
+/// ([`refused`]). The one place every way through the stages settles it.
+#[inline(always)]
+pub(super) fn global_stage_ended<P, S: Source>(
     entry: &Entry,
-    key_permit: &mut BulkheadPermit,
-    admitted: Result<P, R>,
-) -> Result<P, R> {
-    match admitted {
-        Ok(permit) => {
-            bump(&entry.admitted);
-            Ok(permit)
-        }
-        Err(rejected) => {
-            key_permit.set_outcome(CallOutcome::Cancelled);
-            Err(rejected)
-        }
+    key_permit: &mut Guard<S>,
+    global: Result<P, KeyedRejected>,
+) -> Result<P, KeyedRejected> {
+    let permit = global.map_err(refused(key_permit))?;
+    admitted(entry, key_permit);
+    Ok(permit)
+}
+
+/// Both stages admitted the call: counted on the key, and reported by
+/// the key's bulkhead as its admission.
+#[inline(always)]
+fn admitted<S: Source>(entry: &Entry, key_permit: &mut Guard<S>) {
+    bump(&entry.admitted);
+    key_permit.report_admitted();
+}
+
+/// The global stage turned the call away: the key's permit, whose call
+/// never ran, goes back unreported, and the key's bulkhead reports a
+/// rejection for the global stage's reason.
+fn refused<S: Source>(key_permit: &mut Guard<S>) -> impl FnOnce(KeyedRejected) -> KeyedRejected {
+    move |rejected| {
+        let reason = rejected.reason().bulkhead_reason();
+        key_permit.report_refused(reason.unwrap_or(RejectReason::Unavailable));
+        rejected
     }
 }

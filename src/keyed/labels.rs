@@ -5,6 +5,8 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::observer::Observer;
+
 /// The metric labels handed out: at most `max`, ever; past that, `"other"`.
 pub(super) struct Labels {
     pub(super) max: usize,
@@ -42,5 +44,53 @@ impl Labels {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
+    }
+}
+
+/// The metrics exporters the keys share: one per label, and one for the
+/// keys without (as bounded as the labels are). Labelled
+/// `bulkhead=<name>` and `key=<label>`, so a query needs no pattern on
+/// the name.
+pub(super) struct KeySeries {
+    #[cfg(feature = "metrics")]
+    name: String,
+    #[cfg(feature = "metrics")]
+    by_label: Mutex<std::collections::HashMap<Option<Arc<str>>, Series>>,
+}
+
+/// One label's exporter.
+#[cfg(feature = "metrics")]
+type Series = Arc<dyn Observer>;
+
+impl KeySeries {
+    pub(super) fn new(
+        #[cfg_attr(not(feature = "metrics"), allow(unused_variables))] name: &str,
+    ) -> Self {
+        Self {
+            #[cfg(feature = "metrics")]
+            name: name.to_owned(),
+            #[cfg(feature = "metrics")]
+            by_label: Mutex::default(),
+        }
+    }
+
+    /// The exporter of the keys labelled `label` (`None`: every key, with
+    /// no `key_label`), made the first time; `None` without the `metrics`
+    /// feature.
+    pub(super) fn for_key(
+        &self,
+        #[cfg_attr(not(feature = "metrics"), allow(unused_variables))] label: Option<&Arc<str>>,
+    ) -> Option<Arc<dyn Observer>> {
+        #[cfg(feature = "metrics")]
+        {
+            use crate::bulkhead::export::MetricsExporter;
+            let mut by_label = self.by_label.lock().unwrap_or_else(PoisonError::into_inner);
+            let series = by_label
+                .entry(label.cloned())
+                .or_insert_with(|| MetricsExporter::for_keys(&self.name, label));
+            Some(series.clone())
+        }
+        #[cfg(not(feature = "metrics"))]
+        None
     }
 }

@@ -217,6 +217,8 @@ struct Inner<K, S> {
     limit_for: Option<LimitFn<K>>,
     key_label: Option<LabelFn<K>>,
     labels: Labels,
+    /// The metrics exporters of the keys, one per label.
+    series: labels::KeySeries,
     /// The budget for both waits.
     max_wait: Option<Duration>,
     call_timeout: Option<Duration>,
@@ -615,6 +617,7 @@ where
         let global = match &inner.global {
             None => None,
             Some(global) => {
+                key_permit.guard().defer_report();
                 let unwinding = GlobalStage::new(Some(global), &user.entry, &inner.counters);
                 let acquired = match inner.fair_busy() {
                     // Fair shares: a free seat is for the callers waiting.
@@ -624,7 +627,11 @@ where
                 unwinding.passed();
                 let acquired =
                     acquired.map_err(|r| inner.global_rejected(&user.entry, r, Duration::ZERO));
-                Some(global_stage_ended(&user.entry, &mut key_permit, acquired)?)
+                Some(global_stage_ended(
+                    &user.entry,
+                    key_permit.guard(),
+                    acquired,
+                )?)
             }
         };
         Ok(KeyedPermit {

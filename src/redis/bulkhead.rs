@@ -144,7 +144,14 @@ impl RedisBulkheadBuilder {
     /// As [`BulkheadBuilder::build`], for the settings above.
     pub fn build(self) -> Result<RedisBulkhead, BuildError> {
         let name = self.sem.name().to_owned();
-        let policy = self.policy.into_policy(Some(name), self.sem.limit_seen())?;
+        let mut policy = self.policy;
+        // The permits free are the fleet's, which only Redis knows.
+        #[cfg(feature = "metrics")]
+        {
+            let exporter = crate::bulkhead::export::MetricsExporter::without_available(&name);
+            policy.metrics_series = Some(Arc::new(exporter));
+        }
+        let policy = policy.into_policy(Some(name), self.sem.limit_seen())?;
         Ok(RedisBulkhead {
             shared: Arc::new(Shared {
                 policy,

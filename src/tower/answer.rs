@@ -86,7 +86,35 @@ mod http_answer {
         LeaseLost(&'a LostReason),
     }
 
-    impl Refusal<'_> {
+    impl<'a> Refusal<'a> {
+        /// What a [`BulkheadService`](crate::tower::BulkheadService)'s
+        /// boxed error says, if the bulkhead stopped the request (`None`:
+        /// the inner service's own error). For a client wrapped in the
+        /// layer, whose errors the caller answers.
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use watertight::Bulkhead;
+        /// use watertight::tower::{BoxError, Refusal};
+        ///
+        /// let bh = Bulkhead::builder().name("upstream").max_concurrent_calls(1).build().unwrap();
+        /// let _busy = bh.try_acquire().unwrap();
+        /// let error: BoxError = bh.try_acquire().unwrap_err().into();
+        /// let refusal = Refusal::of(&*error).expect("the bulkhead's");
+        /// assert_eq!(refusal.status(), 503);
+        /// assert!(Refusal::of(&*BoxError::from("connection reset")).is_none());
+        /// ```
+        pub fn of(error: &'a (dyn std::error::Error + 'static)) -> Option<Refusal<'a>> {
+            if let Some(rejected) = error.downcast_ref::<Rejected>() {
+                Some(Refusal::Rejected(rejected))
+            } else if let Some(timeout) = error.downcast_ref::<CallTimeout>() {
+                Some(Refusal::TimedOut(timeout))
+            } else {
+                error.downcast_ref::<LostReason>().map(Refusal::LeaseLost)
+            }
+        }
+
         /// `504 Gateway Timeout` for a call cut off by `call_timeout`,
         /// `503 Service Unavailable` for everything else.
         pub fn status(&self) -> StatusCode {
