@@ -240,6 +240,53 @@ fn metrics_recorder_installed_after_build_or_use_is_published_to() {
         find(&now, "bulkhead_calls_finished_total", used, released),
         Some(1.0)
     );
+
+    // Threads racing: in each round they take a permit each at once,
+    // and give it back at once; the gauge ends each half at the permits
+    // held, whatever order the racing events set it in.
+    let racing = Bulkhead::builder()
+        .name("racing")
+        .max_concurrent_calls(8)
+        .build()
+        .unwrap();
+    let threads = 4;
+    const ROUNDS: usize = 300;
+    let step = std::sync::Barrier::new(threads + 1);
+    let gauge = |metric| find(&snapshot(), metric, "racing", None);
+    let mut wrong = Vec::new();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                for _ in 0..ROUNDS {
+                    step.wait();
+                    let permit = racing.try_acquire().unwrap();
+                    step.wait();
+                    step.wait();
+                    drop(permit);
+                    step.wait();
+                }
+            });
+        }
+        // Noted, not asserted here: a panic would leave the threads
+        // waiting at the barrier.
+        for round in 0..ROUNDS {
+            step.wait();
+            step.wait();
+            // A snapshot sets the debugging recorder's gauges to zero, so
+            // only the permits free are read after each half.
+            let taken = gauge("bulkhead_permits_available");
+            step.wait();
+            step.wait();
+            let back = gauge("bulkhead_permits_available");
+            if (taken, back) != (Some(8.0 - threads as f64), Some(8.0)) {
+                wrong.push((round, taken, back));
+            }
+        }
+    });
+    assert!(
+        wrong.is_empty(),
+        "rounds, free permits taken and back: {wrong:?}"
+    );
 }
 
 /// A keyed bulkhead's keys are published as `bulkhead=<name>` with the

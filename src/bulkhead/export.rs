@@ -55,7 +55,7 @@ impl Exports {
 
 #[cfg(feature = "metrics")]
 mod metrics_export {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicIsize, Ordering};
     use std::sync::{Arc, OnceLock};
 
     use metrics::{Counter, Gauge, Histogram, Label};
@@ -110,8 +110,10 @@ mod metrics_export {
         labels: Vec<Label>,
         /// The gauges published besides calls in flight.
         gauges: Gauges,
-        /// Calls this exporter saw admitted and not yet ended.
-        in_flight: AtomicUsize,
+        /// Calls this exporter saw admitted and not yet ended (signed: an
+        /// end may be counted just before its admission by a racing reader;
+        /// published at least 0).
+        in_flight: AtomicIsize,
         /// Registered with a recorder that has state; never replaced.
         handles: OnceLock<Handles>,
         /// Registered with a zero-sized recorder (the no-op one, until a
@@ -134,6 +136,8 @@ mod metrics_export {
     /// One bulkhead's series, registered together.
     #[derive(Debug)]
     struct Handles {
+        /// Registered with a recorder that has state (else the no-op's).
+        live: bool,
         permitted: Counter,
         rejected: [Counter; REASONS],
         finished: [Counter; CallOutcome::ALL.len()],
@@ -174,7 +178,7 @@ mod metrics_export {
             Self {
                 labels,
                 gauges,
-                in_flight: AtomicUsize::new(0),
+                in_flight: AtomicIsize::new(0),
                 handles: OnceLock::new(),
                 provisional: OnceLock::new(),
             }
@@ -197,12 +201,16 @@ mod metrics_export {
                 true => &self.handles,
                 false => &self.provisional,
             };
-            slot.get_or_init(|| Handles::register(&self.labels, self.gauges))
+            slot.get_or_init(|| Handles::register(&self.labels, self.gauges, found))
         }
 
         /// Sets the gauges after an event: calls in flight from this
         /// exporter's count, the rest as the event saw them.
         fn set_gauges(&self, h: &Handles, waiting: usize, limit: usize) {
+            if !h.live {
+                // The no-op recorder's: nothing to set.
+                return;
+            }
             let in_flight = self.publish_in_flight(h);
             if self.gauges != Gauges::InFlight {
                 h.waiting.set(waiting as f64);
@@ -222,14 +230,14 @@ mod metrics_export {
         fn publish_in_flight(&self, h: &Handles) -> usize {
             let mut count = self.in_flight.load(Ordering::SeqCst);
             for _ in 0..8 {
-                h.in_flight.set(count as f64);
+                h.in_flight.set(count.max(0) as f64);
                 let now = self.in_flight.load(Ordering::SeqCst);
                 if now == count {
                     break;
                 }
                 count = now;
             }
-            count
+            count.max(0) as usize
         }
     }
 
@@ -293,7 +301,7 @@ mod metrics_export {
 
     impl Handles {
         #[cold]
-        fn register(labels: &[Label], gauges: Gauges) -> Self {
+        fn register(labels: &[Label], gauges: Gauges, live: bool) -> Self {
             describe();
             let with = |extra: Option<Label>| -> Vec<Label> {
                 labels.iter().cloned().chain(extra).collect()
@@ -305,6 +313,7 @@ mod metrics_export {
                 false => Gauge::noop(),
             };
             Self {
+                live,
                 permitted: metrics::counter!("bulkhead_calls_permitted_total", own()),
                 rejected: RejectReason::ALL.map(|r| {
                     metrics::counter!(
@@ -345,10 +354,7 @@ mod metrics_export {
         }
 
         fn on_finished(&self, e: &Finished<'_>) {
-            // Saturating: a count gone below zero would publish 2^64.
-            let _ = self
-                .in_flight
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
             let h = self.handles();
             h.finished[e.outcome.index()].increment(1);
             h.hold.record(e.held.as_secs_f64());
