@@ -663,6 +663,49 @@ fn tower_layer_allocates_nothing_per_request() {
     }
 }
 
+/// With `http_responses`, an admitted request allocates nothing, and a
+/// refused one what its response costs (its header map), and nothing
+/// more: no box for the error.
+#[cfg(all(feature = "tower", feature = "http"))]
+#[test]
+fn http_responses_allocate_only_the_refusals_response() {
+    let _turn = one_at_a_time();
+    use std::convert::Infallible;
+    use std::future::ready;
+
+    use watertight::tower::{BulkheadLayer, Refusal};
+
+    let empty =
+        tower::service_fn(|_: u32| ready(Ok::<_, Infallible>(http::Response::new(String::new()))));
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let mut service = tower::Layer::layer(&BulkheadLayer::new(bh.clone()).http_responses(), empty);
+
+    assert_no_allocation("http_responses: admitted", || {
+        let out = poll_once(pin!(request(&mut service, 1)));
+        assert!(matches!(out, Poll::Ready(Ok(ref r)) if r.status() == 200));
+    });
+
+    let held = bh.try_acquire().unwrap();
+    let response = {
+        let rejected = bh.try_acquire().unwrap_err();
+        allocations(|| {
+            drop(std::hint::black_box(
+                Refusal::Rejected(&rejected).response::<String>(),
+            ))
+        })
+    };
+    assert!(response > 0, "a response with headers allocates");
+    assert_allocations("http_responses: rejected", response, || {
+        let out = poll_once(pin!(request(&mut service, 2)));
+        assert!(matches!(out, Poll::Ready(Ok(ref r)) if r.status() == 503));
+    });
+    drop(held);
+}
+
 /// `poll_ready` (which must be ready), then `call`, as a tower user does.
 #[cfg(feature = "tower")]
 fn request<S: tower::Service<R>, R>(service: &mut S, request: R) -> S::Future {

@@ -171,3 +171,38 @@ async fn the_user_can_make_the_responses() {
     assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(busy.body(), r#"{"reason":"full"}"#);
 }
+
+/// A response maker that panics: the panic comes out of the request's
+/// future, the permit of a call cut off by `call_timeout` is back before
+/// the maker runs, and the bulkhead serves the next request.
+#[tokio::test(start_paused = true)]
+async fn a_response_maker_that_panics_loses_no_permit() {
+    use futures::FutureExt;
+    use std::panic::AssertUnwindSafe;
+
+    let bh = Bulkhead::builder()
+        .max_concurrent_calls(1)
+        .max_wait(Duration::ZERO)
+        .call_timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let panics = |refusal: Refusal<'_>| -> Response<String> {
+        panic!("the response maker panics on {}", refusal.status())
+    };
+    let service = ServiceBuilder::new()
+        .layer(BulkheadLayer::new(bh.clone()).http_responses_with(panics))
+        .service_fn(handler);
+    // Cut off by `call_timeout`, then rejected when full.
+    let timed_out = AssertUnwindSafe(service.clone().oneshot(request(Duration::from_secs(1))));
+    let caught = timed_out.catch_unwind().await;
+    assert!(caught.is_err(), "the maker's panic comes out of the future");
+    let m = bh.metrics();
+    assert_eq!((m.in_flight(), m.call_timeouts()), (0, 1));
+    let held = bh.try_acquire().unwrap();
+    let full = AssertUnwindSafe(service.clone().oneshot(request(Duration::ZERO)));
+    assert!(full.catch_unwind().await.is_err());
+    assert_eq!(bh.metrics().rejected_full(), 1);
+    drop(held);
+    let ok = service.oneshot(request(Duration::ZERO)).await.unwrap();
+    assert_eq!((ok.status(), bh.metrics().in_flight()), (StatusCode::OK, 0));
+}
