@@ -444,3 +444,57 @@ fn a_global_stage_timeout_is_a_rejection_on_both_series() {
     let global = [("bulkhead", "tenants.global"), ("reason", "timeout")];
     assert_eq!(value(rejected, &global), Some(1));
 }
+
+/// `bulkhead_limit` follows `set_max_concurrent_calls` from the next
+/// event, and the permits free with it; the line is the callers waiting.
+#[cfg(feature = "metrics")]
+#[test]
+fn the_limit_gauge_follows_the_limit() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let gauges = || {
+        let mut gauges = std::collections::BTreeMap::new();
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            if let DebugValue::Gauge(g) = value {
+                gauges.insert(key.key().name().to_owned(), g.into_inner());
+            }
+        }
+        gauges
+    };
+    let get =
+        |gauges: &std::collections::BTreeMap<String, f64>, name: &str| gauges.get(name).copied();
+    metrics::with_local_recorder(&recorder, || {
+        let bh = Bulkhead::builder()
+            .name("resized")
+            .max_concurrent_calls(2)
+            .max_wait(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let held = bh.try_acquire().unwrap();
+        let now = gauges();
+        assert_eq!(get(&now, "bulkhead_limit"), Some(2.0));
+        assert_eq!(get(&now, "bulkhead_permits_available"), Some(1.0));
+        bh.set_max_concurrent_calls(5);
+        let second = bh.try_acquire().unwrap();
+        let now = gauges();
+        assert_eq!(get(&now, "bulkhead_limit"), Some(5.0));
+        assert_eq!(get(&now, "bulkhead_permits_available"), Some(3.0));
+        // Two callers waiting at a limit of 2, seen by the next event.
+        bh.set_max_concurrent_calls(2);
+        let mut first = std::pin::pin!(bh.acquire());
+        let mut other = std::pin::pin!(bh.acquire());
+        let cx = &mut std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(first.as_mut().poll(cx).is_pending());
+        assert!(other.as_mut().poll(cx).is_pending());
+        drop(held);
+        let std::task::Poll::Ready(Ok(_served)) = first.as_mut().poll(cx) else {
+            panic!("the first waiter is served");
+        };
+        let now = gauges();
+        assert_eq!(get(&now, "bulkhead_calls_waiting"), Some(1.0));
+        assert_eq!(get(&now, "bulkhead_limit"), Some(2.0));
+        drop(second);
+    });
+}
