@@ -1539,6 +1539,84 @@ async fn a_fence_counter_gone_back_quarantines_every_client() {
     permit.release().await.unwrap();
 }
 
+/// One restart without persistence is one quarantine, whatever the
+/// number of clients built before it and the order they come back in:
+/// 1, 3 and 10 idle clients, the first to try after the restart starts
+/// the quarantine, one more tries during it and is refused for what is
+/// left of it, and every client trying after it is granted (none starts a
+/// second one). Grants resume one time to live after the first refusal,
+/// within the margin below.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_restart_is_one_quarantine_for_every_client() {
+    const TTL: Duration = Duration::from_millis(1_000);
+    for clients in [1, 3, 10] {
+        let name = format!("one-quarantine-{clients}");
+        let Some(server) = RedisServer::start_or_skip() else {
+            return;
+        };
+        let server = Arc::new(server);
+        let mut all = Vec::new();
+        for _ in 0..clients {
+            all.push(
+                builder(&server.url(), &name)
+                    .lease_ttl(TTL)
+                    .build()
+                    .await
+                    .unwrap(),
+            );
+        }
+        restart(&server).await;
+
+        let before = Instant::now();
+        let first = try_after_reconnect(&all[0]).await;
+        let Err(LeaseError::Quarantined { retry_after }) = first else {
+            panic!("{clients}: the first client back must start the quarantine: {first:?}");
+        };
+        let detected = Instant::now();
+        assert!(
+            retry_after <= TTL && retry_after > TTL / 2,
+            "{retry_after:?}"
+        );
+        if clients > 1 {
+            // During it: refused for what is left, not a new one.
+            let during = try_after_reconnect(&all[1]).await;
+            let Err(LeaseError::Quarantined { retry_after: left }) = during else {
+                panic!("{clients}: a client during the quarantine is refused: {during:?}");
+            };
+            assert!(
+                left <= retry_after,
+                "{clients}: {left:?} after {retry_after:?}"
+            );
+        }
+        tokio::time::sleep(retry_after).await;
+        // The first grant after it, then every client in turn, each
+        // granted at its first try (after reconnecting).
+        let resumed = loop {
+            match all[0].try_acquire().await {
+                Ok(permit) => {
+                    permit.release().await.unwrap();
+                    break before.elapsed();
+                }
+                Err(LeaseError::Quarantined { retry_after }) => {
+                    tokio::time::sleep(retry_after.max(Duration::from_millis(5))).await;
+                }
+                Err(e) => panic!("{clients}: {e}"),
+            }
+        };
+        let bound = detected.duration_since(before) + TTL + Duration::from_millis(250);
+        assert!(
+            resumed <= bound,
+            "{clients}: grants resumed after {resumed:?}, not by {bound:?}"
+        );
+        for (i, client) in all.iter().enumerate().skip(1) {
+            match try_after_reconnect(client).await {
+                Ok(permit) => permit.release().await.unwrap(),
+                other => panic!("{clients}: client {i} after the quarantine: {other:?}"),
+            }
+        }
+    }
+}
+
 /// A holder whose renewal finds its lease gone before its own deadline
 /// (Redis forgot it) starts the quarantine at once, so that a client that
 /// was never granted anything is refused too; with `quarantine(false)`,

@@ -380,10 +380,12 @@ async fn grant(
             )) => {
                 let limit = usize::try_from(limit).unwrap_or(0);
                 inner.limit_seen.store(limit, Ordering::Relaxed);
+                if quarantined == 1 || epoch.is_some() {
+                    // Grants are quarantined, or the loss this client
+                    // would have found was: the marker the server has now.
+                    inner.failover.adopt(epoch);
+                }
                 if granted == 0 {
-                    if quarantined == 1 {
-                        inner.failover.quarantined(epoch);
-                    }
                     pending.maybe_granted = false;
                     pending.queued = queued > 0;
                     if let Some(slot) = pending.slot.as_ref().filter(|_| queued > 0) {

@@ -200,15 +200,18 @@ impl RedisSemaphoreBuilder {
     ///
     /// The loss is seen, whichever comes first, by: the next acquire of any
     /// client built before it, granted or not, which finds the semaphore's
-    /// *epoch marker* (a key written once, with no time to live) missing or
-    /// rewritten (the data set was lost); a check of `INFO replication`
+    /// *epoch marker* (a key with no time to live) missing, or written since
+    /// and not by a quarantine (the data set was lost); a check of `INFO replication`
     /// every [`renew_every`](Self::renew_every), which finds a promoted
     /// replica (its `master_replid2` is the id read before); the next
     /// acquire of a client that was granted a lost fence; a holder's next
     /// renewal, which finds its lease gone. A restart with persistence
     /// that kept the data keeps the marker and quarantines nothing; every
     /// promotion quarantines (nothing proves the replica had the last
-    /// grants: see [`replicas`](Self::replicas)). Grants made before the
+    /// grants: see [`replicas`](Self::replicas)). One loss is one
+    /// quarantine: the one that starts writes a new marker, and a client
+    /// that finds it once that quarantine is over adopts it instead of
+    /// starting another. Grants made before the
     /// loss is seen are not prevented (see the [distributed guide](crate::guide::distributed#what-it-does-not-guarantee-redis-losing-writes)). With
     /// `true`, `build` writes the marker if it is missing, and reads `INFO`
     /// (skipped if the user may not). With `false` nothing is looked at.

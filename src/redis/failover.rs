@@ -4,10 +4,13 @@
 //!
 //! # Implementation notes
 //!
-//! * **Epoch marker.** `…:epoch` holds a value written once, when a
-//!   script found it missing, and never expires. `build` reads it (writing
-//!   it first if there is none); the acquire script compares it with the
-//!   one this process saw and starts the quarantine when they differ (see
+//! * **Epoch marker.** `…:epoch` holds a value written when a script
+//!   found it missing, and again (ending in `:q`) by each quarantine that
+//!   starts, and never expires. `build` reads it (writing it first if there
+//!   is none); the acquire script compares it with the one this process
+//!   saw: a different one not written by a quarantine starts the
+//!   quarantine, one written by a quarantine that is over is adopted
+//!   (`Failover::adopt`), so that one loss is one quarantine (see
 //!   `scripts.rs`). It survives exactly what the data survives: a restart
 //!   with AOF or RDB keeps it, a restart without persistence or a flush
 //!   loses it. It is checked inside the acquire script, so no grant is made
@@ -186,9 +189,10 @@ impl Failover {
         promoted
     }
 
-    /// An acquire answered that grants are quarantined, with the marker
-    /// the server has now.
-    pub(super) fn quarantined(&self, epoch: Option<String>) {
+    /// An acquire answered that grants are quarantined, or that the loss
+    /// this client would have found was (see `ACQUIRE`), with the marker
+    /// the server has now: the loss is Redis's to know from here.
+    pub(super) fn adopt(&self, epoch: Option<String>) {
         self.loss_known.store(false, Ordering::Release);
         if let Some(epoch) = epoch.filter(|e| !e.is_empty()) {
             *self.epoch.lock().unwrap_or_else(PoisonError::into_inner) = epoch.into();

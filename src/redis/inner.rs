@@ -226,8 +226,8 @@ impl Inner {
     /// Starts the quarantine now (the quarantine script), waiting at most
     /// `renew_every` for the answer; `true` if Redis answered.
     pub(super) async fn quarantine_now(&self) -> bool {
-        let mut call = self.keys.call(&self.scripts.quarantine);
-        call.key(&self.keys.quarantine)
+        let mut call = self.keys.call_all(&self.scripts.quarantine);
+        call.key(&self.keys.epoch)
             .arg(self.fence_seen.load(Ordering::Relaxed))
             .arg(self.quarantine_ms);
         let mut conn = self.conn.clone();

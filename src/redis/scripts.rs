@@ -115,6 +115,12 @@ local function wake(n)
     redis.pcall(PUBLISH, KEYS[5], 'free ' .. math.min(n, free))
   end
 end
+local function quarantine_from(seen, ms)
+  redis.call('SET', KEYS[6], seen, 'PX', ms)
+  local epoch = t[1] .. '.' .. t[2] .. ':q'
+  redis.call('SET', KEYS[11], epoch)
+  return epoch
+end
 local function purge()
   local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
   if #expired > 0 then
@@ -154,7 +160,8 @@ end
 /// zero) and `queued` is the id's place in the line plus one (0: not in
 /// it; an id already in line keeps its place, and its entry's deadline is
 /// pushed back), or `{0, 0, quarantine_left_ms, limit, holders, 1, queued,
-/// epoch}` while grants are refused.
+/// epoch}` while grants are refused. A grant or a wait also carries the
+/// epoch marker, eighth, when the client is to adopt it (see below).
 ///
 /// A free permit is taken only if nobody waits in the line: `purge` has
 /// just served the line, so the line is empty whenever a permit is free,
@@ -170,12 +177,26 @@ end
 /// granted before the loss has expired, or been renewed, which puts it
 /// back). Consul's lock-delay does the same after a session is lost.
 ///
-/// The **epoch marker** `KEYS[11]` is a value written once (the server's
-/// `TIME` when it was found missing) and never expiring: a server that
+/// The **epoch marker** `KEYS[11]` is a value with no time to live: the
+/// server's `TIME` when it was found missing, and a new one, ending in
+/// `:q`, whenever a quarantine starts (`quarantine_from`). A server that
 /// lost its data (a restart without persistence, a flush, a promoted
 /// replica that never had it) has none, or one written since. A client
-/// that saw another starts the quarantine, although it was never granted
-/// anything. A restart *with* persistence keeps it: no quarantine.
+/// sends the marker it saw last, and:
+///
+/// * the same marker: its signs of a loss (a fence behind, a promoted
+///   replica) are of a new loss, which starts a quarantine;
+/// * an older one, and the marker ends in `:q`: the loss it would find was
+///   quarantined, and that quarantine is over (one that runs refuses it
+///   first). It adopts the marker (the eighth value of the answer), and a
+///   fence of its above the counter sets the counter up to it: no second
+///   quarantine for one loss;
+/// * an older one, and a marker not written by a quarantine (written when
+///   found missing, here or by a client built since): a loss nobody
+///   quarantined yet, which starts one, although this client was never
+///   granted anything.
+///
+/// A restart *with* persistence keeps the marker: no quarantine.
 const ACQUIRE: &str = r"
 purge()
 local id, ttl = ARGV[1], tonumber(ARGV[2])
@@ -204,6 +225,7 @@ if rank then
   redis.call('ZADD', KEYS[8], 'XX', now + ttl, id)
   queued = rank + 1
 end
+local adopt = nil
 if quarantine > 0 then
   local epoch = state[4]
   if not epoch then
@@ -218,19 +240,23 @@ if quarantine > 0 then
   end
   local seen = tonumber(ARGV[5])
   local behind = seen > (tonumber(state[2]) or 0)
-  if behind or epoch ~= ARGV[9] or ARGV[10] == '1' then
-    if behind then
-      redis.call('SET', KEYS[3], seen)
-    end
-    redis.call('SET', KEYS[6], seen, 'PX', quarantine)
+  if behind then
+    redis.call('SET', KEYS[3], seen)
+  end
+  local current = epoch == ARGV[9]
+  if current and (behind or ARGV[10] == '1') or not current and string.sub(epoch, -2) ~= ':q' then
+    epoch = quarantine_from(seen, quarantine)
     return {0, 0, quarantine, limit, holders, 1, queued, epoch}
+  end
+  if not current then
+    adopt = epoch
   end
 end
 if queued == 0 and holders < limit and not lined then
   local fence = redis.call('INCR', KEYS[3])
   redis.call('ZADD', KEYS[1], now + ttl, id)
   redis.call('HSET', KEYS[2], id, fence .. ':' .. now .. ':' .. ARGV[4])
-  return {1, fence, ttl, limit, holders + 1, 0, 0}
+  return {1, fence, ttl, limit, holders + 1, 0, 0, adopt}
 end
 if queued == 0 and ARGV[7] == '1' then
   redis.call('ZADD', KEYS[7], redis.call('INCR', KEYS[10]), id)
@@ -243,7 +269,7 @@ local retry = -1
 if first[2] then
   retry = tonumber(first[2]) - now
 end
-return {0, 0, retry, limit, holders, 0, queued}
+return {0, 0, retry, limit, holders, 0, queued, adopt}
 ";
 
 /// `ARGV`: ttl_ms, then the ids to renew, then optionally an empty string
@@ -342,18 +368,21 @@ end
 return old
 ";
 
-/// `KEYS`: as the others, with `KEYS[6]` the quarantine. `ARGV`: the
-/// highest fence this client was granted, the quarantine in ms. A renewal
-/// found a lease gone that Redis should still have held (its renewal was
-/// sent before the holder's own deadline, which is earlier than Redis's):
-/// Redis lost writes. Starts the quarantine unless one runs, and sets the
-/// fence counter back up to the fence seen. Returns 1.
+/// `KEYS`: the acquire script's eleven. `ARGV`: the highest fence this
+/// client was granted, the quarantine in ms. A renewal found a lease gone
+/// that Redis should still have held (its renewal was sent before the
+/// holder's own deadline, which is earlier than Redis's): Redis lost
+/// writes. Starts the quarantine unless one runs (a new epoch marker with
+/// it, as the acquire script does), and sets the fence counter back up to
+/// the fence seen. Returns 1.
 const QUARANTINE: &str = r"
 local seen = tonumber(ARGV[1])
 if seen > (tonumber(redis.call('GET', KEYS[3])) or 0) then
   redis.call('SET', KEYS[3], seen)
 end
-redis.call('SET', KEYS[6], seen, 'PX', tonumber(ARGV[2]), 'NX')
+if redis.call('EXISTS', KEYS[6]) == 0 then
+  quarantine_from(seen, tonumber(ARGV[2]))
+end
 return 1
 ";
 
@@ -491,8 +520,8 @@ impl<'a> Call<'a> {
     }
 }
 
-/// The acquire script's answer: seven numbers, and the
-/// epoch marker when grants are quarantined.
+/// The acquire script's answer: seven numbers, and the epoch marker when
+/// grants are quarantined or the client is to adopt it.
 pub(super) struct AcquireReply {
     pub(super) granted: i64,
     pub(super) fence: u64,
