@@ -1617,6 +1617,100 @@ async fn one_restart_is_one_quarantine_for_every_client() {
     }
 }
 
+/// Who comes back first after a restart without persistence.
+#[derive(Debug, Clone, Copy)]
+enum FirstBack {
+    /// An idle client's `try_acquire`.
+    Idle,
+    /// The holder's renewal, which finds its lease gone.
+    Holder,
+    /// The waiter's own retry.
+    Waiter,
+}
+
+/// A holder, a waiter (limit 1) and two idle clients, built before a
+/// restart without persistence, each of them first back in turn: one
+/// quarantine. The waiter is granted within one time to live of when the
+/// first sign could come (the restart, plus `renew_every` for the
+/// holder's renewal or `max_poll` for the waiter's retry) plus a margin;
+/// the idle client that comes after it is told the permit is busy, not
+/// quarantined; never more than one lease at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_restart_is_one_quarantine_with_a_holder_and_a_waiter() {
+    const TTL: Duration = Duration::from_millis(1_000);
+    const EVERY: Duration = Duration::from_millis(200);
+    for first in [FirstBack::Idle, FirstBack::Holder, FirstBack::Waiter] {
+        let name = format!("one-quarantine-{first:?}");
+        let Some(server) = RedisServer::start_or_skip() else {
+            return;
+        };
+        let server = Arc::new(server);
+        let build = || async {
+            builder(&server.url(), &name)
+                .limit(1)
+                .lease_ttl(TTL)
+                .renew_every(EVERY)
+                .max_poll(EVERY)
+                .build()
+                .await
+                .unwrap()
+        };
+        let (holder, waiter, idle, late) =
+            (build().await, build().await, build().await, build().await);
+        let held = holder.try_acquire().await.unwrap();
+        let waiting = tokio::spawn(async move {
+            let permit = waiter.acquire().await;
+            (permit, Instant::now())
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        restart(&server).await;
+        let back = Instant::now();
+        match first {
+            FirstBack::Idle => {
+                let refused = try_after_reconnect(&idle).await;
+                assert!(
+                    matches!(refused, Err(LeaseError::Quarantined { .. })),
+                    "{refused:?}"
+                );
+            }
+            FirstBack::Holder => {
+                let lost = timeout(PATIENCE, async {
+                    while !held.is_lost() {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                });
+                lost.await
+                    .expect("the holder's renewal finds its lease gone");
+            }
+            // The waiter's retries come on their own.
+            FirstBack::Waiter => {}
+        }
+        let (permit, granted_at) = timeout(PATIENCE, waiting).await.unwrap().unwrap();
+        let permit = permit.unwrap_or_else(|e| panic!("{first:?}: the waiter: {e}"));
+        let granted = granted_at.duration_since(back);
+        let bound = EVERY + TTL + Duration::from_millis(300);
+        assert!(
+            granted <= bound,
+            "{first:?}: granted {granted:?} after the restart"
+        );
+        assert!(
+            granted >= TTL / 2,
+            "{first:?}: granted {granted:?}, inside the quarantine"
+        );
+        assert_eq!(raw_lease_counts(&server, &name).0, 1, "{first:?}");
+        // No second quarantine: the late client finds the permit busy.
+        match try_after_reconnect(&late).await {
+            Err(LeaseError::NoPermits { .. }) => {}
+            other => panic!("{first:?}: the late client: {other:?}"),
+        }
+        permit.release().await.unwrap();
+        let again = try_after_reconnect(&late).await;
+        let again = again.unwrap_or_else(|e| panic!("{first:?}: the late client: {e}"));
+        again.release().await.unwrap();
+        drop(held);
+    }
+}
+
 /// A holder whose renewal finds its lease gone before its own deadline
 /// (Redis forgot it) starts the quarantine at once, so that a client that
 /// was never granted anything is refused too; with `quarantine(false)`,
