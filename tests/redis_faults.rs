@@ -970,6 +970,81 @@ async fn pubsub_wakes_waiters_long_before_max_poll() {
     }
 }
 
+/// After a restart without persistence and the quarantine it starts, a
+/// release wakes a waiter in another client by its message, as before the
+/// restart, not at its next poll (`max_poll` 10 s): one that started
+/// waiting after the quarantine, and one that waited across the restart
+/// and the quarantine (the restart forgot its place in the line: it takes
+/// one again). The subscriptions are made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_and_its_quarantine_a_release_wakes_a_waiter() {
+    const NAME: &str = "wake-after-restart";
+    const TTL: Duration = Duration::from_millis(1_000);
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let server = Arc::new(server);
+    let make = |label: &'static str| {
+        builder(&server.url(), NAME)
+            .limit(1)
+            .lease_ttl(TTL)
+            .max_poll(Duration::from_secs(10))
+            .label(label)
+            .build()
+    };
+    let holder = make("holder").await.unwrap();
+    let waiter_sem = make("waiter").await.unwrap();
+    wait_subscribers(&server, NAME, 2).await;
+    restart(&server).await;
+    let Err(LeaseError::Quarantined { retry_after }) = try_after_reconnect(&holder).await else {
+        panic!("the restart starts the quarantine");
+    };
+    tokio::time::sleep(retry_after).await;
+    wait_subscribers(&server, NAME, 2).await;
+    let held = timeout(PATIENCE, holder.acquire()).await.unwrap().unwrap();
+    let waiter = start_waiter(&waiter_sem).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let permit = timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("no wake-up within 2 s of the release: the waiter waited for its poll")
+        .unwrap()
+        .unwrap();
+    let woken = released.elapsed();
+    assert!(woken < Duration::from_secs(2), "{woken:?}");
+    permit.release().await.unwrap();
+
+    // A waiter that waited across the restart and the quarantine.
+    let held = holder.try_acquire().await.unwrap();
+    let waiter = start_waiter(&waiter_sem).await;
+    restart(&server).await;
+    let Err(LeaseError::Quarantined { retry_after }) = try_after_reconnect(&holder).await else {
+        panic!("the second restart starts a quarantine of its own");
+    };
+    assert!(held.is_lost() || retry_after > Duration::ZERO);
+    tokio::time::sleep(retry_after).await;
+    let held = timeout(PATIENCE, holder.acquire()).await.unwrap();
+    let held = match held {
+        Ok(held) => held,
+        Err(e) => panic!("the holder after the quarantine: {e}"),
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let permit = timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter across the restart was not woken within 5 s")
+        .unwrap()
+        .unwrap();
+    // By its message: a poll would have come 10 s after its last one.
+    let woken = released.elapsed();
+    assert!(
+        woken < Duration::from_secs(1),
+        "woken {woken:?} after the release"
+    );
+    permit.release().await.unwrap();
+}
+
 /// A waiter still gets a released permit when its pub/sub connection is
 /// killed right before the release (the message may be lost), and when
 /// subscribing is impossible altogether (`max_poll` is the safety net).
