@@ -669,6 +669,74 @@ async fn a_sentinel_failover_quarantines_a_client_never_granted() {
     assert!(q, "the quarantine is on the new primary");
 }
 
+/// After `SENTINEL FAILOVER`, three clients built before it: the first
+/// one back starts the quarantine, and the others, each of which sees the
+/// promotion too (on switching to the new primary), join it and are then
+/// granted at their first try: one promotion, one quarantine.
+#[cfg(feature = "redis-sentinel")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_is_one_quarantine_for_every_client() {
+    use redis_server::{SERVICE, SentinelSet};
+    const NAME: &str = "sentinel-one-quarantine";
+    const TTL: Duration = Duration::from_millis(2_000);
+    let Some(set) = SentinelSet::start_or_skip() else {
+        return;
+    };
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let backend =
+            watertight::redis::Backend::sentinel(vec![set.sentinel_url()], SERVICE, None).unwrap();
+        let sem = RedisSemaphore::builder(backend, NAME)
+            .limit(3)
+            .lease_ttl(TTL)
+            .response_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .unwrap();
+        sem.try_acquire().await.unwrap().release().await.unwrap();
+        clients.push(sem);
+    }
+    let old = set.primary_port();
+    let ok: String = set.sentinel().cmd(&["SENTINEL", "FAILOVER", SERVICE]);
+    assert_eq!(ok, "OK");
+    tokio::task::block_in_place(|| set.wait_new_primary(old, PATIENCE))
+        .expect("sentinel promotes the replica");
+    let promoted = Instant::now();
+    let retry_after = loop {
+        match clients[0].try_acquire().await {
+            Err(LeaseError::Quarantined { retry_after }) => break retry_after,
+            // Still on the old primary, or moving.
+            Ok(permit) => drop(permit.release().await),
+            Err(LeaseError::Unavailable(_)) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(promoted.elapsed() < PATIENCE, "the promotion was not seen");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let detected = promoted.elapsed();
+    tokio::time::sleep(retry_after).await;
+    for (i, client) in clients.iter().enumerate() {
+        let start = Instant::now();
+        loop {
+            match client.try_acquire().await {
+                Ok(permit) => {
+                    permit.release().await.unwrap();
+                    break;
+                }
+                Err(LeaseError::Unavailable(_)) if start.elapsed() < PATIENCE => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => panic!("client {i} after the quarantine: {other:?}"),
+            }
+        }
+    }
+    let resumed = promoted.elapsed();
+    assert!(
+        resumed <= detected + TTL + Duration::from_millis(500),
+        "quarantined {detected:?} after the promotion, all granted after {resumed:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // WAIT on grants
 // ---------------------------------------------------------------------------

@@ -191,9 +191,13 @@ impl Failover {
 
     /// An acquire answered that grants are quarantined, or that the loss
     /// this client would have found was (see `ACQUIRE`), with the marker
-    /// the server has now: the loss is Redis's to know from here.
+    /// the server has now: the loss is Redis's to know from here. The
+    /// server's replication id is read afresh, not compared with the one
+    /// read before the loss: a watch that reads it late would take the
+    /// promotion behind that quarantine for a new one.
     pub(super) fn adopt(&self, epoch: Option<String>) {
         self.loss_known.store(false, Ordering::Release);
+        *self.replid.lock().unwrap_or_else(PoisonError::into_inner) = None;
         if let Some(epoch) = epoch.filter(|e| !e.is_empty()) {
             *self.epoch.lock().unwrap_or_else(PoisonError::into_inner) = epoch.into();
         }
