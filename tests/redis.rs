@@ -152,6 +152,13 @@ async fn bulkhead_policy_over_redis() {
     server.stop();
     let r = one.call(async { Ok::<_, ()>(()) }).await.unwrap_err();
     assert_eq!(r.rejected().unwrap().reason(), RejectReason::Unavailable);
+    // The error behind it, through the call's error.
+    let behind = std::error::Error::source(r.rejected().unwrap())
+        .and_then(|e| e.downcast_ref::<LeaseError>());
+    assert!(
+        matches!(behind, Some(LeaseError::Unavailable(e)) if e.is_io_error()),
+        "{behind:?}"
+    );
     assert_eq!(one.metrics().rejected_unavailable(), 1);
 }
 
@@ -358,6 +365,9 @@ async fn the_metrics_exporter_publishes_no_free_permits_of_the_fleet() {
         .snapshot()
         .into_vec()
         .into_iter()
+        // The bulkhead's (the semaphore's own gauge, of its wake-ups,
+        // is labelled `semaphore`).
+        .filter(|(key, ..)| key.key().labels().any(|l| l.key() == "bulkhead"))
         .filter_map(|(key, _, _, value)| match value {
             DebugValue::Gauge(g) => Some((key.key().name().to_owned(), g.into_inner())),
             _ => None,

@@ -569,6 +569,84 @@ async fn a_cluster_failover_quarantines_an_idle_client_within_one_renewal() {
     assert!(format!("{role:?}").contains("slave"), "{role:?}");
 }
 
+/// `CLUSTER FAILOVER` under three idle clients built before it (each with
+/// its own cluster connection and its own watch of the replication id):
+/// one quarantine. The first client refused after the switch waits out
+/// what is left of it; then every client is granted at its first try once
+/// it reaches the new primary (none starts a second quarantine), within
+/// one time to live of that refusal (and the margin below).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_promotion_is_one_quarantine_for_every_client() {
+    const TTL: Duration = Duration::from_millis(1_500);
+    let Some(cluster) = replicated_cluster() else {
+        return;
+    };
+    let name = NAMES[1];
+    let (old, replica) = owner_and_replica(&cluster, name);
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let sem = RedisSemaphore::builder(client(&cluster), name)
+            .limit(3)
+            .lease_ttl(TTL)
+            .renew_every(Duration::from_millis(400))
+            .response_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .unwrap();
+        sem.try_acquire().await.unwrap().release().await.unwrap();
+        clients.push(sem);
+    }
+    let _acked: i64 = cluster.node(old).cmd(&["WAIT", "1", "2000"]);
+    let ok: String = replica.cmd(&["CLUSTER", "FAILOVER"]);
+    assert_eq!(ok, "OK");
+    let promoted = tokio::task::block_in_place(|| {
+        cluster.wait_owner(&leases_key(name), replica.port(), Duration::from_secs(10))
+    });
+    assert!(promoted, "the replica took over the slot");
+    let switched = Instant::now();
+    let retry_after = loop {
+        match clients[0].try_acquire().await {
+            Err(LeaseError::Quarantined { retry_after }) => break retry_after,
+            // Still on the old primary, or moving.
+            Ok(permit) => drop(permit.release().await),
+            Err(LeaseError::Unavailable(_)) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            switched.elapsed() < Duration::from_secs(10),
+            "the promotion was not seen"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let detected = switched.elapsed();
+    assert!(retry_after <= TTL, "{retry_after:?}");
+    tokio::time::sleep(retry_after).await;
+    for (i, client) in clients.iter().enumerate() {
+        let start = Instant::now();
+        loop {
+            match client.try_acquire().await {
+                Ok(permit) => {
+                    permit.release().await.unwrap();
+                    break;
+                }
+                Err(LeaseError::Unavailable(_)) if start.elapsed() < Duration::from_secs(10) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => panic!("client {i} after the quarantine: {other:?}"),
+            }
+        }
+    }
+    let resumed = switched.elapsed();
+    eprintln!(
+        "CLUSTER FAILOVER, 3 clients: refused {detected:?} after the switch, \
+         every client granted {resumed:?} after it (time to live {TTL:?})"
+    );
+    assert!(
+        resumed <= detected + TTL + Duration::from_millis(500),
+        "refused {detected:?} after the switch, all granted after {resumed:?}"
+    );
+}
+
 /// A name's primary is killed outright (`SIGKILL`) while two clients' tasks
 /// take and give back its two permits in a loop: its replica is elected
 /// once the other primaries agree it failed, the clients follow the slot

@@ -136,6 +136,25 @@ async fn rights_lost_after_build_fail_at_once_as_denied() {
     let rejected = bh.acquire().await.unwrap_err();
     assert_eq!(rejected.reason(), RejectReason::Unavailable);
     assert!(start.elapsed() < AT_ONCE, "took {:?}", start.elapsed());
+    // The rejection's source is the acquire's error, and Redis's behind it.
+    match cause_of(&rejected) {
+        LeaseError::Denied(e) => assert_eq!(e.code(), Some("NOPERM"), "{e}"),
+        other => panic!("expected LeaseError::Denied as the source, got {other:?}"),
+    }
+    let chain = common::error_chain(&rejected, 2);
+    assert_eq!(
+        chain[..2],
+        [
+            r#"bulkhead "jobs" cannot reach its shared permits"#,
+            "redis denied the semaphore's script call"
+        ]
+    );
+    // Then Redis's own error (which the redis crate may repeat as its
+    // own source).
+    assert!(
+        chain.len() >= 3 && chain[2].contains("no permissions"),
+        "{chain:?}"
+    );
 
     let released = held.release().await;
     assert!(
@@ -311,6 +330,226 @@ async fn without_channel_rights_pubsub_false_polls() {
     again.release().await.expect("released");
 }
 
+/// How long a waiter polls for between attempts in the test below: long
+/// enough that a grant within a small fraction of it was a wake-up.
+const SLOW_POLL: Duration = Duration::from_secs(3);
+
+/// `SUBSCRIBE` taken away after `build`, and the subscription's connection
+/// closed: the redis crate makes the subscription again without an error
+/// (or with one), and nothing would come through it. The subscriber's probe
+/// finds out: `wakeups()` turns to `Polling`, the metrics say so and a
+/// warning names the cause; a waiter is still granted by its polls. With
+/// the right given back, messages come again: `PubSub`, and a release
+/// reaches a waiter long before its next poll.
+///
+/// A current-thread runtime: the subscriber's task runs on this thread,
+/// where the metrics recorder and the log subscriber are installed.
+#[tokio::test(flavor = "current_thread")]
+async fn subscribe_rights_taken_after_build_fall_back_to_polling_and_back() {
+    use watertight::redis::Wakeups;
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    #[cfg(feature = "metrics")]
+    let (recorder, snapshotter) = {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        (recorder, snapshotter)
+    };
+    #[cfg(feature = "metrics")]
+    let _metrics = metrics::set_default_local_recorder(&recorder);
+    #[cfg(feature = "tracing")]
+    let (log, _tracing) = {
+        let log = common::LogBuf::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        (log, tracing::subscriber::set_default(subscriber))
+    };
+
+    let url = server.acl_user("worker", "pw", ALL);
+    let sem = builder(&url, "rights")
+        .max_poll(SLOW_POLL)
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let other = builder(&server.url(), "rights").build().await.unwrap();
+    assert_eq!(sem.wakeups(), Wakeups::PubSub);
+    // Each phase: a waiter of `sem` waits, a release by `other` 300 ms
+    // later; how long the grant took after the release.
+    let grant_after_release = || async {
+        let held = other.acquire().await.unwrap();
+        let waiter = tokio::spawn({
+            let sem = sem.clone();
+            async move {
+                let permit = sem.acquire().await.unwrap();
+                (permit, Instant::now())
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished());
+        let released = Instant::now();
+        held.release().await.unwrap();
+        let (permit, granted) = timeout(PATIENCE, waiter).await.unwrap().unwrap();
+        permit.release().await.unwrap();
+        granted - released
+    };
+    let woken = grant_after_release().await;
+    assert!(
+        woken < Duration::from_millis(200),
+        "granted {woken:?} after the release"
+    );
+
+    let taken = [ALL, &["-subscribe", "-psubscribe", "-ssubscribe"]].concat();
+    server.acl_user("worker", "pw", &taken);
+    kill_clients_of(&server, "worker");
+    let start = Instant::now();
+    until(|| sem.wakeups() == Wakeups::Polling).await;
+    let found = start.elapsed();
+    // The subscription made again within 50 ms, then its probe's wait of
+    // one response timeout.
+    assert!(
+        found < Duration::from_secs(2),
+        "polling found after {found:?}"
+    );
+    // Polling: the grant comes at the waiter's next poll, about
+    // `SLOW_POLL` after its first attempt (300 ms before the release).
+    let polled = grant_after_release().await;
+    assert!(
+        polled > SLOW_POLL / 2 && polled < SLOW_POLL + Duration::from_millis(500),
+        "granted {polled:?} after the release, polling every {SLOW_POLL:?}"
+    );
+
+    server.acl_user("worker", "pw", ALL);
+    let start = Instant::now();
+    until(|| sem.wakeups() == Wakeups::PubSub).await;
+    let back = start.elapsed();
+    // Made again after a pause of at most 10 s, and probed.
+    assert!(
+        back < Duration::from_secs(12),
+        "pub/sub back after {back:?}"
+    );
+    // Quoted in the distributed guide.
+    eprintln!(
+        "subscribe rights: polling found after {found:?}, pub/sub back {back:?} after the rights, polled grant {polled:?} after the release"
+    );
+    let woken = grant_after_release().await;
+    assert!(
+        woken < Duration::from_millis(200),
+        "granted {woken:?} after the release"
+    );
+
+    #[cfg(feature = "metrics")]
+    {
+        use metrics_util::debugging::DebugValue;
+        let values: Vec<(String, DebugValue)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| {
+                key.key()
+                    .labels()
+                    .any(|l| l.key() == "semaphore" && l.value() == "rights")
+            })
+            .map(|(key, _, _, value)| (key.key().name().to_owned(), value))
+            .collect();
+        assert!(
+            values.contains(&(
+                "bulkhead_redis_pubsub_up".into(),
+                DebugValue::Gauge(1.0.into())
+            )),
+            "{values:?}"
+        );
+        assert!(
+            values.contains(&(
+                "bulkhead_redis_pubsub_lost_total".into(),
+                DebugValue::Counter(1)
+            )),
+            "{values:?}"
+        );
+    }
+    #[cfg(feature = "tracing")]
+    {
+        // The connection's end is news (told at `INFO`, as after a
+        // restart); a subscription that delivers nothing is a warning,
+        // once, with its cause: the redis crate reports the refused
+        // `SUBSCRIBE` as made, and the probe did not come back.
+        let out = log.text();
+        let warned: Vec<&str> = out
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("pub/sub stopped"))
+            .collect();
+        assert_eq!(warned.len(), 1, "{out}");
+        assert!(
+            warned[0].contains("semaphore=\"rights\"")
+                && (warned[0].contains("did not arrive within 500ms")
+                    || warned[0].contains("subscribing failed")),
+            "{out}"
+        );
+        assert!(
+            out.lines()
+                .any(|l| l.contains("INFO") && l.contains("pub/sub resumed")),
+            "{out}"
+        );
+    }
+}
+
+/// Channel rights taken away after `build`: Redis closes the
+/// subscription's connection itself, no subscription delivers, and the
+/// semaphore says `Polling` within a second or two; waiters are served by
+/// their polls, and pub/sub is back once the rights are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channel_rights_taken_after_build_fall_back_to_polling() {
+    use watertight::redis::Wakeups;
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let url = server.acl_user("worker", "pw", ALL);
+    let sem = builder(&url, "channels")
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let held = sem.acquire().await.unwrap();
+    server.acl_user("worker", "pw", &[ALL, &["resetchannels"]].concat());
+    let start = Instant::now();
+    until(|| sem.wakeups() == Wakeups::Polling).await;
+    let found = start.elapsed();
+    assert!(
+        found < Duration::from_secs(2),
+        "polling found after {found:?}"
+    );
+    let waiter = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await.map(|p| (p, Instant::now())) }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (permit, granted) = timeout(PATIENCE, waiter).await.unwrap().unwrap().unwrap();
+    let polled = granted - released;
+    // `max_poll` is 200 ms here.
+    assert!(
+        polled < Duration::from_millis(700),
+        "granted {polled:?} after the release"
+    );
+    permit.release().await.unwrap();
+    server.acl_user("worker", "pw", ALL);
+    until(|| sem.wakeups() == Wakeups::PubSub).await;
+}
+
+/// Polls `condition` every 10 ms until it holds (at most `PATIENCE`).
+async fn until(condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !condition() {
+        assert!(Instant::now() < deadline, "the condition never held");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Outages
 // ---------------------------------------------------------------------------
@@ -340,6 +579,11 @@ async fn a_wait_that_ends_while_redis_is_down_is_unavailable() {
         took >= Duration::from_millis(500) && took < TOLERANCE,
         "rejected after {took:?}: max_wait is 500 ms"
     );
+    // Its source: the error of the latest attempt, which could not connect.
+    match cause_of(&rejected) {
+        LeaseError::Unavailable(e) => assert!(e.is_io_error(), "{e:?}"),
+        other => panic!("expected LeaseError::Unavailable as the source, got {other:?}"),
+    }
     assert_eq!(bh.metrics().rejected_unavailable(), 1);
     assert_eq!(bh.metrics().rejected_timeout(), 0);
 }
@@ -362,6 +606,7 @@ async fn a_wait_that_ends_while_redis_says_full_is_timeout() {
         .expect("acquire hung")
         .unwrap_err();
     assert_eq!(rejected.reason(), RejectReason::Timeout, "{rejected}");
+    assert!(rejected.source().is_none(), "{rejected:?}");
 }
 
 /// Redis down for a while, then back and full: the wait that then runs
@@ -400,6 +645,8 @@ async fn a_wait_that_ends_after_redis_came_back_full_is_timeout() {
         .unwrap()
         .unwrap_err();
     assert_eq!(rejected.reason(), RejectReason::Timeout, "{rejected}");
+    // The outage it waited through is not its cause.
+    assert!(rejected.source().is_none(), "{rejected:?}");
 }
 
 /// A black hole (a frozen server: connections stay open, nothing is
@@ -493,4 +740,23 @@ async fn a_black_hole_rejects_a_bulkhead_at_max_wait() {
         took >= Duration::from_millis(500) && took < Duration::from_millis(1500),
         "rejected after {took:?}: max_wait is 500 ms"
     );
+    // No answer came: the source says so.
+    match cause_of(&rejected) {
+        LeaseError::Unavailable(e) => {
+            assert!(e.is_timeout(), "{e:?}");
+            assert!(
+                e.to_string().contains("did not answer within max_wait"),
+                "{e}"
+            );
+        }
+        other => panic!("expected LeaseError::Unavailable as the source, got {other:?}"),
+    }
+}
+
+/// The [`LeaseError`] a rejection of the Redis bulkhead names as its source.
+fn cause_of(rejected: &watertight::Rejected) -> &LeaseError {
+    rejected
+        .source()
+        .and_then(|e| e.downcast_ref::<LeaseError>())
+        .unwrap_or_else(|| panic!("no LeaseError behind {rejected:?}"))
 }

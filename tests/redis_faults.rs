@@ -1843,3 +1843,329 @@ async fn a_forgotten_lease_found_by_its_renewal_quarantines_new_grants() {
         let _ = held.release().await;
     }
 }
+
+/// A Redis bulkhead refused by a quarantine says so: `Unavailable`, with
+/// the semaphore's `LeaseError::Quarantined` as the rejection's source, for
+/// a call that fails fast and for one whose `max_wait` runs out while the
+/// quarantine lasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejection_by_a_quarantine_names_it_as_its_source() {
+    use std::error::Error;
+    use watertight::RejectReason;
+    const TTL: Duration = Duration::from_millis(2_000);
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let server = Arc::new(server);
+    let make = || {
+        builder(&server.url(), "quarantine-source")
+            .lease_ttl(TTL)
+            .build()
+    };
+    let fast = RedisBulkhead::builder(make().await.unwrap())
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let patient = RedisBulkhead::builder(make().await.unwrap())
+        .max_wait(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let quarantined_source = |rejected: &watertight::Rejected| {
+        matches!(
+            rejected.source().and_then(|e| e.downcast_ref::<LeaseError>()),
+            Some(LeaseError::Quarantined { retry_after }) if *retry_after <= TTL
+        )
+    };
+    restart(&server).await;
+
+    // The fail-fast caller: out of reach while it reconnects, then the
+    // quarantine it starts.
+    let deadline = Instant::now() + PATIENCE;
+    let rejected = loop {
+        let rejected = fast.try_acquire().await.unwrap_err();
+        assert_eq!(rejected.reason(), RejectReason::Unavailable, "{rejected}");
+        let cause = rejected
+            .source()
+            .and_then(|e| e.downcast_ref::<LeaseError>());
+        match cause {
+            Some(LeaseError::Unavailable(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            _ => break rejected,
+        }
+    };
+    let quarantine_began = Instant::now();
+    assert!(quarantined_source(&rejected), "{rejected:?}");
+
+    // The waiting caller joins that quarantine and runs out of `max_wait`
+    // in it (its reconnection may take part of the wait).
+    let rejected = timeout(PATIENCE, patient.acquire())
+        .await
+        .expect("acquire hung")
+        .unwrap_err();
+    assert!(
+        quarantine_began.elapsed() < TTL,
+        "the quarantine was over before the wait ended: the test proves nothing"
+    );
+    assert_eq!(rejected.reason(), RejectReason::Unavailable, "{rejected}");
+    let cause = rejected
+        .source()
+        .and_then(|e| e.downcast_ref::<LeaseError>());
+    assert!(
+        quarantined_source(&rejected) || matches!(cause, Some(LeaseError::Unavailable(_))),
+        "{rejected:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// One restart, one quarantine, for a fleet of processes
+// ---------------------------------------------------------------------------
+
+const FLEET: &str = "fleet";
+const FLEET_TTL: Duration = Duration::from_millis(1_000);
+const ENV_ROLE: &str = "WATERTIGHT_TEST_ROLE";
+const ENV_GO: &str = "WATERTIGHT_TEST_GO";
+
+/// What a client of the fleet saw, in wall-clock ms (the processes share
+/// this machine's clock).
+#[derive(Default)]
+struct Seen {
+    /// Each refusal for a quarantine: (when, when it ends).
+    quarantined: Vec<(i64, i64)>,
+    granted: i64,
+}
+
+/// `try_acquire` until granted (a refusal for a quarantine sleeps out what
+/// is left of it; a busy permit or a connection not yet made again is
+/// tried again 20 ms later); the permit held 30 ms inside the probe.
+async fn until_granted(sem: &RedisSemaphore, probe: &str, seen: &mut Seen) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        assert!(Instant::now() < deadline, "never granted");
+        match sem.try_acquire().await {
+            Ok(permit) => {
+                seen.granted = wall_ms();
+                let held = ProbeClient::enter(probe);
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                assert!(!permit.is_lost());
+                held.exit();
+                permit.release().await.expect("released in time");
+                return;
+            }
+            Err(LeaseError::Quarantined { retry_after }) => {
+                let now = wall_ms();
+                seen.quarantined
+                    .push((now, now + retry_after.as_millis() as i64));
+                tokio::time::sleep(retry_after).await;
+            }
+            Err(LeaseError::NoPermits { .. } | LeaseError::Unavailable(_)) => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// Child of `one_restart_is_one_quarantine_for_a_fleet_of_processes`: a
+/// client built before the restart, as a `holder` (holds the permit until
+/// its renewal finds the lease gone, then asks again), a `waiter` (waits
+/// in the fair line across the restart) or `idle` (first asks once the
+/// parent creates the file `WATERTIGHT_TEST_GO`). Prints `READY`, then
+/// `DONE` with what it saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_rides_out_a_restart() {
+    if !is_child() {
+        return;
+    }
+    let (url, probe, role) = (env(ENV_URL), env(ENV_PROBE), env(ENV_ROLE));
+    let sem = builder(&url, FLEET)
+        .lease_ttl(FLEET_TTL)
+        .renew_every(Duration::from_millis(200))
+        .max_poll(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let mut seen = Seen::default();
+    let mut lost = 0;
+    match role.as_str() {
+        "holder" => {
+            let permit = sem.acquire().await.unwrap();
+            let held = ProbeClient::enter(probe.as_str());
+            println!("READY");
+            timeout(PATIENCE, permit.lost())
+                .await
+                .expect("the restart never cost the holder its lease");
+            held.exit();
+            lost = wall_ms();
+            drop(permit);
+            until_granted(&sem, &probe, &mut seen).await;
+        }
+        "waiter" => {
+            let waiting = tokio::spawn({
+                let sem = sem.clone();
+                async move { sem.acquire().await }
+            });
+            println!("READY");
+            let permit = timeout(PATIENCE, waiting)
+                .await
+                .expect("the waiter was never granted")
+                .unwrap()
+                .expect("the waiter's acquire failed");
+            seen.granted = wall_ms();
+            let held = ProbeClient::enter(probe.as_str());
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            assert!(!permit.is_lost());
+            held.exit();
+            permit.release().await.expect("released in time");
+        }
+        _ => {
+            println!("READY");
+            let go = std::path::PathBuf::from(env(ENV_GO));
+            let deadline = Instant::now() + PATIENCE;
+            while !go.exists() {
+                assert!(Instant::now() < deadline, "no go from the parent");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            until_granted(&sem, &probe, &mut seen).await;
+        }
+    }
+    let quarantined: Vec<String> = seen
+        .quarantined
+        .iter()
+        .map(|(at, end)| format!("{at}:{end}"))
+        .collect();
+    println!(
+        "DONE granted={} lost={lost} quarantined={}",
+        seen.granted,
+        quarantined.join(",")
+    );
+}
+
+/// One restart without persistence under a fleet of processes built before
+/// it (the quarantine on, a limit of 1, a time to live of 1 s): a holder,
+/// a waiter in the fair line and idle clients, 1, 3 and 10 processes, the
+/// idle ones asking first (right after the restart, before the holder's
+/// renewal and the waiter's poll) or last (half a second later), in reverse
+/// order of their start. Every refusal is for the same quarantine (their
+/// ends within 100 ms of each other), no grant comes before it ends,
+/// grants resume within one time to live (and the margin below) of the
+/// first sign of the loss, every client is granted, and an independent
+/// probe never sees two holders.
+#[test]
+fn one_restart_is_one_quarantine_for_a_fleet_of_processes() {
+    if is_child() {
+        return;
+    }
+    for (clients, idle_first) in [(1, false), (3, true), (3, false), (10, true), (10, false)] {
+        let case = format!("{clients} processes, idle ones first: {idle_first}");
+        let Some(server) = RedisServer::start_or_skip() else {
+            return;
+        };
+        let probe = ConcurrencyProbe::start();
+        let spawn = |role: &str, go: &std::path::Path| {
+            let mut child = ChildTest::spawn(
+                "child_rides_out_a_restart",
+                &[
+                    (ENV_URL, server.url()),
+                    (ENV_PROBE, probe.addr().to_string()),
+                    (ENV_ROLE, role.to_owned()),
+                    (ENV_GO, go.display().to_string()),
+                ],
+            );
+            child.expect_line("READY", PATIENCE);
+            child
+        };
+        let go = |i: usize| server.dir().join(format!("go-{i}"));
+        let mut children = vec![spawn("holder", &go(0))];
+        if clients > 1 {
+            children.push(spawn("waiter", &go(1)));
+            let queue = key(FLEET, "queue");
+            let lined =
+                redis_server::eventually(PATIENCE, || server.cmd::<i64>(&["ZCARD", &queue]) == 1);
+            assert!(lined, "{case}: the waiter never stood in line");
+        }
+        for i in 2..clients {
+            children.push(spawn("idle", &go(i)));
+        }
+
+        server.restart();
+        let restarted = wall_ms();
+        if !idle_first {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        for i in (2..clients).rev() {
+            std::fs::write(go(i), b"").unwrap();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+
+        let mut granted = Vec::new();
+        let mut lost = Vec::new();
+        let mut refusals: Vec<(i64, i64)> = Vec::new();
+        for child in &mut children {
+            let line = child.expect_line("DONE ", PATIENCE);
+            let field = |name: &str| -> String {
+                line.split(' ')
+                    .find_map(|f| f.strip_prefix(&format!("{name}=")))
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            granted.push(field("granted").parse::<i64>().unwrap());
+            let at = field("lost").parse::<i64>().unwrap();
+            if at > 0 {
+                lost.push(at);
+            }
+            for pair in field("quarantined").split(',').filter(|p| !p.is_empty()) {
+                let (at, end) = pair.split_once(':').unwrap();
+                refusals.push((at.parse().unwrap(), end.parse().unwrap()));
+            }
+            child.assert_success(PATIENCE);
+        }
+
+        assert!(
+            probe.max_seen() <= 1,
+            "{case}: {} holders at once",
+            probe.max_seen()
+        );
+        assert_eq!(probe.current(), 0, "{case}");
+        assert_eq!(lost.len(), 1, "{case}: the holder's lease was lost once");
+        let ends: Vec<i64> = refusals.iter().map(|&(_, end)| end).collect();
+        let (first_end, last_end) = (
+            ends.iter().copied().min().unwrap_or(i64::MAX),
+            ends.iter().copied().max().unwrap_or(i64::MIN),
+        );
+        assert!(
+            ends.is_empty() || last_end - first_end <= 100,
+            "{case}: refusals for more than one quarantine: {refusals:?}"
+        );
+        let resumed = granted.iter().copied().min().unwrap();
+        assert!(
+            ends.is_empty() || resumed >= first_end - 20,
+            "{case}: granted at {resumed}, during the quarantine that ends at {first_end}"
+        );
+        // The first sign of the loss: the holder's renewal or a refusal.
+        let detected = refusals
+            .iter()
+            .map(|&(at, _)| at)
+            .chain(lost.iter().copied())
+            .min()
+            .unwrap();
+        let ttl = FLEET_TTL.as_millis() as i64;
+        assert!(
+            resumed - detected <= ttl + 300,
+            "{case}: grants resumed {} ms after the loss was found (time to live {ttl} ms)",
+            resumed - detected
+        );
+        eprintln!(
+            "{case}: loss found {} ms after the restart, grants resumed {} ms after that, \
+             {} refusals, quarantine ends within {} ms of each other",
+            detected - restarted,
+            resumed - detected,
+            refusals.len(),
+            if ends.is_empty() {
+                0
+            } else {
+                last_end - first_end
+            }
+        );
+    }
+}

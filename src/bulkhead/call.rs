@@ -205,9 +205,14 @@ where
             Poll::Ready(out) => out,
         };
         *this.stage = Stage::Done;
-        if let Some(mut held) = this.held.take() {
+        // The permit goes back once the result is in place, as this
+        // function's last local is dropped: the result is written where it
+        // is returned, not copied there past a release that may unwind (an
+        // observer that panics).
+        let _release = this.held.take().map(|mut held| {
             held.set_outcome(outcome);
-        }
+            held
+        });
         Poll::Ready(result)
     }
 }

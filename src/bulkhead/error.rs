@@ -2,6 +2,10 @@
 //! an admitted call, and what is wrong with a configuration.
 
 use core::fmt;
+use core::num::NonZeroU32;
+use std::error::Error;
+use std::panic::{RefUnwindSafe, UnwindSafe};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::name::Name;
@@ -51,8 +55,38 @@ pub struct Rejected {
     /// Nanoseconds, saturating (8 bytes where a `Duration` takes 16).
     waited_ns: u64,
     name: Name,
-    hint: Hint,
+    detail: Detail,
 }
+
+/// A rejection's retry hint, or the error that made it `Unavailable` (which
+/// has no hint): 16 bytes either way, the tag kept in the hint's limit,
+/// which is never zero.
+#[derive(Clone, PartialEq, Eq)]
+enum Detail {
+    Hint(Hint),
+    Cause(Cause),
+}
+
+/// The error behind a rejection, shared by its clones: behind one pointer
+/// (8 bytes), so that a rejection without one stays as small as before.
+#[derive(Clone)]
+struct Cause(Arc<Box<dyn Error + Send + Sync>>);
+
+/// Two rejections are equal only with the same cause (the same error, not
+/// an equal one: errors seldom compare).
+impl PartialEq for Cause {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Cause {}
+
+// A rejection stays unwind safe with a cause: the cause is never changed
+// through it, so a panic cannot leave one half-updated where a caller that
+// catches the panic would see it.
+impl UnwindSafe for Cause {}
+impl RefUnwindSafe for Cause {}
 
 /// What [`Rejected::retry_after`] is computed from, when asked: the
 /// division is left out of the rejection path.
@@ -62,8 +96,8 @@ pub(crate) struct Hint {
     pub(crate) hold_ns: u64,
     /// The callers waiting, plus this one.
     pub(crate) ahead: u32,
-    /// The limit (at least 1).
-    pub(crate) limit: u32,
+    /// The limit.
+    pub(crate) limit: NonZeroU32,
 }
 
 impl Hint {
@@ -71,7 +105,7 @@ impl Hint {
     pub(crate) const NONE: Hint = Hint {
         hold_ns: 0,
         ahead: 1,
-        limit: 1,
+        limit: NonZeroU32::MIN,
     };
 }
 
@@ -99,8 +133,17 @@ impl Rejected {
             timer_gone,
             waited_ns,
             name,
-            hint,
+            detail: Detail::Hint(hint),
         }
+    }
+
+    /// This rejection with `cause` as its [`source`](Error::source): the
+    /// error of the permit store that made it
+    /// [`Unavailable`](RejectReason::Unavailable).
+    #[cold]
+    pub(crate) fn caused_by(mut self, cause: impl Error + Send + Sync + 'static) -> Self {
+        self.detail = Detail::Cause(Cause(Arc::new(Box::new(cause))));
+        self
     }
 
     /// Why the call was turned away.
@@ -194,17 +237,20 @@ impl Rejected {
     /// assert!(hint > Duration::ZERO);
     /// ```
     pub fn retry_after(&self) -> Option<Duration> {
-        let Hint {
+        let Detail::Hint(Hint {
             hold_ns,
             ahead,
             limit,
-        } = self.hint;
+        }) = self.detail
+        else {
+            return None;
+        };
         if hold_ns == 0 || !self.reason.row().hint {
             return None;
         }
         let ns = hold_ns
             .saturating_mul(u64::from(ahead))
-            .div_ceil(u64::from(limit.max(1)));
+            .div_ceil(u64::from(limit.get()));
         Some(Duration::from_nanos(ns))
     }
 
@@ -245,12 +291,15 @@ impl Rejected {
 
 impl fmt::Debug for Rejected {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Rejected")
-            .field("bulkhead", &self.name())
+        let mut d = f.debug_struct("Rejected");
+        d.field("bulkhead", &self.name())
             .field("reason", &self.reason)
             .field("waited", &self.waited())
-            .field("retry_after", &self.retry_after())
-            .finish()
+            .field("retry_after", &self.retry_after());
+        if let Detail::Cause(Cause(cause)) = &self.detail {
+            d.field("cause", cause);
+        }
+        d.finish()
     }
 }
 
@@ -277,7 +326,18 @@ impl fmt::Display for Rejected {
     }
 }
 
-impl std::error::Error for Rejected {}
+/// The source is the permit store's error behind an `Unavailable`, when
+/// it gave one (the Redis bulkhead's
+/// `LeaseError`, whose own source is the Redis error); none for the other
+/// reasons.
+impl Error for Rejected {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match &self.detail {
+            Detail::Cause(Cause(cause)) => Some(&***cause),
+            Detail::Hint(_) => None,
+        }
+    }
+}
 
 /// An admitted call that ran past its bulkhead's `call_timeout`: it was
 /// dropped and its permit released. Whether the downstream did the work is
@@ -677,3 +737,47 @@ impl fmt::Display for BuildError {
 }
 
 impl std::error::Error for BuildError {}
+#[cfg(test)]
+mod tests {
+    use super::{BulkheadError, Hint, RejectReason, Rejected};
+    use crate::bulkhead::name::intern;
+    use core::num::NonZeroU32;
+    use std::error::Error;
+    use std::io;
+
+    /// A rejection with a cause: the cause is its source, shown by `Debug`
+    /// and not by `Display`, shared by its clones; it has no retry hint.
+    #[test]
+    fn a_cause_is_the_source() {
+        let hint = Hint {
+            hold_ns: 1_000_000,
+            ahead: 1,
+            limit: NonZeroU32::MIN,
+        };
+        let plain = Rejected::new(RejectReason::Unavailable, false, 0, intern("db"), hint);
+        assert!(plain.source().is_none());
+        let caused = plain.clone().caused_by(io::Error::other("refused"));
+        assert_eq!(caused.source().unwrap().to_string(), "refused");
+        assert_eq!(caused.to_string(), plain.to_string());
+        assert!(
+            format!("{caused:?}").ends_with(r#"cause: Custom { kind: Other, error: "refused" } }"#),
+            "{caused:?}"
+        );
+        assert_eq!(caused.retry_after(), None);
+        assert_eq!(caused.clone(), caused);
+        assert_ne!(caused, plain);
+        let again = plain.caused_by(io::Error::other("refused"));
+        assert_ne!(again, caused, "equal only with the same cause");
+    }
+
+    /// A rejection is returned by value on every refused call: its cause
+    /// shares the retry hint's room, so carrying one costs no size.
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_rejection_is_five_words_and_unwind_safe() {
+        assert_eq!(size_of::<Rejected>(), 40);
+        fn auto<T: Send + Sync + Unpin + std::panic::UnwindSafe + std::panic::RefUnwindSafe>() {}
+        auto::<Rejected>();
+        assert_eq!(size_of::<BulkheadError<()>>(), 40);
+    }
+}

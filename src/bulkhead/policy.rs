@@ -4,6 +4,7 @@
 //! [`Bulkhead`](crate::Bulkhead) and the Redis bulkhead share it.
 
 use core::future::Future;
+use core::num::NonZeroU32;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -629,9 +630,10 @@ impl Policy {
             ahead: u32::try_from(self.queued())
                 .unwrap_or(u32::MAX)
                 .saturating_add(1),
-            limit: u32::try_from(self.hint_limit.load(Ordering::Relaxed))
-                .unwrap_or(u32::MAX)
-                .max(1),
+            limit: NonZeroU32::new(
+                u32::try_from(self.hint_limit.load(Ordering::Relaxed)).unwrap_or(u32::MAX),
+            )
+            .unwrap_or(NonZeroU32::MIN),
         }
     }
 

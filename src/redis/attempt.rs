@@ -3,8 +3,8 @@
 //! the [`Pending`] id that is released if its future is dropped while a
 //! grant may exist.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use event_listener::EventListener;
@@ -42,6 +42,9 @@ enum Found {
         retry_after: Option<Duration>,
         limit: usize,
         quarantined: bool,
+        /// Why no permit could be counted (Redis out of reach, or
+        /// quarantined); `None` when every permit is leased.
+        cause: Option<LeaseError>,
     },
 }
 
@@ -57,6 +60,34 @@ pub(super) struct Busy {
     listener: EventListener,
     pause: Duration,
     down_since: Option<Instant>,
+    cause: Option<LeaseError>,
+}
+
+/// Why the latest attempt of a wait could not count the permits: Redis out
+/// of reach or quarantined (the error it gave), or an attempt that failed
+/// for good. Empty while the latest attempt found every permit leased.
+/// The Redis bulkhead reads it when the wait ends: `Unavailable` rather
+/// than `Timeout`, with the error as the rejection's source.
+#[derive(Debug, Default)]
+pub(super) struct Down(Mutex<Option<LeaseError>>);
+
+impl Down {
+    pub(super) fn set(&self, cause: Option<LeaseError>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = cause;
+    }
+
+    /// Whether the latest attempt could not count the permits.
+    pub(super) fn is_down(&self) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// The error of the latest attempt that could not count the permits.
+    pub(super) fn take(&self) -> Option<LeaseError> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
 }
 
 /// One acquire attempt (one script call). Busy, or unreachable within
@@ -83,12 +114,14 @@ async fn attempt(
                 listener,
                 pause,
                 down_since,
+                cause,
                 ..
             } => Attempt::Busy(Busy {
                 pending,
                 listener,
                 pause,
                 down_since,
+                cause,
             }),
         })
 }
@@ -150,6 +183,9 @@ async fn attempt_with(
             retry_after,
             limit,
             quarantined,
+            cause: quarantined.then(|| LeaseError::Quarantined {
+                retry_after: retry_after.unwrap_or_default(),
+            }),
         }),
         Err(LeaseError::Unavailable(e)) if tolerate => {
             // `pending` keeps its id (a grant may have landed): the
@@ -165,6 +201,7 @@ async fn attempt_with(
                 retry_after: None,
                 limit: inner.limit_seen.load(Ordering::Relaxed),
                 quarantined: false,
+                cause: Some(LeaseError::Unavailable(e)),
             })
         }
         Err(e) => Err(e),
@@ -172,22 +209,22 @@ async fn attempt_with(
 }
 
 /// Goes on waiting after a busy [`attempt`], as
-/// [`acquire`](super::RedisSemaphore::acquire) does after its first one. `down` says,
-/// after each attempt, whether that attempt failed to reach Redis
-/// (rather than finding every permit leased): the Redis bulkhead's
-/// reason for a wait that runs out of `max_wait`.
+/// [`acquire`](super::RedisSemaphore::acquire) does after its first one. `down` keeps,
+/// after each attempt, what kept that attempt from counting the permits,
+/// if anything did (see [`Down`]).
 pub(super) async fn wait_from(
     inner: &Arc<Inner>,
     busy: Busy,
-    down: &AtomicBool,
+    down: &Down,
 ) -> Result<LeasedPermit, LeaseError> {
     let Busy {
         mut pending,
         mut listener,
         mut pause,
         mut down_since,
+        cause,
     } = busy;
-    down.store(down_since.is_some(), Ordering::Relaxed);
+    down.set(cause);
     loop {
         if let Some(permit) = announced(inner, &mut pending) {
             return Ok(permit);
@@ -196,31 +233,19 @@ pub(super) async fn wait_from(
         if let Some(permit) = announced(inner, &mut pending) {
             return Ok(permit);
         }
-        let found = attempt_with(inner, &mut pending, down_since, true).await;
-        // An attempt that failed for good (denied, refused) is no
-        // outage; the wait ends with its error anyway. A quarantine
-        // counts as one: the permits cannot be counted meanwhile.
-        down.store(
-            matches!(
-                found,
-                Ok(Found::Wait {
-                    down_since: Some(_),
-                    ..
-                }) | Ok(Found::Wait {
-                    quarantined: true,
-                    ..
-                })
-            ),
-            Ordering::Relaxed,
-        );
-        match found? {
+        // An attempt that failed for good (denied, refused) ends the
+        // wait with its error, which the caller keeps. A quarantine
+        // counts as an outage: the permits cannot be counted meanwhile.
+        match attempt_with(inner, &mut pending, down_since, true).await? {
             Found::Granted(permit) => return Ok(permit),
             Found::Wait {
                 listener: next,
                 pause: next_pause,
                 down_since: since,
+                cause,
                 ..
             } => {
+                down.set(cause);
                 listener = next;
                 pause = next_pause;
                 down_since = since;

@@ -442,7 +442,7 @@ impl RedisSemaphoreBuilder {
                 .await?;
         }
         let label = self.label.unwrap_or_else(default_label);
-        let signals = Arc::new(Signals::default());
+        let signals = Arc::new(Signals::new(self.pubsub));
         let inner = Arc::new(Inner {
             name: self.name.into(),
             keys,
@@ -473,7 +473,7 @@ impl RedisSemaphoreBuilder {
             fair: self.fair,
             token,
         });
-        keeper::start(&inner, connected.subscriber, self.pubsub);
+        keeper::start(&inner, connected.subscriber, connected.publish, self.pubsub);
         Inner::start_watch(&inner);
         Ok(RedisSemaphore { inner })
     }

@@ -2,8 +2,9 @@
 
 use core::fmt;
 use core::future::Future;
+use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::bulkhead::idle::Idle;
@@ -144,8 +145,9 @@ impl RedisBulkheadBuilder {
     /// As [`BulkheadBuilder::build`], for the settings above.
     pub fn build(self) -> Result<RedisBulkhead, BuildError> {
         let name = self.sem.name().to_owned();
-        let mut policy = self.policy;
         // The permits free are the fleet's, which only Redis knows.
+        #[cfg_attr(not(feature = "metrics"), allow(unused_mut))]
+        let mut policy = self.policy;
         #[cfg(feature = "metrics")]
         {
             let exporter = crate::bulkhead::export::MetricsExporter::without_available(&name);
@@ -347,7 +349,7 @@ impl RedisBulkhead {
         self.note_limit();
         match first {
             Ok(lease) => Ok(self.admitted(lease, self.at_once(), CallOutcome::Released)),
-            Err(e) => Err(s.policy.reject_now(reason_of(&e))),
+            Err(e) => Err(refused(&s.policy, e)),
         }
     }
 
@@ -376,7 +378,7 @@ impl RedisBulkhead {
             self.note_limit();
             return match first {
                 Ok(lease) => Ok(self.admitted(lease, self.at_once(), outcome)),
-                Err(e) => Err(s.policy.reject_now(reason_of(&e))),
+                Err(e) => Err(refused(&s.policy, e)),
             };
         }
         // The first attempt is bounded by `max_wait` too: against a Redis
@@ -388,7 +390,14 @@ impl RedisBulkhead {
                 match Timeout::new(attempt::first_attempt(s.sem.inner()), sleep).await {
                     Ok(first) => first,
                     Err(_elapsed) => {
-                        return Err(s.policy.reject(RejectReason::Unavailable, limit));
+                        let silent = io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "redis did not answer within max_wait",
+                        );
+                        return Err(s
+                            .policy
+                            .reject(RejectReason::Unavailable, limit)
+                            .caused_by(LeaseError::Unavailable(silent.into())));
                     }
                 }
             }
@@ -420,22 +429,32 @@ impl RedisBulkhead {
                 // Declared before the wait, so dropped after it: the line
                 // is counted without this waiter when the policy looks.
                 let _left = LeftLine(&s.policy);
-                let down = AtomicBool::new(false);
+                let down = attempt::Down::default();
                 let acquire = async {
                     attempt::wait_from(s.sem.inner(), busy, &down)
                         .await
-                        .map_err(|e| reason_of(&e))
+                        .map_err(|e| {
+                            let reason = reason_of(&e);
+                            down.set(Some(e));
+                            reason
+                        })
                 };
                 let timed_out = || {
-                    if down.load(Ordering::Relaxed) {
+                    if down.is_down() {
                         RejectReason::Unavailable
                     } else {
                         RejectReason::Timeout
                     }
                 };
-                s.policy.wait_or(acquire, line, timed_out).await?
+                let waited = s.policy.wait_or(acquire, line, timed_out).await;
+                waited.map_err(|rejected| match down.take() {
+                    Some(e) if rejected.reason() == RejectReason::Unavailable => {
+                        rejected.caused_by(e)
+                    }
+                    _ => rejected,
+                })?
             }
-            Err(e) => return Err(s.policy.reject_now(reason_of(&e))),
+            Err(e) => return Err(refused(&s.policy, e)),
         };
         Ok(self.admitted(lease, waited, outcome))
     }
@@ -523,6 +542,17 @@ impl RedisBulkhead {
         s.idle
             .wait(|| s.in_flight.load(Ordering::SeqCst) == 0)
             .await;
+    }
+}
+
+/// The rejection for an acquire that failed with `e`; the error is its
+/// source when it made the call `Unavailable`.
+#[cold]
+fn refused(policy: &Policy, e: LeaseError) -> Rejected {
+    let rejected = policy.reject_now(reason_of(&e));
+    match rejected.reason() {
+        RejectReason::Unavailable => rejected.caused_by(e),
+        _ => rejected,
     }
 }
 

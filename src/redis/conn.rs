@@ -402,14 +402,15 @@ impl Subscriber {
             .unwrap_or_else(|_elapsed| Err(ConfigError::Connect(no_answer())))
     }
 
-    /// A subscription to `channel`, or `None` if connecting or subscribing
-    /// failed.
-    pub(super) async fn subscribe(&self, channel: &str) -> Option<Subscription> {
+    /// A subscription to `channel`, or the error of connecting or
+    /// subscribing. A subscription the server refused may look made: the
+    /// subscriber checks that messages come (see `keeper`).
+    pub(super) async fn subscribe(&self, channel: &str) -> redis::RedisResult<Subscription> {
         match self {
             Self::Node(client) => {
-                let mut pubsub = client.get_async_pubsub().await.ok()?;
-                pubsub.subscribe(channel).await.ok()?;
-                Some(Subscription::Messages {
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe(channel).await?;
+                Ok(Subscription::Messages {
                     stream: Box::pin(pubsub.into_on_message()),
                     #[cfg(feature = "redis-sentinel")]
                     moved: None,

@@ -11,19 +11,26 @@ use std::time::{Duration, Instant};
 use event_listener::IntoNotification;
 use futures_core::Stream;
 
-use super::conn::{Subscriber, Wake};
+use super::conn::{Conn, Subscriber, Subscription, Wake};
 use super::error::LostReason;
 use super::inner::Inner;
 use super::lease::Lease;
 use super::line::Slot;
 use super::signals::Signals;
-use crate::timer::Timer;
+use super::wakeups::Silence;
 use crate::timer::timeout::Timeout;
+use crate::timer::{Sleep, Timer};
 
 /// Starts the renewer, and the subscriber unless `pubsub` is off (then
 /// waiters poll): to this process's own channel in fair mode (where its
-/// waiters' grants are announced), to the shared one otherwise.
-pub(super) fn start(inner: &Arc<Inner>, subscriber: Subscriber, pubsub: bool) {
+/// waiters' grants are announced), to the shared one otherwise. The
+/// scripts publish with `publish`, and so does the subscriber's probe.
+pub(super) fn start(
+    inner: &Arc<Inner>,
+    subscriber: Subscriber,
+    publish: &'static str,
+    pubsub: bool,
+) {
     let weak = Arc::downgrade(inner);
     inner.spawner.spawn(renew_loop(
         weak,
@@ -34,9 +41,18 @@ pub(super) fn start(inner: &Arc<Inner>, subscriber: Subscriber, pubsub: bool) {
     if pubsub {
         inner.spawner.spawn(pubsub_loop(
             subscriber,
-            inner.channel(),
+            Probe {
+                conn: inner.conn.clone(),
+                publish,
+                channel: inner.channel(),
+                within: inner.response_timeout,
+            },
             inner.signals.clone(),
             inner.timer.clone(),
+            Said {
+                name: inner.name.clone(),
+                max_poll: inner.max_poll,
+            },
         ));
     }
 }
@@ -207,53 +223,180 @@ fn beaten(beats: &[(String, Arc<Slot>)], answers: &[i64], sent: Instant) {
     }
 }
 
+/// How long a subscription may stay silent before it is probed.
+const PROBE_AFTER: Duration = Duration::from_secs(10);
+
+/// The longest wait before a subscription is made again after it failed
+/// or proved silent.
+const RESUBSCRIBE_MAX: Duration = Duration::from_secs(10);
+
+/// Proves that a subscription delivers: a message published on its
+/// channel (`free 0`, which wakes no one, in any version of this crate)
+/// must come back within `within`.
+struct Probe {
+    conn: Conn,
+    publish: &'static str,
+    channel: String,
+    within: Duration,
+}
+
+impl Probe {
+    async fn send(&self, timer: &dyn Timer) -> Result<(), Silence> {
+        let mut conn = self.conn.clone();
+        let mut cmd = redis::cmd(self.publish);
+        cmd.arg(&self.channel).arg("free 0");
+        let sent = cmd.query_async::<i64>(&mut conn);
+        match Timeout::new(sent, timer.sleep(self.within)).await {
+            Ok(Ok(_receivers)) => Ok(()),
+            Ok(Err(e)) => Err(Silence::Unpublished(e)),
+            Err(_elapsed) => Err(Silence::Unpublished(super::conn::no_answer())),
+        }
+    }
+}
+
+/// What a change of the way waiters are woken is told with.
+struct Said {
+    name: Arc<str>,
+    max_poll: Duration,
+}
+
 /// Keeps one subscription to the semaphore's channel (or this process's)
 /// and wakes local waiters for each message: `free n` wakes `n` more of
-/// them, `grant id fence ttl limit` the waiter `id`. Whenever the subscription
-/// is (re)made or lost, every waiter is woken, since messages may have
-/// been missed. Waiters never depend on this: they also retry at
-/// the earliest lease deadline and at least every `max_poll`.
+/// them, `grant id fence ttl limit` the waiter `id`. Whenever a
+/// subscription starts or stops delivering, every waiter is woken, since
+/// messages may have been missed. Waiters never depend on this: they also
+/// retry at the earliest lease deadline and at least every `max_poll`.
+///
+/// A subscription is proved at once and after every `PROBE_AFTER` of
+/// silence (see [`Probe`]): the server may refuse a `SUBSCRIBE` (channel
+/// rights taken away after `build`) in a way the redis crate reports as
+/// made, and then nothing would come. A subscription that fails, ends or
+/// stays silent is made again, after a pause that grows to
+/// `RESUBSCRIBE_MAX`; meanwhile waiters poll, and the state says so.
 async fn pubsub_loop(
     subscriber: Subscriber,
-    channel: String,
+    probe: Probe,
     signals: Arc<Signals>,
     timer: Arc<dyn Timer>,
+    said: Said,
 ) {
     let mut backoff = Duration::from_millis(50);
     while !signals.is_stopped() {
-        if let Some(mut messages) = subscriber.subscribe(&channel).await {
-            backoff = Duration::from_millis(50);
-            signals.wake.notify(usize::MAX);
-            signals.line.wake_all();
-            loop {
-                match (NextOrStop {
-                    stream: &mut messages,
-                    signals: &signals,
-                    listener: None,
-                })
-                .await
-                {
-                    Next::Message(Wake::Free(usize::MAX)) => {
-                        signals.wake.notify(usize::MAX);
-                        signals.line.wake_all();
+        let mut delivered = false;
+        let why = match subscriber.subscribe(&probe.channel).await {
+            Ok(mut messages) => {
+                let ended = deliver(&mut messages, &probe, &signals, &*timer, &said);
+                match ended.await {
+                    Delivered::Until(why) => why,
+                    Delivered::Then(why) => {
+                        delivered = true;
+                        why
                     }
-                    Next::Message(Wake::Free(n)) => {
-                        signals.wake.notify(n.additional());
-                    }
-                    Next::Message(Wake::Granted { id, fence, limit }) => {
-                        signals.line.granted(&id, fence, limit);
-                    }
-                    Next::Ended => break,
-                    Next::Stopped => return,
+                    Delivered::Stopped => return,
                 }
             }
+            Err(e) => Silence::Refused(e),
+        };
+        signals.wakeups.silent(&said.name, &why, said.max_poll);
+        if delivered {
+            // Messages may be missed from now on: every waiter looks
+            // again. A subscription that delivered and then ended (a
+            // restart, a failover) is made again at once, as it was.
+            signals.wake.notify(usize::MAX);
+            signals.line.wake_all();
+            backoff = Duration::from_millis(50);
         }
-        signals.wake.notify(usize::MAX);
-        signals.line.wake_all();
         if !sleep_unless_stopped(&*timer, backoff, &signals).await {
             return;
         }
-        backoff = (backoff * 2).min(Duration::from_secs(1));
+        backoff = (backoff * 2).min(RESUBSCRIBE_MAX);
+    }
+}
+
+/// How a subscription's delivery ended.
+enum Delivered {
+    /// Before anything came through it, for this reason.
+    Until(Silence),
+    /// After messages came through it, for this reason.
+    Then(Silence),
+    /// The semaphore is gone.
+    Stopped,
+}
+
+impl Delivered {
+    fn ended(proved: bool, why: Silence) -> Self {
+        match proved {
+            true => Self::Then(why),
+            false => Self::Until(why),
+        }
+    }
+}
+
+/// Wakes waiters for each message of a subscription until it ends or
+/// proves silent. At its first message, every waiter is woken (messages
+/// may have been missed before it).
+async fn deliver(
+    messages: &mut Subscription,
+    probe: &Probe,
+    signals: &Signals,
+    timer: &dyn Timer,
+    said: &Said,
+) -> Delivered {
+    // Probed at once: nothing has come through it yet.
+    let mut check = timer.sleep(Duration::ZERO);
+    let mut heard = false;
+    let mut probed = false;
+    let mut proved = false;
+    loop {
+        let next = NextOrStop {
+            stream: &mut *messages,
+            signals,
+            listener: None,
+            check: &mut check,
+        }
+        .await;
+        match next {
+            Next::Message(wake) => {
+                heard = true;
+                if !proved {
+                    proved = true;
+                    signals.wakeups.heard(&said.name);
+                    signals.wake.notify(usize::MAX);
+                    signals.line.wake_all();
+                }
+                match wake {
+                    Wake::Free(usize::MAX) => {
+                        signals.wake.notify(usize::MAX);
+                        signals.line.wake_all();
+                    }
+                    Wake::Free(n) => {
+                        signals.wake.notify(n.additional());
+                    }
+                    Wake::Granted { id, fence, limit } => {
+                        signals.line.granted(&id, fence, limit);
+                    }
+                }
+            }
+            Next::Check if probed && !heard => {
+                return Delivered::ended(proved, Silence::Unheard(probe.within));
+            }
+            Next::Check if heard => {
+                // Something came since the last check: silent for no more
+                // than `PROBE_AFTER` yet.
+                heard = false;
+                probed = false;
+                check = timer.sleep(PROBE_AFTER);
+            }
+            Next::Check => {
+                if let Err(why) = probe.send(timer).await {
+                    return Delivered::ended(proved, why);
+                }
+                probed = true;
+                check = timer.sleep(probe.within);
+            }
+            Next::Ended => return Delivered::ended(proved, Silence::Ended),
+            Next::Stopped => return Delivered::Stopped,
+        }
     }
 }
 
@@ -273,16 +416,20 @@ async fn sleep_unless_stopped(timer: &dyn Timer, d: Duration, signals: &Signals)
 enum Next {
     /// A wake-up message.
     Message(Wake),
+    /// The time to look at how long the subscription has been silent.
+    Check,
     Ended,
     Stopped,
 }
 
 /// The next pub/sub message, or the end of the subscription, or the
-/// semaphore's shutdown, whichever comes first.
+/// semaphore's shutdown, or the `check` sleep's end, whichever comes
+/// first.
 struct NextOrStop<'a, S> {
     stream: &'a mut S,
     signals: &'a Signals,
     listener: Option<event_listener::EventListener>,
+    check: &'a mut Sleep,
 }
 
 impl<S: Stream<Item = Wake> + Unpin> Future for NextOrStop<'_, S> {
@@ -292,6 +439,9 @@ impl<S: Stream<Item = Wake> + Unpin> Future for NextOrStop<'_, S> {
         let this = &mut *self;
         if let Poll::Ready(item) = Pin::new(&mut *this.stream).poll_next(cx) {
             return Poll::Ready(item.map_or(Next::Ended, Next::Message));
+        }
+        if this.check.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Next::Check);
         }
         loop {
             if this.signals.is_stopped() {

@@ -84,6 +84,7 @@ mod scripts;
 mod semaphore;
 mod signals;
 mod spawn;
+mod wakeups;
 
 pub use builder::RedisSemaphoreBuilder;
 pub use bulkhead::{RedisBulkhead, RedisBulkheadBuilder, RedisBulkheadPermit};
@@ -92,3 +93,4 @@ pub use conn::Backend;
 pub use error::{ConfigError, LeaseError, LostReason, ReleaseError};
 pub use permit::{LeasedPermit, Lost};
 pub use semaphore::{Holder, RedisSemaphore};
+pub use wakeups::Wakeups;

@@ -3,13 +3,14 @@
 
 use core::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::attempt::{self, Attempt};
 use super::error::LeaseError;
 use super::inner::{Inner, millis};
 use super::permit::LeasedPermit;
+use super::wakeups::Wakeups;
 use crate::semaphore::Semaphore;
 
 /// A semaphore shared through Redis: each permit is a lease with a time to
@@ -65,6 +66,37 @@ impl RedisSemaphore {
         self.inner.lock_leases().len()
     }
 
+    /// How this process's waiters are woken now: through pub/sub, or by
+    /// polling every `max_poll` when no message can come.
+    ///
+    /// The subscription is proved when it is made and after every 10 s
+    /// of silence: a message published on its channel must come back
+    /// within the `response_timeout`. Channel rights taken away after
+    /// `build` (which the redis crate reports as a subscription made), a
+    /// lost connection or a silent subscription turn it to
+    /// [`Wakeups::Polling`] until a subscription delivers again (tried
+    /// again after a pause that grows to 10 s). Each change is told through
+    /// the `metrics` gauge `bulkhead_redis_pubsub_up` (1 or 0, labelled
+    /// `semaphore`) and counter `bulkhead_redis_pubsub_lost_total`, and a
+    /// `tracing` event (a warning when wake-ups stop, with the cause), with
+    /// those features on. With [`pubsub(false)`](super::RedisSemaphoreBuilder::pubsub)
+    /// it is always `Polling`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(sem: watertight::redis::RedisSemaphore) {
+    /// use watertight::redis::Wakeups;
+    ///
+    /// if sem.wakeups() == Wakeups::Polling {
+    ///     eprintln!("{}: a release elsewhere may take up to max_poll to reach a waiter", sem.name());
+    /// }
+    /// # }
+    /// ```
+    pub fn wakeups(&self) -> Wakeups {
+        self.inner.signals.wakeups.get()
+    }
+
     /// Waits for a permit: one script call per attempt, woken by pub/sub
     /// when a lease is released or expires, and by the earliest lease's
     /// deadline or `max_poll` otherwise. In fair mode (the default, see
@@ -95,7 +127,7 @@ impl RedisSemaphore {
         match attempt::first_attempt(&self.inner).await? {
             Attempt::Granted(permit) => Ok(permit),
             Attempt::Busy(busy) => {
-                attempt::wait_from(&self.inner, busy, &AtomicBool::new(false)).await
+                attempt::wait_from(&self.inner, busy, &attempt::Down::default()).await
             }
         }
     }

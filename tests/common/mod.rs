@@ -427,3 +427,24 @@ where
     assert!(sem.acquire().await.is_err());
     assert_eq!(sem.try_acquire().unwrap_err(), TryAcquireError::Closed);
 }
+
+/// What a test's log subscriber wrote: a `tracing_subscriber::fmt` writer
+/// (clone it into `with_writer`), read back with [`text`](Self::text).
+#[derive(Clone, Default)]
+pub struct LogBuf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl LogBuf {
+    pub fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+impl std::io::Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

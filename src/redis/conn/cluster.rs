@@ -221,12 +221,12 @@ pub(super) async fn subscribe(
     conn: &ClusterConnection,
     pushes: &Arc<Pushes>,
     channel: &str,
-) -> Option<Subscription> {
+) -> redis::RedisResult<Subscription> {
     // Cleared before the `SSUBSCRIBE` is sent: a loss reported after it
     // ends the new subscription.
     pushes.lock().lost = false;
-    conn.clone().ssubscribe(channel).await.ok()?;
-    Some(Subscription::Pushes {
+    conn.clone().ssubscribe(channel).await?;
+    Ok(Subscription::Pushes {
         pushes: pushes.clone(),
         listener: None,
     })

@@ -400,20 +400,26 @@ impl Primary {
     /// A subscription on the current primary that ends when the primary
     /// changes. Asks Sentinel first when the last subscription was lost
     /// (the primary may have gone with it).
-    pub(super) async fn subscribe(self: &Arc<Self>, channel: &str) -> Option<Subscription> {
+    pub(super) async fn subscribe(
+        self: &Arc<Self>,
+        channel: &str,
+    ) -> redis::RedisResult<Subscription> {
         let listener = self.moved.listen();
         let (generation, _) = self.current(false);
         let client = self.client();
         let subscribed = async {
-            let mut pubsub = client.get_async_pubsub().await.ok()?;
-            pubsub.subscribe(channel).await.ok()?;
-            Some(pubsub)
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(channel).await?;
+            Ok(pubsub)
         };
-        let Some(pubsub) = subscribed.await else {
-            self.find(generation);
-            return None;
+        let pubsub = match subscribed.await {
+            Ok(pubsub) => pubsub,
+            Err(e) => {
+                self.find(generation);
+                return Err(e);
+            }
         };
-        Some(Subscription::Messages {
+        Ok(Subscription::Messages {
             stream: Box::pin(pubsub.into_on_message()),
             moved: Some(Moved {
                 primary: self.clone(),
