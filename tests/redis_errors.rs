@@ -343,7 +343,9 @@ const SLOW_POLL: Duration = Duration::from_secs(3);
 /// reaches a waiter long before its next poll.
 ///
 /// A current-thread runtime: the subscriber's task runs on this thread,
-/// where the metrics recorder and the log subscriber are installed.
+/// where the metrics recorder is installed. The log is the process's (a
+/// subscriber of this thread's alone would miss events whose call sites
+/// another test's thread reached first, while no subscriber wanted them).
 #[tokio::test(flavor = "current_thread")]
 async fn subscribe_rights_taken_after_build_fall_back_to_polling_and_back() {
     use watertight::redis::Wakeups;
@@ -359,15 +361,7 @@ async fn subscribe_rights_taken_after_build_fall_back_to_polling_and_back() {
     #[cfg(feature = "metrics")]
     let _metrics = metrics::set_default_local_recorder(&recorder);
     #[cfg(feature = "tracing")]
-    let (log, _tracing) = {
-        let log = common::LogBuf::default();
-        let writer = log.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        (log, tracing::subscriber::set_default(subscriber))
-    };
+    let log = process_log();
 
     let url = server.acl_user("worker", "pw", ALL);
     let sem = builder(&url, "rights")
@@ -477,7 +471,12 @@ async fn subscribe_rights_taken_after_build_fall_back_to_polling_and_back() {
         // restart); a subscription that delivers nothing is a warning,
         // once, with its cause: the redis crate reports the refused
         // `SUBSCRIBE` as made, and the probe did not come back.
-        let out = log.text();
+        let text = log.text();
+        let out: String = text
+            .lines()
+            .filter(|l| l.contains("semaphore=\"rights\""))
+            .map(|l| format!("{l}\n"))
+            .collect();
         let warned: Vec<&str> = out
             .lines()
             .filter(|l| l.contains("WARN") && l.contains("pub/sub stopped"))
@@ -539,6 +538,23 @@ async fn channel_rights_taken_after_build_fall_back_to_polling() {
     permit.release().await.unwrap();
     server.acl_user("worker", "pw", ALL);
     until(|| sem.wakeups() == Wakeups::PubSub).await;
+}
+
+/// The log of every `tracing` event in this test process, from the first
+/// call on.
+#[cfg(feature = "tracing")]
+fn process_log() -> &'static common::LogBuf {
+    static LOG: std::sync::OnceLock<common::LogBuf> = std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let log = common::LogBuf::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+        log
+    })
 }
 
 /// Polls `condition` every 10 ms until it holds (at most `PATIENCE`).
