@@ -5,6 +5,8 @@
 mod common;
 #[path = "common/failover_load.rs"]
 mod failover_load;
+#[path = "common/redis_reconnect.rs"]
+mod redis_reconnect;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
@@ -604,38 +606,12 @@ async fn a_cluster_promotion_is_one_quarantine_for_every_client() {
     });
     assert!(promoted, "the replica took over the slot");
     let switched = Instant::now();
-    let retry_after = loop {
-        match clients[0].try_acquire().await {
-            Err(LeaseError::Quarantined { retry_after }) => break retry_after,
-            // Still on the old primary, or moving.
-            Ok(permit) => drop(permit.release().await),
-            Err(LeaseError::Unavailable(_)) => {}
-            other => panic!("{other:?}"),
-        }
-        assert!(
-            switched.elapsed() < Duration::from_secs(10),
-            "the promotion was not seen"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let retry_after =
+        redis_reconnect::until_quarantined(&clients[0], Duration::from_secs(10)).await;
     let detected = switched.elapsed();
     assert!(retry_after <= TTL, "{retry_after:?}");
     tokio::time::sleep(retry_after).await;
-    for (i, client) in clients.iter().enumerate() {
-        let start = Instant::now();
-        loop {
-            match client.try_acquire().await {
-                Ok(permit) => {
-                    permit.release().await.unwrap();
-                    break;
-                }
-                Err(LeaseError::Unavailable(_)) if start.elapsed() < Duration::from_secs(10) => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                other => panic!("client {i} after the quarantine: {other:?}"),
-            }
-        }
-    }
+    redis_reconnect::each_granted(&clients).await;
     let resumed = switched.elapsed();
     eprintln!(
         "CLUSTER FAILOVER, 3 clients: refused {detected:?} after the switch, \

@@ -702,34 +702,10 @@ async fn a_sentinel_failover_is_one_quarantine_for_every_client() {
     tokio::task::block_in_place(|| set.wait_new_primary(old, PATIENCE))
         .expect("sentinel promotes the replica");
     let promoted = Instant::now();
-    let retry_after = loop {
-        match clients[0].try_acquire().await {
-            Err(LeaseError::Quarantined { retry_after }) => break retry_after,
-            // Still on the old primary, or moving.
-            Ok(permit) => drop(permit.release().await),
-            Err(LeaseError::Unavailable(_)) => {}
-            other => panic!("{other:?}"),
-        }
-        assert!(promoted.elapsed() < PATIENCE, "the promotion was not seen");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let retry_after = redis_reconnect::until_quarantined(&clients[0], PATIENCE).await;
     let detected = promoted.elapsed();
     tokio::time::sleep(retry_after).await;
-    for (i, client) in clients.iter().enumerate() {
-        let start = Instant::now();
-        loop {
-            match client.try_acquire().await {
-                Ok(permit) => {
-                    permit.release().await.unwrap();
-                    break;
-                }
-                Err(LeaseError::Unavailable(_)) if start.elapsed() < PATIENCE => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                other => panic!("client {i} after the quarantine: {other:?}"),
-            }
-        }
-    }
+    redis_reconnect::each_granted(&clients).await;
     let resumed = promoted.elapsed();
     assert!(
         resumed <= detected + TTL + Duration::from_millis(500),
