@@ -34,10 +34,11 @@ fn a_waiting_call_is_no_bigger_than_its_bound() {
         "around a {call}-byte call: Bulkhead::call {plain} B, call_with {plain_with} B; \
          KeyedBulkhead::call {keyed} B, call_with {keyed_with} B"
     );
-    assert!(plain <= 312, "Bulkhead::call is {plain} bytes");
+    // 264 in a release build, where fewer locals outlive their use.
+    assert!(plain <= 280, "Bulkhead::call is {plain} bytes");
     // A call with options may be classed: the larger of the two ways in.
     assert!(
-        plain_with <= 344,
+        plain_with <= 336,
         "Bulkhead::call_with is {plain_with} bytes"
     );
     // Each of its two stages keeps a wait of its own; `call` is

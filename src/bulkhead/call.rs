@@ -26,16 +26,17 @@ use super::wait::{Line, poll_wait};
 use crate::futures::Acquire;
 use crate::timer::Deadline;
 
-/// Where a [`Call`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    /// Not polled yet.
-    Start,
-    /// In line for a permit (`acquire` and `line` are live, `deadline` is
-    /// for `max_wait`).
-    Waiting,
-    /// Admitted: `held` owns the permit, `deadline` is for `call_timeout`.
-    Running,
+/// Where a [`Call`] is, with what that stage keeps: a place in line and a
+/// permit are never kept at once, so they share their room.
+enum Stage<'a> {
+    /// Not polled yet (the line may hold the call's own limits).
+    Start(Line),
+    /// In line for a permit (`acquire` is live, `deadline` is for
+    /// `max_wait`).
+    Waiting(Line),
+    /// Admitted: the guard owns the permit, `deadline` is for
+    /// `call_timeout`.
+    Running(Held<&'a Shared>),
     /// The output was returned.
     Done,
 }
@@ -68,16 +69,14 @@ pin_project! {
         acquire: Acquire<'a>,
         #[pin]
         deadline: Deadline,
-        held: Option<Held<&'a Shared>>,
-        line: Line,
-        stage: Stage,
+        stage: Stage<'a>,
     }
 
     impl<F> PinnedDrop for Call<'_, F> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if *this.stage == Stage::Waiting {
-                leave_waiting(this.shared, this.line, this.acquire);
+            if let Stage::Waiting(line) = this.stage {
+                leave_waiting(this.shared, line, this.acquire);
             }
         }
     }
@@ -106,9 +105,7 @@ impl<'a, F> Call<'a, F> {
             call: shared.policy.traced(call),
             acquire: shared.sem.acquire(),
             deadline: Deadline::new(),
-            held: None,
-            line: Line::default(),
-            stage: Stage::Start,
+            stage: Stage::Start(Line::default()),
         }
     }
 
@@ -120,21 +117,21 @@ impl<'a, F> Call<'a, F> {
     fn start_with(self: Pin<&mut Self>, options: &CallOptions) -> Option<Rejected> {
         let this = self.project();
         let shared = *this.shared;
-        debug_assert!(
-            *this.stage == Stage::Start,
-            "the options are looked at first"
-        );
-        match shared.admit_now_with(options, this.line) {
+        let Stage::Start(line) = this.stage else {
+            unreachable!("the options are looked at first");
+        };
+        match shared.admit_now_with(options, line) {
             Some(Ok(admitted)) => {
-                admit(shared, this.held, this.stage, admitted);
+                admit(shared, this.stage, admitted);
                 None
             }
             Some(Err(rejected)) => {
-                *this.stage = Stage::Done;
+                this.stage.advance(Stage::Done);
                 Some(rejected)
             }
             None => {
-                *this.stage = Stage::Waiting;
+                let line = core::mem::take(line);
+                this.stage.advance(Stage::Waiting(line));
                 None
             }
         }
@@ -151,24 +148,27 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         let shared = *this.shared;
-        if *this.stage == Stage::Start {
+        if let Stage::Start(line) = this.stage {
             match shared.admit_now(true) {
-                Some(Ok(admitted)) => admit(shared, this.held, this.stage, admitted),
+                Some(Ok(admitted)) => admit(shared, this.stage, admitted),
                 Some(Err(rejected)) => {
-                    *this.stage = Stage::Done;
+                    this.stage.advance(Stage::Done);
                     return Poll::Ready(Err(BulkheadError::Rejected(rejected)));
                 }
-                None => *this.stage = Stage::Waiting,
+                None => {
+                    let line = core::mem::take(line);
+                    this.stage.advance(Stage::Waiting(line));
+                }
             }
         }
-        if *this.stage == Stage::Waiting {
+        if let Stage::Waiting(line) = this.stage {
             let mut take = Take {
                 acquire: this.acquire.as_mut(),
             };
             match poll_wait(
                 Pin::new(&mut take),
                 this.deadline.as_mut(),
-                this.line,
+                line,
                 &shared.policy,
                 cx,
             ) {
@@ -179,10 +179,10 @@ where
                         // From `max_wait` to `call_timeout`: the same slot.
                         this.deadline.set(Deadline::new());
                     }
-                    admit(shared, this.held, this.stage, Admitted::Waited(waited));
+                    admit(shared, this.stage, Admitted::Waited(waited));
                 }
                 Poll::Ready(Err(rejected)) => {
-                    *this.stage = Stage::Done;
+                    this.stage.advance(Stage::Done);
                     // Out of time (or closed): leave the semaphore's line
                     // too; a permit handed meanwhile moves on.
                     this.acquire.cancel();
@@ -192,27 +192,29 @@ where
             }
         }
         assert!(
-            *this.stage == Stage::Running,
+            matches!(this.stage, Stage::Running(_)),
             "`Bulkhead::call` polled after it completed"
         );
         // A call that panics ends here as the panic unwinds: the guard gives
         // the permit back and reports `Panicked` (it sees the unwinding).
-        let unwinding = FinishOnUnwind(&mut *this.held);
+        let unwinding = FinishOnUnwind(&mut *this.stage);
         let polled = poll_run(this.call, this.deadline, &shared.policy, cx);
         core::mem::forget(unwinding);
         let (result, outcome) = match polled {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(out) => out,
         };
-        *this.stage = Stage::Done;
         // The permit goes back once the result is in place, as this
         // function's last local is dropped: the result is written where it
         // is returned, not copied there past a release that may unwind (an
         // observer that panics).
-        let _release = this.held.take().map(|mut held| {
-            held.set_outcome(outcome);
-            held
-        });
+        let _release = match core::mem::replace(this.stage, Stage::Done) {
+            Stage::Running(mut held) => {
+                held.set_outcome(outcome);
+                Some(held)
+            }
+            _ => None,
+        };
         Poll::Ready(result)
     }
 }
@@ -284,27 +286,47 @@ impl<A: Future, B: Future<Output = A::Output>> Future for Either<A, B> {
     }
 }
 
+impl<'a> Stage<'a> {
+    /// Moves on from a stage that holds no permit (`Start`, `Waiting`,
+    /// whose line its owner gives back): the old stage is forgotten, not
+    /// dropped, so that no drop that could unwind stands between a
+    /// rejection and the slot it is returned in.
+    #[inline(always)]
+    fn advance(&mut self, next: Stage<'a>) {
+        debug_assert!(!matches!(self, Stage::Running(_)));
+        core::mem::forget(core::mem::replace(self, next));
+    }
+
+    /// The stage's name, for `Debug`.
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Start(_) => "Start",
+            Self::Waiting(_) => "Waiting",
+            Self::Running(_) => "Running",
+            Self::Done => "Done",
+        }
+    }
+}
+
 /// Takes over a permit just granted: the guard owns it before any user code
 /// (the observers) runs, so a panicking hook cannot leak it.
 #[inline(always)]
-fn admit<'a>(
-    shared: &'a Shared,
-    held: &mut Option<Held<&'a Shared>>,
-    stage: &mut Stage,
-    admitted: Admitted,
-) {
-    *held = Some(permit::held(shared, admitted, CallOutcome::Cancelled));
-    *stage = Stage::Running;
+fn admit<'a>(shared: &'a Shared, stage: &mut Stage<'a>, admitted: Admitted) {
+    stage.advance(Stage::Running(permit::held(
+        shared,
+        admitted,
+        CallOutcome::Cancelled,
+    )));
     shared.policy.permitted(admitted.waited());
 }
 
 /// Drops the guard if the call's poll unwinds; forgotten on every other
 /// way out, so it costs nothing there.
-struct FinishOnUnwind<'g, G>(&'g mut Option<G>);
+struct FinishOnUnwind<'g, 'a>(&'g mut Stage<'a>);
 
-impl<G> Drop for FinishOnUnwind<'_, G> {
+impl Drop for FinishOnUnwind<'_, '_> {
     fn drop(&mut self) {
-        drop(self.0.take());
+        *self.0 = Stage::Done;
     }
 }
 
@@ -335,7 +357,7 @@ impl<F> fmt::Debug for Call<'_, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Call")
             .field("bulkhead", &self.shared.policy.name())
-            .field("stage", &self.stage)
+            .field("stage", &format_args!("{}", self.stage.name()))
             .finish_non_exhaustive()
     }
 }
