@@ -64,7 +64,17 @@ fn an_uncontended_cycle_allocates_less_than_redis_rs_alone() {
             .unwrap();
         let bare = Bare::new("alloc-bare", "PUBLISH", &mut conn).await;
 
-        // Warm up: the scripts loaded, the connections' buffers grown.
+        // Warm up: the subscription proved (its probe, a `PUBLISH` of its
+        // own, made on this thread), the scripts loaded, the connections'
+        // buffers grown.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while sem.wakeups() != watertight::redis::Wakeups::PubSub {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the subscription never delivered"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         for _ in 0..10 {
             sem.acquire().await.unwrap().release().await.unwrap();
         }

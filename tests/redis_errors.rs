@@ -370,8 +370,18 @@ async fn subscribe_rights_taken_after_build_fall_back_to_polling_and_back() {
         .build()
         .await
         .unwrap();
+    // `PubSub` once the subscription delivered its first message (its
+    // probe), which must come back within one response timeout.
+    let built = Instant::now();
+    while sem.wakeups() != Wakeups::PubSub {
+        assert!(
+            built.elapsed() < Duration::from_millis(500),
+            "the probe did not come back within the response timeout"
+        );
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    println!("PubSub {:?} after build", built.elapsed());
     let other = builder(&server.url(), "rights").build().await.unwrap();
-    assert_eq!(sem.wakeups(), Wakeups::PubSub);
     // Each phase: a waiter of `sem` waits, a release by `other` 300 ms
     // later; how long the grant took after the release.
     let grant_after_release = || async {
@@ -512,6 +522,7 @@ async fn channel_rights_taken_after_build_fall_back_to_polling() {
         .build()
         .await
         .unwrap();
+    until(|| sem.wakeups() == Wakeups::PubSub).await;
     let held = sem.acquire().await.unwrap();
     server.acl_user("worker", "pw", &[ALL, &["resetchannels"]].concat());
     let start = Instant::now();

@@ -565,8 +565,17 @@ async fn an_uncontended_cycle_runs_one_script_call_each_of_eight_and_nine_comman
     };
     let name = "lean";
     let sem = process(&server, name).await;
-    // Loads the scripts (`NOSCRIPT`, then `SCRIPT LOAD`) before counting.
+    // Loads the scripts (`NOSCRIPT`, then `SCRIPT LOAD`) before counting,
+    // and lets the subscriber's probe (a `PUBLISH` of its own) come back.
     sem.try_acquire().await.unwrap().release().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sem.wakeups() != watertight::redis::Wakeups::PubSub {
+        assert!(
+            Instant::now() < deadline,
+            "the subscription never delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     for waiting in [false, true] {
         let _: String = server.cmd(&["CONFIG", "RESETSTAT"]);
         let cycles = 10;

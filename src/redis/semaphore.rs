@@ -67,7 +67,9 @@ impl RedisSemaphore {
     }
 
     /// How this process's waiters are woken now: through pub/sub, or by
-    /// polling every `max_poll` when no message can come.
+    /// polling every `max_poll` when no message can come (and until the
+    /// subscription made at `build` delivered its first message, 3 ms
+    /// later on loopback).
     ///
     /// The subscription is proved when it is made and after every 10 s
     /// of silence: a message published on its channel must come back

@@ -12,15 +12,16 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Wakeups {
-    /// Through pub/sub: the subscription is made and delivers messages (a
-    /// release in another process reaches a waiter here in about a
-    /// millisecond).
+    /// Through pub/sub: the subscription is made and has delivered a
+    /// message (a release in another process reaches a waiter here in
+    /// about a millisecond).
     PubSub,
     /// By polling: no subscription delivers messages (`pubsub(false)`, the
     /// channel rights taken away, the connection lost and not yet made
-    /// again). A waiter looks again at the earliest lease deadline and at
-    /// least every `max_poll`, so a release elsewhere reaches it up to
-    /// `max_poll` later.
+    /// again), or the subscription has not delivered its first message yet
+    /// (a few milliseconds after `build`). A waiter looks again at the
+    /// earliest lease deadline and at least every `max_poll`, so a release
+    /// elsewhere reaches it up to `max_poll` later.
     Polling,
 }
 
@@ -53,12 +54,13 @@ impl fmt::Display for Silence {
     }
 }
 
-/// What the subscriber decided, for the handles to read: `PubSub` until
-/// the subscriber finds otherwise when it runs (`build` checked the
-/// rights), `Polling` when it does not.
+/// What the subscriber decided, for the handles to read: `Polling` until
+/// the first message comes through a subscription, and always when no
+/// subscriber runs.
 pub(super) struct State(AtomicU8);
 
-/// `PubSub`, before the first message: the gauge is set at that message.
+/// `Polling`, before the first message: the gauge is set at that
+/// message, and nothing is told before.
 const UNHEARD: u8 = 0;
 /// `PubSub`.
 const HEARD: u8 = 1;
@@ -75,8 +77,8 @@ impl State {
 
     pub(super) fn get(&self) -> Wakeups {
         match self.0.load(Ordering::Acquire) {
-            ENDED | SILENT => Wakeups::Polling,
-            _ => Wakeups::PubSub,
+            HEARD => Wakeups::PubSub,
+            _ => Wakeups::Polling,
         }
     }
 
