@@ -145,11 +145,22 @@ mod error;
 pub mod guide;
 #[cfg(not(loom))]
 pub mod keyed;
+#[cfg(all(
+    not(loom),
+    any(
+        all(feature = "redis", any(feature = "tokio", feature = "smol")),
+        feature = "postgres"
+    )
+))]
+mod lease;
 #[allow(unsafe_code)]
 mod list;
 mod loom;
 #[cfg(not(loom))]
 mod overload;
+#[cfg(all(not(loom), feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
 #[cfg(all(not(loom), feature = "redis", any(feature = "tokio", feature = "smol")))]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;

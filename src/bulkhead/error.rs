@@ -64,6 +64,11 @@ pub struct Rejected {
 #[derive(Clone, PartialEq, Eq)]
 enum Detail {
     Hint(Hint),
+    // Only a distributed bulkhead's rejections carry a cause.
+    #[cfg_attr(
+        not(all(feature = "redis", any(feature = "tokio", feature = "smol"))),
+        allow(dead_code)
+    )]
     Cause(Cause),
 }
 
@@ -141,6 +146,10 @@ impl Rejected {
     /// error of the permit store that made it
     /// [`Unavailable`](RejectReason::Unavailable).
     #[cold]
+    #[cfg_attr(
+        not(all(feature = "redis", any(feature = "tokio", feature = "smol"))),
+        allow(dead_code)
+    )]
     pub(crate) fn caused_by(mut self, cause: impl Error + Send + Sync + 'static) -> Self {
         self.detail = Detail::Cause(Cause(Arc::new(Box::new(cause))));
         self

@@ -11,11 +11,11 @@ use event_listener::EventListener;
 
 use super::error::{Failure, LeaseError, classify};
 use super::inner::Inner;
-use super::lease::Lease;
 use super::line::Slot;
 use super::permit::LeasedPermit;
 use super::scripts::AcquireReply;
 use super::scripts::Call;
+use crate::lease::Lease;
 use crate::timer::timeout::Timeout;
 
 /// What one acquire script call decided.

@@ -9,7 +9,6 @@ use std::time::Duration;
 use super::conn::{Backend, Conn, Settings};
 use super::error::{ConfigError, Failure, classify};
 use super::failover::{Failover, Replicas};
-use super::id::IdSource;
 use super::inner::Inner;
 use super::keeper;
 use super::keys::Keys;
@@ -17,6 +16,7 @@ use super::scripts::Scripts;
 use super::semaphore::RedisSemaphore;
 use super::signals::Signals;
 use super::spawn::Spawner;
+use crate::lease::{BadTiming, IdSource, Timing, default_label};
 use crate::semaphore::Semaphore;
 use crate::timer::Timer;
 
@@ -366,19 +366,13 @@ impl RedisSemaphoreBuilder {
         if !(10..=(1 << 50)).contains(&ttl_ms) {
             return Err(ConfigError::BadLeaseTtl);
         }
-        let drift_margin = self.drift_margin.unwrap_or_else(|| {
-            (self.lease_ttl / 100)
-                .max(Duration::from_millis(10))
-                .min(self.lease_ttl / 4)
-        });
-        if drift_margin >= self.lease_ttl {
-            return Err(ConfigError::BadDriftMargin);
-        }
-        let life = self.lease_ttl - drift_margin;
-        let renew_every = self.renew_every.unwrap_or(life / 3);
-        if renew_every.is_zero() || renew_every >= life {
-            return Err(ConfigError::BadRenewInterval);
-        }
+        let Timing { life, renew_every } =
+            Timing::new(self.lease_ttl, self.drift_margin, self.renew_every).map_err(|bad| {
+                match bad {
+                    BadTiming::DriftMargin => ConfigError::BadDriftMargin,
+                    BadTiming::RenewInterval => ConfigError::BadRenewInterval,
+                }
+            })?;
         if self.limit > Semaphore::MAX_PERMITS {
             return Err(ConfigError::LimitTooLarge);
         }
@@ -508,15 +502,4 @@ async fn check_scripts(conn: &Conn, scripts: &Scripts, keys: &Keys) -> Result<()
         }
         Err(e) => Err(ConfigError::of(e)),
     }
-}
-
-/// The label of a lease when none is set: host name and process id.
-fn default_label() -> String {
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "host".into());
-    format!("{host}/{}", std::process::id())
 }

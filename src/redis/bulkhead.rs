@@ -10,12 +10,12 @@ use std::time::Duration;
 use crate::bulkhead::idle::Idle;
 
 use super::attempt::{self, Attempt};
-use super::call::{Completed, UntilLost};
 use super::{LeaseError, LeasedPermit, Lost, LostReason, RedisSemaphore, ReleaseError};
 use crate::bulkhead::guard::{Guard, Source};
 use crate::bulkhead::observer::{CallOutcome, Observer};
 use crate::bulkhead::policy::Policy;
 use crate::bulkhead::wait::{Line, Waited};
+use crate::lease::{Completed, UntilLost};
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
 use crate::{

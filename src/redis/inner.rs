@@ -14,12 +14,12 @@ use redis::Value;
 use super::conn::Conn;
 use super::error::{Failure, LeaseError, classify};
 use super::failover::{Failover, replication_id};
-use super::id::IdSource;
 use super::keys::Keys;
-use super::lease::Lease;
 use super::scripts::{Call, Scripts};
 use super::signals::Signals;
 use super::spawn::Spawner;
+use crate::lease::IdSource;
+use crate::lease::Lease;
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
 

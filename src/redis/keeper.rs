@@ -14,10 +14,10 @@ use futures_core::Stream;
 use super::conn::{Conn, Subscriber, Subscription, Wake};
 use super::error::LostReason;
 use super::inner::Inner;
-use super::lease::Lease;
 use super::line::Slot;
 use super::signals::Signals;
 use super::wakeups::Silence;
+use crate::lease::Lease;
 use crate::timer::timeout::Timeout;
 use crate::timer::{Sleep, Timer};
 

@@ -89,8 +89,11 @@ mod by_waker;
 mod clock;
 mod deadline;
 mod thread;
-// A race against a boxed `Sleep`, for the Redis backend's own waits.
-#[cfg(all(feature = "redis", any(feature = "tokio", feature = "smol")))]
+// A race against a boxed `Sleep`, for the distributed backends' own waits.
+#[cfg(any(
+    all(feature = "redis", any(feature = "tokio", feature = "smol")),
+    feature = "postgres"
+))]
 pub(crate) mod timeout;
 
 #[cfg(feature = "async-io")]

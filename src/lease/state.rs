@@ -1,13 +1,13 @@
 //! What this process knows of one lease: its id and fence, its local
 //! deadline, and whether it is lost. Shared by the permit that holds it
-//! and the keeper that renews it.
+//! and the task that renews it, whichever store granted it.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use event_listener::Event;
 
-use super::error::LostReason;
+use crate::LostReason;
 
 /// What this process knows of one lease. Shared by the permit and the
 /// lease keeper that renews it.
@@ -17,21 +17,21 @@ use super::error::LostReason;
 /// the clock against the deadline itself, and a renewal answered after the
 /// deadline does not bring the lease back. So "lost" depends only on time
 /// and on the answers read before it, never on when a task got to run.
-pub(super) struct Lease {
-    pub(super) id: String,
-    pub(super) fence: u64,
-    pub(super) granted: Instant,
+pub(crate) struct Lease {
+    pub(crate) id: String,
+    pub(crate) fence: u64,
+    pub(crate) granted: Instant,
     state: Mutex<LeaseState>,
     /// Notified once, when the lease is found lost.
-    pub(super) lost: Event,
+    pub(crate) lost: Event,
 }
 
 struct LeaseState {
     /// When this process stops counting on the lease: the moment the last
     /// successful grant or renewal was *sent*, plus the time to live, less
-    /// the drift margin. Redis set its own deadline when the call arrived
-    /// (later), so this is before Redis's by at least the margin, less the
-    /// millisecond Redis's clock rounds down.
+    /// the drift margin. The store set its own deadline when the call arrived
+    /// (later), so this is before the store's by at least the margin, less
+    /// the rounding of the store's clock (a millisecond in Redis).
     deadline: Instant,
     lost: Option<LostReason>,
     /// A renewal was sent and not (successfully) answered since the last
@@ -58,7 +58,7 @@ impl LeaseState {
 impl Lease {
     /// A lease granted by a call sent at `sent`; `life` is the time to
     /// live less the drift margin.
-    pub(super) fn new(id: String, fence: u64, sent: Instant, life: Duration) -> Self {
+    pub(crate) fn new(id: String, fence: u64, sent: Instant, life: Duration) -> Self {
         Self {
             id,
             fence,
@@ -92,18 +92,18 @@ impl Lease {
         out
     }
 
-    pub(super) fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         self.state().deadline
     }
 
     /// How the lease was lost, if it was; past the deadline it is, at once.
-    pub(super) fn lost_reason(&self) -> Option<LostReason> {
+    pub(crate) fn lost_reason(&self) -> Option<LostReason> {
         self.update(|state| state.lost)
     }
 
     /// A renewal is about to be sent. Returns `false` if the lease is lost
     /// (then it is not to be renewed).
-    pub(super) fn sending(&self) -> bool {
+    pub(crate) fn sending(&self) -> bool {
         self.update(|state| {
             state.unanswered = true;
             state.lost.is_none()
@@ -113,7 +113,7 @@ impl Lease {
     /// A renewal sent at `sent` succeeded; `life` is the time to live less
     /// the drift margin. A lost lease stays lost, and so does one whose
     /// deadline passed before this answer was read.
-    pub(super) fn renewed(&self, sent: Instant, life: Duration) {
+    pub(crate) fn renewed(&self, sent: Instant, life: Duration) {
         self.update(|state| {
             if state.lost.is_none() {
                 state.deadline = state.deadline.max(sent + life);
@@ -125,7 +125,7 @@ impl Lease {
     /// Marks the lease lost (once: the first reason stays, and a deadline
     /// that passed before this call comes first) and wakes whoever waits
     /// for that.
-    pub(super) fn mark_lost(&self, reason: LostReason) {
+    pub(crate) fn mark_lost(&self, reason: LostReason) {
         self.update(|state| {
             if state.lost.is_none() {
                 state.lost = Some(reason);

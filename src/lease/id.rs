@@ -13,7 +13,7 @@ use std::time::Instant;
 /// child forked after that would share the hasher keys and the counter, but
 /// not the handle's use: the handle's connections and tasks belong to the
 /// parent's runtime, which does not survive a fork.
-pub(super) struct IdSource {
+pub(crate) struct IdSource {
     hasher: RandomState,
     counter: AtomicU64,
     start: Instant,
@@ -21,7 +21,7 @@ pub(super) struct IdSource {
 }
 
 impl IdSource {
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             hasher: RandomState::new(),
             counter: AtomicU64::new(0),
@@ -30,13 +30,13 @@ impl IdSource {
         }
     }
 
-    pub(super) fn random(&self) -> u64 {
+    pub(crate) fn random(&self) -> u64 {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
         self.hasher
             .hash_one((n, self.pid, self.start.elapsed().as_nanos()))
     }
 
-    pub(super) fn next(&self) -> String {
+    pub(crate) fn next(&self) -> String {
         format!("{:016x}{:016x}", self.random(), self.random())
     }
 }

@@ -1,0 +1,77 @@
+//! Work guarded by a lease: [`UntilLost`], which drops the work when the
+//! lease is lost, and [`Completed`], what work that ran to its end reports.
+
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+
+use pin_project_lite::pin_project;
+
+use super::Lost;
+use crate::LostReason;
+
+/// What a call that ran to its end returned, and whether its lease was
+/// lost before it ended: the result of a leased semaphore's or bulkhead's
+/// `call_to_end`.
+///
+/// # Examples
+///
+/// ```no_run
+/// use watertight::redis::{Completed, RedisSemaphore};
+///
+/// # async fn demo(sem: RedisSemaphore) -> Result<(), Box<dyn std::error::Error>> {
+/// let Completed { output, lost, .. } = sem.call_to_end(async { 42 }).await;
+/// if let Some(reason) = lost {
+///     // Another client may have held the permit for part of the call.
+///     eprintln!("lease lost during the call: {reason}");
+/// }
+/// let answer = output?;
+/// # let _ = answer;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Completed<R> {
+    /// What the call returned (for a call that was not granted a lease,
+    /// the error saying so).
+    pub output: R,
+    /// How the lease was lost before the work ended, if it was: for part
+    /// of the call, another client may have held the permit. `None` also
+    /// when no lease was granted.
+    pub lost: Option<LostReason>,
+}
+
+impl<R> Completed<R> {
+    /// What the call returned, whether or not the lease was lost.
+    pub fn into_output(self) -> R {
+        self.output
+    }
+}
+
+pin_project! {
+    /// Polls the loss first, then the work: once the lease is lost, the
+    /// work is not polled again.
+    pub(crate) struct UntilLost<F> {
+        #[pin]
+        work: F,
+        lost: Lost,
+    }
+}
+
+impl<F> UntilLost<F> {
+    pub(crate) fn new(work: F, lost: Lost) -> Self {
+        Self { work, lost }
+    }
+}
+
+impl<F: Future> Future for UntilLost<F> {
+    type Output = Result<F::Output, LostReason>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(reason) = Pin::new(this.lost).poll(cx) {
+            return Poll::Ready(Err(reason));
+        }
+        this.work.poll(cx).map(Ok)
+    }
+}

@@ -1,0 +1,327 @@
+//! `PgSemaphore::builder`: settings, their checks, the schema's set-up and
+//! the first connection.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio_postgres::{Config, NoTls};
+
+use super::conn::Conn;
+use super::error::{ConfigError, Failure};
+use super::grants::Grants;
+use super::inner::{Inner, Settings};
+use super::semaphore::PgSemaphore;
+use super::{keeper, sql};
+use crate::lease::{BadTiming, IdSource, Timing, default_label};
+use crate::timer::Timer;
+use crate::timer::timeout::Timeout;
+
+/// The longest semaphore name.
+const MAX_NAME: usize = 200;
+
+/// Configures a [`PgSemaphore`]; made by [`PgSemaphore::builder`].
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct PgSemaphoreBuilder {
+    config: Config,
+    name: String,
+    schema: String,
+    limit: usize,
+    lease_ttl: Duration,
+    renew_every: Option<Duration>,
+    drift_margin: Option<Duration>,
+    max_poll: Duration,
+    label: Option<String>,
+    response_timeout: Duration,
+    outage_tolerance: Duration,
+    timer: Option<Arc<dyn Timer>>,
+    fair: bool,
+    create_schema: bool,
+}
+
+impl PgSemaphore {
+    /// Starts configuring the semaphore `name` on the database `config`
+    /// names (a [`Config`], parsed from a URL such as
+    /// `postgres://app@db.internal/app` or a `key=value` string). Every
+    /// process that uses the same name in the same schema shares its
+    /// permits.
+    pub fn builder(config: Config, name: impl Into<String>) -> PgSemaphoreBuilder {
+        PgSemaphoreBuilder {
+            config,
+            name: name.into(),
+            schema: "watertight".into(),
+            limit: 1,
+            lease_ttl: Duration::from_secs(30),
+            renew_every: None,
+            drift_margin: None,
+            max_poll: Duration::from_secs(1),
+            label: None,
+            response_timeout: Duration::from_secs(2),
+            outage_tolerance: Duration::from_secs(5),
+            timer: None,
+            fair: true,
+            create_schema: true,
+        }
+    }
+
+    /// The statements that create the tables and functions in `schema`,
+    /// for a database whose migrations are its own (then build with
+    /// [`create_schema(false)`](PgSemaphoreBuilder::create_schema)). They
+    /// are idempotent.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::BadSchema`] for a schema name that is not a plain
+    /// lower-case identifier.
+    pub fn schema_sql(schema: &str) -> Result<String, ConfigError> {
+        if !sql::valid_schema(schema) {
+            return Err(ConfigError::BadSchema);
+        }
+        Ok(sql::schema(schema))
+    }
+}
+
+impl PgSemaphoreBuilder {
+    /// The schema of the tables and functions (default `"watertight"`): a
+    /// lower-case identifier of at most 63 bytes.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// The limit to store if the database holds no row for this semaphore
+    /// yet (default 1). Once stored, the limit in the database wins, and
+    /// [`PgSemaphore::set_limit`] changes it for every client.
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// How long a lease lives without renewal (default 30 s): a crashed
+    /// holder's permit comes back after at most this long. At least 100 ms.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// How often held leases are renewed (default: a third of the time to
+    /// live less the [drift margin](Self::drift_margin)). All of a
+    /// handle's leases are renewed in one call.
+    pub fn renew_every(mut self, every: Duration) -> Self {
+        self.renew_every = Some(every);
+        self
+    }
+
+    /// How much sooner than the database this process stops counting on a
+    /// lease (default: 1% of the time to live, at least 10 ms, at most a
+    /// quarter of it).
+    ///
+    /// A lease's local deadline is when the grant or the last successful
+    /// renewal was *sent*, plus the time to live, less this margin; from
+    /// that instant [`LeasedPermit::is_lost`](super::LeasedPermit::is_lost)
+    /// is true. The database starts the time to live when it runs the call
+    /// (`clock_timestamp()`, later than the send), so the holder knows at
+    /// least the margin before anyone else can be granted the permit, as
+    /// long as the two clocks run at rates that differ by less than that
+    /// over one time to live and the database's clock is not stepped.
+    pub fn drift_margin(mut self, margin: Duration) -> Self {
+        self.drift_margin = Some(margin);
+        self
+    }
+
+    /// The longest a waiter sleeps between attempts when no notification
+    /// comes (default 1 s, and never longer than the renewal interval: each
+    /// attempt keeps the waiter's row in the line alive).
+    pub fn max_poll(mut self, every: Duration) -> Self {
+        self.max_poll = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// A label stored with each lease (the `label` column, shown by
+    /// [`PgSemaphore::holders`]; default: host name and process id).
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// How long to wait for any answer from the database, a new connection
+    /// included, before giving up on it (default 2 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How long a *waiting* [`acquire`](PgSemaphore::acquire) keeps trying
+    /// while the database is unreachable (a restart, a failover) before it
+    /// fails with [`LeaseError::Unavailable`](super::LeaseError::Unavailable)
+    /// (default 5 s). Zero fails at the first failed attempt.
+    pub fn outage_tolerance(mut self, tolerance: Duration) -> Self {
+        self.outage_tolerance = tolerance;
+        self
+    }
+
+    /// The timer for waits between attempts, timeouts and renewals
+    /// (default: [`default_timer`](crate::timer::default_timer)).
+    pub fn timer(mut self, timer: Arc<dyn Timer>) -> Self {
+        self.timer = Some(timer);
+        self
+    }
+
+    /// Whether waiters are served in arrival order across processes
+    /// (default `true`). With `false`, an attempt takes a free permit even
+    /// when others wait: fewer calls per grant when one process does most
+    /// of the work, and no bound on how long a waiter waits. Processes of
+    /// both kinds may share a semaphore: every release serves the line
+    /// first, and only the permits it leaves free are raced for.
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// Whether `build` creates the schema, its tables and functions when
+    /// they are missing or of another version (default `true`). With
+    /// `false`, it only checks that they are installed (see
+    /// [`PgSemaphore::schema_sql`]).
+    pub fn create_schema(mut self, create: bool) -> Self {
+        self.create_schema = create;
+        self
+    }
+
+    /// Checks the settings, connects, sets up the schema if needed (under
+    /// an advisory lock, so that processes starting together do it once),
+    /// stores the semaphore's row with the limit if it has none, and starts
+    /// the renewer on the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] for a setting that cannot work, a failed or
+    /// unanswered first connection ([`Connect`](ConfigError::Connect)),
+    /// credentials the database refuses ([`Auth`](ConfigError::Auth)), a
+    /// user who may not set up or use the schema
+    /// ([`Denied`](ConfigError::Denied)). None of them is retried.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it mid-way leaves no connection or task behind; what it may
+    /// have written (the schema, the semaphore's row) is what every build
+    /// writes.
+    pub async fn build(self) -> Result<PgSemaphore, ConfigError> {
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= MAX_NAME
+            && !self.name.chars().any(char::is_control);
+        if !name_ok {
+            return Err(ConfigError::BadName);
+        }
+        if !sql::valid_schema(&self.schema) {
+            return Err(ConfigError::BadSchema);
+        }
+        let ttl_ms = self.lease_ttl.as_millis();
+        if !(100..=(1 << 50)).contains(&ttl_ms) {
+            return Err(ConfigError::BadLeaseTtl);
+        }
+        let Timing { life, renew_every } =
+            Timing::new(self.lease_ttl, self.drift_margin, self.renew_every).map_err(|bad| {
+                match bad {
+                    BadTiming::DriftMargin => ConfigError::BadDriftMargin,
+                    BadTiming::RenewInterval => ConfigError::BadRenewInterval,
+                }
+            })?;
+        let stored_limit = i64::try_from(self.limit).map_err(|_| ConfigError::LimitTooLarge)?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?;
+        let timer = match self.timer {
+            Some(t) => t,
+            None => crate::timer::default_timer().ok_or(ConfigError::NoTimer)?,
+        };
+        let within = self.response_timeout;
+        let bounded = |fut| Timeout::new(fut, timer.sleep(within));
+        let set_up = set_up(
+            &self.config,
+            &self.schema,
+            self.create_schema,
+            &self.name,
+            stored_limit,
+        );
+        bounded(Box::pin(set_up))
+            .await
+            .unwrap_or_else(|_elapsed| Err(Failure::silent(within).config()))?;
+
+        let ids = IdSource::new();
+        let channel = format!("wt_{:016x}{:016x}", ids.random(), ids.random());
+        let grants = Arc::new(Grants::default());
+        let conn = Conn::new(
+            self.config,
+            channel,
+            sql::Statements::new(&self.schema),
+            grants.clone(),
+            timer.clone(),
+            self.response_timeout,
+            runtime.clone(),
+        );
+        conn.live().await.map_err(Failure::config)?;
+        let settings = Settings {
+            limit: self.limit,
+            lease_ttl: self.lease_ttl,
+            life,
+            renew_every,
+            max_poll: self.max_poll.min(renew_every),
+            outage_tolerance: self.outage_tolerance,
+            fair: self.fair,
+        };
+        let inner = Arc::new(Inner::new(
+            self.name,
+            self.label.unwrap_or_else(default_label),
+            conn,
+            grants,
+            ids,
+            timer,
+            runtime,
+            settings,
+        ));
+        // The limit stored, which may not be the builder's.
+        let sem = PgSemaphore { inner };
+        let limit = sem.inner.read_limit().await.map_err(Failure::config)?;
+        sem.inner.limit_seen.store(limit, Ordering::Relaxed);
+        keeper::start(&sem.inner);
+        Ok(sem)
+    }
+}
+
+/// On a connection of its own, dropped afterwards: installs the schema if
+/// its functions are missing or of another version (or checks that they
+/// are, without `create`), and stores the semaphore's row if it has none.
+async fn set_up(
+    config: &Config,
+    schema: &str,
+    create: bool,
+    name: &str,
+    limit: i64,
+) -> Result<(), ConfigError> {
+    let failed = Failure::config;
+    let (client, connection) = config.connect(NoTls).await.map_err(|e| failed(e.into()))?;
+    let driver = tokio::spawn(connection);
+    let sql_failed = |e: tokio_postgres::Error| failed(e.into());
+    let installed: Option<String> = client
+        .query_one(&sql::installed(schema), &[])
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(sql_failed)?;
+    if installed.as_deref() != Some(sql::VERSION) {
+        if !create {
+            return Err(ConfigError::NoSchema);
+        }
+        let lock = format!("SELECT pg_advisory_xact_lock(hashtext('watertight schema {schema}'))");
+        client
+            .batch_execute(&format!("BEGIN; {lock}; {} COMMIT;", sql::schema(schema)))
+            .await
+            .map_err(sql_failed)?;
+    }
+    let statements = sql::Statements::new(schema);
+    client
+        .execute(&statements.create, &[&name, &limit])
+        .await
+        .map_err(sql_failed)?;
+    drop(client);
+    let _ = driver.await;
+    Ok(())
+}

@@ -1,0 +1,266 @@
+//! The handle and its public methods.
+
+use core::fmt;
+use core::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::error::{Failure, LeaseError};
+use super::inner::Inner;
+use super::permit::LeasedPermit;
+use crate::lease::{Completed, UntilLost};
+
+/// A semaphore whose permits are leases in PostgreSQL, shared by every
+/// process that names it in the same schema. Clones share one connection.
+///
+/// See the [module docs](super) for what it guarantees, and
+/// [`PgSemaphore::builder`] to make one.
+#[derive(Clone)]
+pub struct PgSemaphore {
+    pub(super) inner: Arc<Inner>,
+}
+
+/// One lease holder, as listed by [`PgSemaphore::holders`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Holder {
+    /// The lease's id ([`LeasedPermit::id`]).
+    pub id: String,
+    /// The grant's fencing token.
+    pub fence: u64,
+    /// The holder's label (see [`PgSemaphoreBuilder::label`](super::PgSemaphoreBuilder::label)).
+    pub label: String,
+    /// How many permits the lease holds.
+    pub weight: u32,
+    /// How long ago the permit was granted, by the database's clock.
+    pub age: Duration,
+    /// How long until the lease expires unless renewed, by the database's
+    /// clock.
+    pub expires_in: Duration,
+}
+
+impl PgSemaphore {
+    /// The semaphore's name: its row in the schema's `semaphores` table.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// How long a lease lives without renewal.
+    pub fn lease_ttl(&self) -> Duration {
+        self.inner.lease_ttl
+    }
+
+    /// The limit as last read from the database (at `build`, then at every
+    /// attempt).
+    pub fn limit_seen(&self) -> usize {
+        self.inner.limit_seen.load(Ordering::Relaxed)
+    }
+
+    /// How many leases this handle (and its clones) holds now.
+    pub fn held_here(&self) -> usize {
+        self.inner.lock_leases().len()
+    }
+
+    /// Waits for a permit: one call of the `acquire` function per attempt.
+    /// In fair mode (the default, see
+    /// [`PgSemaphoreBuilder::fair`](super::PgSemaphoreBuilder::fair)) a
+    /// busy attempt joins the line (a row of `waiters`), and the release
+    /// that frees a permit grants it to the line's head inside its own
+    /// transaction and notifies that waiter's connection: the waiter takes
+    /// it without another call. Otherwise a waiter looks again when the
+    /// earliest lease expires, and at least every `max_poll`.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::Unavailable`] if the database stays unreachable for
+    /// the builder's `outage_tolerance` (fails closed; a shorter outage,
+    /// such as a restart, is ridden out with the same lease id, keeping the
+    /// waiter's place in line; the call that ends the outage's tolerance may
+    /// take its whole `response_timeout`), [`LeaseError::Closed`] after
+    /// [`close`](Self::close). [`LeaseError::Denied`], [`LeaseError::Auth`]
+    /// and [`LeaseError::Sql`] at once: the database answered, and asking
+    /// again would not change its answer.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future at any point leaks no lease: the id is released
+    /// in the background (leaving the line, and handing on a permit granted
+    /// to it meanwhile), and its row expires within its time to live if the
+    /// database cannot be reached.
+    pub async fn acquire(&self) -> Result<LeasedPermit, LeaseError> {
+        self.inner.acquire().await
+    }
+
+    /// Takes a permit if one is free now and, in fair mode, nobody waits
+    /// in the line: one call, no waiting.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::NoPermits`] with a retry hint;
+    /// [`LeaseError::Unavailable`] if the database did not answer within
+    /// one `response_timeout`; otherwise as for [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it before the database answers releases the id in the
+    /// background: a lease granted meanwhile goes back at once.
+    pub async fn try_acquire(&self) -> Result<LeasedPermit, LeaseError> {
+        self.inner.try_acquire().await
+    }
+
+    /// Waits for a permit as [`acquire`](Self::acquire) does, runs `work`
+    /// while it holds the lease, and drops the work unfinished the moment
+    /// the lease is lost (its local deadline passing, found by the timer,
+    /// or a renewal finding it gone; checked before each poll of the work).
+    /// The permit is then released in the background.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::Lost`] if the lease was lost before the work ended
+    /// (the work was dropped); otherwise as for [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops the work and releases the lease (or the
+    /// pending grant) in the background.
+    pub async fn call<F: Future>(&self, work: F) -> Result<F::Output, LeaseError> {
+        let permit = self.acquire().await?;
+        UntilLost::new(work, permit.lost())
+            .await
+            .map_err(LeaseError::Lost)
+    }
+
+    /// Waits for a permit as [`acquire`](Self::acquire) does, runs `work`
+    /// to its end while it holds the lease, and says whether the lease was
+    /// lost before the work ended.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`call`](Self::call).
+    pub async fn call_to_end<F: Future>(
+        &self,
+        work: F,
+    ) -> Completed<Result<F::Output, LeaseError>> {
+        let permit = match self.acquire().await {
+            Ok(permit) => permit,
+            Err(e) => {
+                return Completed {
+                    output: Err(e),
+                    lost: None,
+                };
+            }
+        };
+        let output = work.await;
+        Completed {
+            output: Ok(output),
+            lost: permit.lost_reason(),
+        }
+    }
+
+    /// Lists the unexpired leases, oldest grant first: what
+    /// `SELECT * FROM <schema>.leases` shows, with ages on the database's
+    /// clock.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::Unavailable`], [`LeaseError::Denied`],
+    /// [`LeaseError::Auth`] or [`LeaseError::Sql`], if the query failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// It only reads.
+    pub async fn holders(&self) -> Result<Vec<Holder>, LeaseError> {
+        let inner = &*self.inner;
+        let rows = inner
+            .conn
+            .bounded(async {
+                let live = inner.conn.live().await?;
+                Ok(live.client.query(&live.holders, &[&inner.name]).await?)
+            })
+            .await
+            .map_err(Failure::lease)?;
+        let millis = |ms: i64| Duration::from_millis(ms.max(0).unsigned_abs());
+        rows.iter()
+            .map(|row| {
+                Ok(Holder {
+                    id: row.try_get(0)?,
+                    label: row.try_get(1)?,
+                    weight: row.try_get::<_, i32>(2)?.unsigned_abs(),
+                    fence: row.try_get::<_, i64>(3)?.unsigned_abs(),
+                    age: millis(row.try_get(4)?),
+                    expires_in: millis(row.try_get(5)?),
+                })
+            })
+            .collect::<Result<_, tokio_postgres::Error>>()
+            .map_err(|e| Failure::from(e).lease())
+    }
+
+    /// Reads the limit stored in the database.
+    ///
+    /// # Errors
+    ///
+    /// As for [`holders`](Self::holders).
+    ///
+    /// # Cancel safety
+    ///
+    /// It only reads.
+    pub async fn limit(&self) -> Result<usize, LeaseError> {
+        let inner = &*self.inner;
+        let limit = inner.read_limit().await.map_err(Failure::lease)?;
+        inner.limit_seen.store(limit, Ordering::Relaxed);
+        Ok(limit)
+    }
+
+    /// Changes the limit for every client; a higher limit grants the
+    /// line's head at once, in the same transaction. Leases held beyond a
+    /// lower limit are kept until released.
+    ///
+    /// # Errors
+    ///
+    /// As for [`holders`](Self::holders), and [`LeaseError::Sql`] for a
+    /// limit that does not fit a `bigint`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before the answer, the change may or may not have been made.
+    pub async fn set_limit(&self, limit: usize) -> Result<(), LeaseError> {
+        let inner = &*self.inner;
+        let stored = i64::try_from(limit).map_err(|e| LeaseError::Sql(Box::new(e)))?;
+        inner
+            .conn
+            .bounded(async {
+                let live = inner.conn.live().await?;
+                live.client
+                    .query_one(&live.set_limit, &[&inner.name, &stored])
+                    .await?;
+                Ok(())
+            })
+            .await
+            .map_err(Failure::lease)?;
+        inner.limit_seen.store(limit, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Refuses this handle's waiting and later acquires with
+    /// [`LeaseError::Closed`]; permits held stay valid until released.
+    pub fn close(&self) {
+        self.inner.close();
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+}
+
+impl fmt::Debug for PgSemaphore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgSemaphore")
+            .field("name", &self.inner.name)
+            .field("limit_seen", &self.limit_seen())
+            .field("held_here", &self.held_here())
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}

@@ -1,0 +1,416 @@
+//! The PostgreSQL semaphore against a real server started per test: the
+//! limit across handles (each its own connection and renewer, so to the
+//! database a process of its own), the fair line and its wake-ups, the
+//! rows an operator reads, cancelled waiters that leave nothing behind,
+//! the lease's edge, a restart, an outage, and bad configurations.
+#![cfg(all(not(loom), feature = "postgres"))]
+
+#[path = "common/pg_server.rs"]
+mod pg_server;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use pg_server::PgServer;
+use tokio::time::{sleep, timeout};
+use watertight::postgres::{ConfigError, LeaseError, PgSemaphore, PgSemaphoreBuilder};
+
+const PATIENCE: Duration = Duration::from_secs(10);
+
+fn builder(url: &str, name: &str) -> PgSemaphoreBuilder {
+    PgSemaphore::builder(url.parse().unwrap(), name)
+        .limit(1)
+        .lease_ttl(Duration::from_secs(30))
+}
+
+/// Polls `condition` every 5 ms until it holds, for at most `PATIENCE`.
+async fn until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !condition() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// What a role needs to use a semaphore in `schema` that it did not set up.
+fn grant_all(server: &PgServer, schema: &str, role: &str) {
+    server.psql(&format!(
+        "GRANT USAGE ON SCHEMA {schema} TO {role}; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}; \
+         GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}"
+    ));
+}
+
+fn count(server: &PgServer, sql: &str) -> usize {
+    server.psql(sql).parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_limit_holds_across_handles() {
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    let limit = 3;
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        handles.push(
+            builder(&server.url(), "shared")
+                .limit(limit)
+                .build()
+                .await
+                .unwrap(),
+        );
+    }
+    // Counted here, not by the crate.
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for sem in &handles {
+        for _ in 0..16 {
+            let (sem, inside, most) = (sem.clone(), inside.clone(), most.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..3 {
+                    let permit = sem.acquire().await.unwrap();
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    sleep(Duration::from_millis(2)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    permit.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        timeout(Duration::from_secs(60), task)
+            .await
+            .expect("the calls finished")
+            .unwrap();
+    }
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        limit,
+        "the limit was reached, never passed"
+    );
+    assert_eq!(count(&server, "SELECT count(*) FROM watertight.leases"), 0);
+    assert_eq!(count(&server, "SELECT count(*) FROM watertight.waiters"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_grants_the_line_in_arrival_order_and_wakes_the_waiter() {
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    let polite = || {
+        builder(&server.url(), "line")
+            // No poll within the test: only a notification wakes a waiter.
+            .max_poll(Duration::from_secs(30))
+            .build()
+    };
+    let (a, b, c) = (
+        polite().await.unwrap(),
+        polite().await.unwrap(),
+        polite().await.unwrap(),
+    );
+    let held = a.acquire().await.unwrap();
+    let first = tokio::spawn({
+        let b = b.clone();
+        async move { b.acquire().await.map(|p| (p, Instant::now())) }
+    });
+    let server = &server;
+    let waiting = |n: usize| move || count(server, "SELECT count(*) FROM watertight.waiters") == n;
+    until("b waits", waiting(1)).await;
+    let second = tokio::spawn({
+        let c = c.clone();
+        async move { c.acquire().await.map(|p| (p, Instant::now())) }
+    });
+    until("c waits behind b", waiting(2)).await;
+    // A try_acquire does not pass the line, and neither does a new waiter.
+    assert!(matches!(
+        a.try_acquire().await,
+        Err(LeaseError::NoPermits { limit: 1, .. })
+    ));
+
+    let fence = held.fence();
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (b_permit, b_at) = timeout(PATIENCE, first).await.unwrap().unwrap().unwrap();
+    assert!(!second.is_finished(), "c waits for b");
+    assert!(b_permit.fence() > fence);
+    let wake = b_at - released;
+    println!("release to grant across handles: {wake:?}");
+    assert!(
+        wake < Duration::from_secs(2),
+        "woken by its notification, not a poll"
+    );
+
+    let b_fence = b_permit.fence();
+    drop(b_permit);
+    let (c_permit, _) = timeout(PATIENCE, second).await.unwrap().unwrap().unwrap();
+    assert!(c_permit.fence() > b_fence);
+    let rows = c.holders().await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].id, c_permit.id());
+    assert_eq!(rows[0].fence, c_permit.fence());
+    assert!(rows[0].expires_in > Duration::from_secs(25));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_dropped_mid_wait_leave_nothing_behind() {
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    let holder = builder(&server.url(), "drops").build().await.unwrap();
+    let waiters = builder(&server.url(), "drops").build().await.unwrap();
+    let held = holder.acquire().await.unwrap();
+    let mut pending = Vec::new();
+    for _ in 0..500 {
+        let w = waiters.clone();
+        pending.push(tokio::spawn(async move { w.acquire().await }));
+    }
+    let sql = "SELECT count(*) FROM watertight.waiters";
+    until("500 in line", || count(&server, sql) == 500).await;
+    for task in &pending {
+        task.abort();
+    }
+    for task in pending {
+        assert!(task.await.unwrap_err().is_cancelled());
+    }
+    until("the line is empty", || count(&server, sql) == 0).await;
+    // The permit goes where it should: to a new waiter, at the release.
+    let next = tokio::spawn({
+        let w = waiters.clone();
+        async move { w.acquire().await }
+    });
+    until("one waits", || count(&server, sql) == 1).await;
+    drop(held);
+    let permit = timeout(PATIENCE, next).await.unwrap().unwrap().unwrap();
+    assert_eq!(waiters.held_here(), 1);
+    drop(permit);
+    let leases = "SELECT count(*) FROM watertight.leases";
+    until("nothing held", || count(&server, leases) == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raised_limit_grants_the_waiters_at_once() {
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    let sem = builder(&server.url(), "raise")
+        .max_poll(Duration::from_secs(30))
+        .build()
+        .await
+        .unwrap();
+    let other = builder(&server.url(), "raise").build().await.unwrap();
+    let _held = sem.acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let other = other.clone();
+        async move { other.acquire().await }
+    });
+    let sql = "SELECT count(*) FROM watertight.waiters";
+    until("it waits", || count(&server, sql) == 1).await;
+    sem.set_limit(2).await.unwrap();
+    let raised = Instant::now();
+    let _granted = timeout(PATIENCE, waiter).await.unwrap().unwrap().unwrap();
+    assert!(raised.elapsed() < Duration::from_secs(2));
+    assert_eq!(other.limit().await.unwrap(), 2);
+    assert_eq!(
+        server.psql("SELECT max_permits FROM watertight.semaphores WHERE name = 'raise'"),
+        "2"
+    );
+    // The builder's limit does not overwrite the stored one.
+    let late = builder(&server.url(), "raise")
+        .limit(7)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(late.limit_seen(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_knows_its_lease_is_lost_before_another_is_granted_it() {
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    let ttl = Duration::from_millis(1000);
+    let other = builder(&server.url(), "edge")
+        .lease_ttl(ttl)
+        .max_poll(Duration::from_millis(20))
+        .build()
+        .await
+        .unwrap();
+    // The holder logs in as a role of its own, which can then be shut out.
+    let url = server.user("holder", "pw");
+    grant_all(&server, "watertight", "holder");
+    let sem = builder(&url, "edge").lease_ttl(ttl).build().await.unwrap();
+    let permit = sem.acquire().await.unwrap();
+    let lost = permit.lost();
+    let watch = tokio::spawn(async move {
+        let reason = lost.await;
+        (reason, Instant::now())
+    });
+    let waiter = tokio::spawn(async move {
+        let permit = other.acquire().await;
+        (permit, Instant::now())
+    });
+    // Cut off: its connection ended, a new one refused, so that it cannot
+    // renew; the other handle's attempts go through.
+    server.psql(
+        "ALTER ROLE holder NOLOGIN; \
+         SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'holder'",
+    );
+    let (reason, lost_at) = timeout(PATIENCE, watch).await.unwrap().unwrap();
+    let (granted, granted_at) = timeout(PATIENCE, waiter).await.unwrap().unwrap();
+    let granted = granted.unwrap();
+    println!(
+        "lost ({reason:?}) {:?} before the permit was granted elsewhere",
+        granted_at - lost_at
+    );
+    assert_eq!(reason, watertight::LostReason::Unreachable);
+    assert!(lost_at < granted_at);
+    assert!(granted.fence() > permit.fence());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_and_fences_survive_a_restart_and_waiters_ride_it_out() {
+    let Some(mut server) = PgServer::start("postgres") else {
+        return;
+    };
+    let sem = builder(&server.url(), "restart")
+        .lease_ttl(Duration::from_secs(3))
+        .build()
+        .await
+        .unwrap();
+    let other = builder(&server.url(), "restart")
+        .max_poll(Duration::from_millis(50))
+        .outage_tolerance(Duration::from_secs(10))
+        .build()
+        .await
+        .unwrap();
+    let held = sem.acquire().await.unwrap();
+    let fence = held.fence();
+    let waiter = tokio::spawn({
+        let other = other.clone();
+        async move { other.acquire().await }
+    });
+    let sql = "SELECT count(*) FROM watertight.waiters";
+    until("it waits", || count(&server, sql) == 1).await;
+    server.kill();
+    server.restart();
+    // The lease is still there, renewed over a new connection.
+    let leases = "SELECT count(*) FROM watertight.leases";
+    assert_eq!(count(&server, leases), 1);
+    sleep(Duration::from_secs(4)).await;
+    assert!(!held.is_lost(), "renewed across the restart");
+    assert!(!waiter.is_finished());
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let next = timeout(PATIENCE, waiter).await.unwrap().unwrap().unwrap();
+    println!("granted {:?} after the release", released.elapsed());
+    assert!(
+        next.fence() > fence,
+        "fences keep increasing across the restart"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_out_of_reach_fails_closed() {
+    let Some(mut server) = PgServer::start("postgres") else {
+        return;
+    };
+    let sem = builder(&server.url(), "outage")
+        .response_timeout(Duration::from_millis(300))
+        .outage_tolerance(Duration::from_millis(800))
+        .build()
+        .await
+        .unwrap();
+    let held = sem.acquire().await.unwrap();
+    server.stop();
+    let start = Instant::now();
+    assert!(matches!(
+        sem.try_acquire().await,
+        Err(LeaseError::Unavailable(_))
+    ));
+    assert!(start.elapsed() < Duration::from_millis(600));
+    let start = Instant::now();
+    let refused = sem.acquire().await;
+    let took = start.elapsed();
+    assert!(
+        matches!(refused, Err(LeaseError::Unavailable(_))),
+        "{refused:?}"
+    );
+    println!("acquire refused after {took:?} (tolerance 800 ms)");
+    assert!(took >= Duration::from_millis(800) && took < Duration::from_millis(1500));
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_configurations_are_refused_with_a_clear_error() {
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    let url = server.url();
+    let refused = |b: PgSemaphoreBuilder| async move { b.build().await.unwrap_err() };
+    assert!(matches!(
+        refused(builder(&url, "")).await,
+        ConfigError::BadName
+    ));
+    assert!(matches!(
+        refused(builder(&url, "a\nb")).await,
+        ConfigError::BadName
+    ));
+    assert!(matches!(
+        refused(builder(&url, "x").schema("Bad-Schema")).await,
+        ConfigError::BadSchema
+    ));
+    assert!(matches!(
+        refused(builder(&url, "x").lease_ttl(Duration::from_millis(50))).await,
+        ConfigError::BadLeaseTtl
+    ));
+    assert!(matches!(
+        refused(builder(&url, "x").drift_margin(Duration::from_secs(30))).await,
+        ConfigError::BadDriftMargin
+    ));
+    assert!(matches!(
+        refused(builder(&url, "x").renew_every(Duration::from_secs(40))).await,
+        ConfigError::BadRenewInterval
+    ));
+    assert!(matches!(
+        refused(builder(&url, "x").limit(usize::MAX)).await,
+        ConfigError::LimitTooLarge
+    ));
+    // Nothing listens on this port.
+    let closed = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres",
+        pg_server::free_port()
+    );
+    assert!(matches!(
+        refused(builder(&closed, "x")).await,
+        ConfigError::Connect(_)
+    ));
+    let user = server.user("worker", "right");
+    let wrong = user.replace("right", "wrong");
+    assert!(matches!(
+        refused(builder(&wrong, "x")).await,
+        ConfigError::Auth(_)
+    ));
+    // A user with no right to create the schema, in a database without it.
+    let denied = refused(builder(&user, "x").schema("theirs")).await;
+    assert!(matches!(denied, ConfigError::Denied(_)), "{denied:?}");
+    let missing = refused(builder(&url, "x").schema("nothing").create_schema(false)).await;
+    assert!(matches!(missing, ConfigError::NoSchema), "{missing:?}");
+    // Installed by the statements a DBA would run, it needs no creation.
+    server.psql(&PgSemaphore::schema_sql("theirs").unwrap());
+    grant_all(&server, "theirs", "worker");
+    let sem = builder(&user, "x")
+        .schema("theirs")
+        .create_schema(false)
+        .build()
+        .await
+        .unwrap();
+    sem.acquire().await.unwrap().release().await.unwrap();
+    assert!(matches!(
+        PgSemaphore::schema_sql("a;b"),
+        Err(ConfigError::BadSchema)
+    ));
+}
