@@ -152,7 +152,8 @@ pub mod keyed;
         feature = "postgres"
     )
 ))]
-mod lease;
+#[cfg_attr(docsrs, doc(cfg(any(feature = "redis", feature = "postgres"))))]
+pub mod lease;
 #[allow(unsafe_code)]
 mod list;
 mod loom;

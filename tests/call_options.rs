@@ -3,14 +3,23 @@
 //! class), and the same overload settings (controlled delay), read the
 //! same way by `Bulkhead`, a classed `Bulkhead`,
 //! `KeyedBulkhead` (with and without a classed global bulkhead), the tower
-//! layer and the Redis bulkhead (against a real `redis-server`, skipped
-//! without one unless `WATERTIGHT_REQUIRE_REDIS` is set).
+//! layer, and the Redis and PostgreSQL bulkheads (against real servers,
+//! skipped without them unless `WATERTIGHT_REQUIRE_REDIS` or
+//! `WATERTIGHT_REQUIRE_POSTGRES` is set).
 //!
 //! The waits run on the real clock: each test brackets what it asserts
 //! with clock reads, with margins far above a loaded machine's jitter.
-#![cfg(all(not(loom), feature = "tokio", feature = "tower", feature = "redis"))]
+#![cfg(all(
+    not(loom),
+    feature = "tokio",
+    feature = "tower",
+    feature = "redis",
+    feature = "postgres"
+))]
 
 mod common;
+#[path = "common/pg_server.rs"]
+mod pg_server;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
@@ -20,9 +29,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
+use pg_server::PgServer;
 use redis_server::RedisServer;
 use tower::{Service, ServiceExt};
 use watertight::keyed::{KeyedBulkhead, KeyedError};
+use watertight::postgres::{PgBulkhead, PgSemaphore};
 use watertight::redis::{RedisBulkhead, RedisSemaphore};
 use watertight::tower::BulkheadLayer;
 use watertight::{Bulkhead, BulkheadError, CallOptions, RejectReason, Rejected};
@@ -104,6 +115,7 @@ enum Kind {
     KeyedClassed(KeyedBulkhead<u64>),
     Tower(Bulkhead, TowerService),
     Redis(RedisBulkhead),
+    Postgres(PgBulkhead),
 }
 
 /// Which kinds have priority classes.
@@ -129,7 +141,7 @@ impl From<Duration> for Setup {
 impl Kind {
     /// Every kind, each set up as `setup` says; the Redis one on
     /// `server`, if there is one.
-    async fn all(setup: impl Into<Setup>, server: Option<&RedisServer>, name: &str) -> Vec<Kind> {
+    async fn all(setup: impl Into<Setup>, servers: &Servers, name: &str) -> Vec<Kind> {
         let setup = setup.into();
         let max_wait = setup.max_wait;
         let plain = || {
@@ -170,7 +182,7 @@ impl Kind {
                 Ok::<_, Infallible>(7)
             }));
         kinds.push(Kind::Tower(bh, TowerService::new(service)));
-        if let Some(server) = server {
+        if let Some(server) = &servers.redis {
             let client = redis::Client::open(server.url()).unwrap();
             let sem = RedisSemaphore::builder(client, name)
                 .limit(1)
@@ -185,6 +197,20 @@ impl Kind {
             }
             kinds.push(Kind::Redis(rb.build().unwrap()));
         }
+        if let Some(server) = &servers.postgres {
+            let sem = PgSemaphore::builder(server.url().parse().unwrap(), name)
+                .limit(1)
+                .lease_ttl(Duration::from_secs(30))
+                .max_poll(Duration::from_millis(100))
+                .build()
+                .await
+                .unwrap();
+            let mut pb = PgBulkhead::builder(sem).max_wait(max_wait);
+            if let Some((target, interval)) = setup.queue_delay {
+                pb = pb.queue_delay(target, interval);
+            }
+            kinds.push(Kind::Postgres(pb.build().unwrap()));
+        }
         kinds
     }
 
@@ -196,6 +222,7 @@ impl Kind {
             Kind::KeyedClassed(_) => "keyed-classed",
             Kind::Tower(..) => "tower",
             Kind::Redis(_) => "redis",
+            Kind::Postgres(_) => "postgres",
         }
     }
 
@@ -207,6 +234,7 @@ impl Kind {
             Kind::Keyed(kb) => kb.metrics_for(&1).map_or(0, |m| m.queued()),
             Kind::KeyedClassed(kb) => kb.global().unwrap().metrics().queued(),
             Kind::Redis(rb) => rb.metrics().queued(),
+            Kind::Postgres(pb) => pb.metrics().queued(),
         }
     }
 
@@ -222,6 +250,7 @@ impl Kind {
             // Another key: the calls below wait at the global stage.
             Kind::KeyedClassed(kb) => Box::new(kb.acquire_with(&100, first).await.unwrap()),
             Kind::Redis(rb) => Box::new(rb.acquire().await.unwrap()),
+            Kind::Postgres(pb) => Box::new(pb.acquire().await.unwrap()),
         }
     }
 
@@ -277,6 +306,7 @@ impl Kind {
                     })
                 }
                 Kind::Redis(rb) => rb.call_with(options, work).await.map_err(reason),
+                Kind::Postgres(pb) => pb.call_with(options, work).await.map_err(reason),
             }
         })
     }
@@ -289,9 +319,18 @@ fn reason<E: std::fmt::Debug>(e: BulkheadError<E>) -> RejectReason {
     }
 }
 
-/// The Redis server, or none where it may be skipped.
-fn server() -> Option<RedisServer> {
-    RedisServer::start_or_skip()
+/// The servers of the distributed kinds, each none where it may be
+/// skipped.
+struct Servers {
+    redis: Option<RedisServer>,
+    postgres: Option<PgServer>,
+}
+
+fn server() -> Servers {
+    Servers {
+        redis: RedisServer::start_or_skip(),
+        postgres: PgServer::start("call_options"),
+    }
 }
 
 /// A call with a deadline that has passed is rejected at once, and one
@@ -299,7 +338,7 @@ fn server() -> Option<RedisServer> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_is_judged_before_the_call_takes_a_seat() {
     let server = server();
-    for kind in Kind::all(LONG, server.as_ref(), "deadline").await {
+    for kind in Kind::all(LONG, &server, "deadline").await {
         let passed = Opts::by(Instant::now() - Duration::from_millis(1));
         let before = Instant::now();
         assert_eq!(
@@ -320,7 +359,7 @@ async fn a_deadline_is_judged_before_the_call_takes_a_seat() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_ends_the_wait_it_can_no_longer_make() {
     let server = server();
-    for kind in Kind::all(LONG, server.as_ref(), "deadline-wait").await {
+    for kind in Kind::all(LONG, &server, "deadline-wait").await {
         let held = kind.hold().await;
         let before = Instant::now();
         let by = Opts::by(before + Duration::from_millis(200));
@@ -343,7 +382,7 @@ async fn a_deadline_ends_the_wait_it_can_no_longer_make() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_is_a_deadline_that_starts_with_the_call() {
     let server = server();
-    for kind in Kind::all(LONG, server.as_ref(), "budget").await {
+    for kind in Kind::all(LONG, &server, "budget").await {
         let before = Instant::now();
         assert_eq!(
             kind.call(1, Opts::within(Duration::ZERO)).await,
@@ -374,7 +413,7 @@ async fn a_budget_is_a_deadline_that_starts_with_the_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shorter_max_wait_of_its_own_ends_the_wait() {
     let server = server();
-    for kind in Kind::all(LONG, server.as_ref(), "own-wait").await {
+    for kind in Kind::all(LONG, &server, "own-wait").await {
         let held = kind.hold().await;
         let own = Opts::wait(Duration::from_millis(150));
         let before = Instant::now();
@@ -396,7 +435,7 @@ async fn a_shorter_max_wait_of_its_own_ends_the_wait() {
 async fn a_longer_max_wait_of_its_own_changes_nothing() {
     let server = server();
     let short = Duration::from_millis(150);
-    for kind in Kind::all(short, server.as_ref(), "own-longer").await {
+    for kind in Kind::all(short, &server, "own-longer").await {
         let held = kind.hold().await;
         let before = Instant::now();
         let out = kind.call(1, Opts::wait(LONG)).await;
@@ -415,7 +454,7 @@ async fn a_longer_max_wait_of_its_own_changes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_max_wait_of_zero_never_waits() {
     let server = server();
-    for kind in Kind::all(LONG, server.as_ref(), "own-zero").await {
+    for kind in Kind::all(LONG, &server, "own-zero").await {
         let zero = Opts::wait(Duration::ZERO);
         assert_eq!(kind.call(1, zero).await, Ok(7), "{}", kind.name());
         let held = kind.hold().await;
@@ -433,7 +472,7 @@ async fn a_max_wait_of_zero_never_waits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_class_orders_the_waiters_where_there_are_classes() {
     let server = server();
-    for kind in Kind::all(LONG, server.as_ref(), "class").await {
+    for kind in Kind::all(LONG, &server, "class").await {
         let kind = Arc::new(kind);
         let classed = CLASSED.contains(&kind.name());
         let held = kind.hold().await;
@@ -478,7 +517,7 @@ async fn a_standing_line_is_cut_to_the_target_on_every_kind() {
         max_wait: LONG,
         queue_delay: Some((Duration::from_millis(30), Duration::from_millis(100))),
     };
-    for kind in Kind::all(setup, server.as_ref(), "queue-delay").await {
+    for kind in Kind::all(setup, &server, "queue-delay").await {
         let kind = Arc::new(kind);
         let start = Instant::now();
         let mut calls = Vec::new();

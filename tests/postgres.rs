@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use pg_server::PgServer;
 use tokio::time::{sleep, timeout};
-use watertight::postgres::{ConfigError, LeaseError, PgSemaphore, PgSemaphoreBuilder};
+use watertight::postgres::{ConfigError, LeaseError, PgBulkhead, PgSemaphore, PgSemaphoreBuilder};
+use watertight::{BulkheadError, RejectReason};
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -413,4 +414,86 @@ async fn bad_configurations_are_refused_with_a_clear_error() {
         PgSemaphore::schema_sql("a;b"),
         Err(ConfigError::BadSchema)
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bulkhead_fails_closed_and_names_the_cause() {
+    let Some(mut server) = PgServer::start("postgres") else {
+        return;
+    };
+    let sem = builder(&server.url(), "closed")
+        .response_timeout(Duration::from_millis(200))
+        .outage_tolerance(Duration::from_secs(10))
+        .build()
+        .await
+        .unwrap();
+    let bh = PgBulkhead::builder(sem)
+        .max_wait(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    assert_eq!(bh.call(async { Ok::<_, ()>(1) }).await.unwrap(), 1);
+    server.stop();
+    // A wait that runs out while the database is out of reach is
+    // `Unavailable`, with the database's error behind it.
+    let start = Instant::now();
+    let err = bh.call(async { Ok::<_, ()>(2) }).await.unwrap_err();
+    let took = start.elapsed();
+    let BulkheadError::Rejected(rejected) = err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(rejected.reason(), RejectReason::Unavailable);
+    let source = std::error::Error::source(&rejected).expect("a cause");
+    let lease = source
+        .downcast_ref::<LeaseError>()
+        .expect("the lease error");
+    assert!(matches!(lease, LeaseError::Unavailable(_)), "{lease:?}");
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+    assert_eq!(bh.metrics().rejected_for(RejectReason::Unavailable), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_stops_the_bulkheads_call() {
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    // The schema first, so that the holder's role can be given rights.
+    builder(&server.url(), "stop").build().await.unwrap();
+    let url = server.user("holder", "pw");
+    grant_all(&server, "watertight", "holder");
+    let ttl = Duration::from_millis(600);
+    let sem = builder(&url, "stop").lease_ttl(ttl).build().await.unwrap();
+    let bh = PgBulkhead::builder(sem).build().unwrap();
+    let started = Arc::new(tokio::sync::Notify::new());
+    let call = tokio::spawn({
+        let (bh, started) = (bh.clone(), started.clone());
+        async move {
+            bh.call(async {
+                started.notify_one();
+                sleep(Duration::from_secs(30)).await;
+                Ok::<_, ()>(())
+            })
+            .await
+        }
+    });
+    started.notified().await;
+    let cut = Instant::now();
+    server.psql(
+        "ALTER ROLE holder NOLOGIN; \
+         SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'holder'",
+    );
+    let out = timeout(PATIENCE, call).await.unwrap().unwrap();
+    assert!(
+        matches!(
+            out,
+            Err(BulkheadError::LeaseLost(
+                watertight::LostReason::Unreachable
+            ))
+        ),
+        "{out:?}"
+    );
+    assert!(cut.elapsed() < ttl + Duration::from_millis(300));
+    assert_eq!(bh.metrics().in_flight(), 0);
 }

@@ -66,7 +66,10 @@ enum Detail {
     Hint(Hint),
     // Only a distributed bulkhead's rejections carry a cause.
     #[cfg_attr(
-        not(all(feature = "redis", any(feature = "tokio", feature = "smol"))),
+        not(any(
+            all(feature = "redis", any(feature = "tokio", feature = "smol")),
+            feature = "postgres"
+        )),
         allow(dead_code)
     )]
     Cause(Cause),
@@ -147,7 +150,10 @@ impl Rejected {
     /// [`Unavailable`](RejectReason::Unavailable).
     #[cold]
     #[cfg_attr(
-        not(all(feature = "redis", any(feature = "tokio", feature = "smol"))),
+        not(any(
+            all(feature = "redis", any(feature = "tokio", feature = "smol")),
+            feature = "postgres"
+        )),
         allow(dead_code)
     )]
     pub(crate) fn caused_by(mut self, cause: impl Error + Send + Sync + 'static) -> Self {

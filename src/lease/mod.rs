@@ -1,24 +1,31 @@
-//! What the distributed backends share about a lease once it is granted:
-//! this process's view of it ([`Lease`]: its fence, its local deadline,
-//! whether it is lost), the future that resolves when it is lost
-//! ([`Lost`]), work guarded by it ([`UntilLost`], [`Completed`]), and the
-//! ids of leases ([`IdSource`]), and the timing settings both builders
-//! check alike ([`Timing`]).
+//! What every distributed store of leased permits shares: the bulkhead
+//! over any of them ([`LeasedBulkhead`], over a [`LeaseStore`]: the Redis
+//! and the PostgreSQL semaphores), the future that resolves when a lease
+//! is lost ([`Lost`]), the permit itself ([`LeasedPermit`]), and what
+//! work that ran to its end reports ([`Completed`]).
 //!
-//! Where the lease comes from (a Lua script in Redis, a transaction in
-//! PostgreSQL) and how it is renewed is each backend's; the rule that a
-//! lease is lost from its local deadline on, whatever task runs, is
-//! written here once.
+//! Each backend's module names the bulkhead over its semaphore
+//! ([`RedisBulkhead`](crate::redis::RedisBulkhead),
+//! [`PgBulkhead`](crate::postgres::PgBulkhead)) and re-exports the rest;
+//! this module is where their one definition lives.
 
+mod bulkhead;
 mod call;
 mod id;
 mod lost;
+mod permit;
 mod state;
+mod store;
 mod timing;
 
+pub use bulkhead::{LeasedBulkhead, LeasedBulkheadBuilder, LeasedBulkheadPermit};
 pub use call::Completed;
 pub(crate) use call::UntilLost;
 pub(crate) use id::IdSource;
 pub use lost::Lost;
+pub use permit::LeasedPermit;
 pub(crate) use state::Lease;
+pub use store::LeaseStore;
+pub(crate) use store::sealed::Store;
+pub(crate) use store::{Attempt, Down, Released};
 pub(crate) use timing::{BadTiming, Timing, default_label};

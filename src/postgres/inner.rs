@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use super::conn::Conn;
 use super::error::{Failure, Kind, LeaseError};
 use super::grants::Grants;
-use super::permit::LeasedPermit;
-use crate::lease::{IdSource, Lease};
+use super::{LeasedPermit, PgSemaphore};
+use crate::lease::{IdSource, Lease, Released};
 use crate::loom::lock;
 use crate::timer::Timer;
 
@@ -51,13 +51,6 @@ pub(super) struct Reply {
     pub(super) limit: usize,
     /// Until the earliest lease expires, if one is held.
     pub(super) next_expiry: Option<Duration>,
-}
-
-/// How a release ended, as the database saw it.
-pub(super) enum Released {
-    InTime,
-    Late(Duration),
-    Gone,
 }
 
 impl Inner {
@@ -151,11 +144,10 @@ impl Inner {
     fn granted(self: &Arc<Self>, id: String, fence: u64, sent: Instant) -> LeasedPermit {
         let lease = Arc::new(Lease::new(id.clone(), fence, sent, self.life));
         self.lock_leases().insert(id, lease.clone());
-        LeasedPermit {
+        let sem = PgSemaphore {
             inner: self.clone(),
-            lease,
-            done: false,
-        }
+        };
+        LeasedPermit::new(sem, lease)
     }
 
     /// One attempt, no waiting.
@@ -163,99 +155,60 @@ impl Inner {
         if self.is_closed() {
             return Err(LeaseError::Closed);
         }
-        let id = self.ids.next();
-        let mut pending = Pending::new(self, &id);
+        let mut waiter = Waiter::new(self, false);
         let sent = Instant::now();
-        let reply = self.attempt(&id, false).await.map_err(Failure::lease)?;
-        pending.settled();
+        let reply = self
+            .attempt(&waiter.id, false)
+            .await
+            .map_err(Failure::lease)?;
         match reply.fence {
-            Some(fence) => Ok(self.granted(id.clone(), fence, sent)),
-            None => Err(LeaseError::NoPermits {
-                retry_after: reply.next_expiry,
-                limit: reply.limit,
-            }),
+            Some(fence) => Ok(waiter.granted(fence, sent)),
+            None => {
+                // Not in line: nothing of it is left in the database.
+                waiter.settled = true;
+                Err(LeaseError::NoPermits {
+                    retry_after: reply.next_expiry,
+                    limit: reply.limit,
+                })
+            }
         }
     }
 
-    /// Waits for a grant: an attempt, then a pause until a grant is
-    /// notified, the earliest lease expires, or `max_poll` passes, and
-    /// again. While the database cannot be reached, attempts go on with a
-    /// growing pause for up to the outage tolerance.
-    pub(super) async fn acquire(self: &Arc<Self>) -> Result<LeasedPermit, LeaseError> {
+    /// The first attempt of a waiting acquire: a grant, or where the wait
+    /// goes on from (the id, in line in fair mode, or the outage it met).
+    pub(super) async fn first_attempt(self: &Arc<Self>) -> Result<Attempt, LeaseError> {
         if self.is_closed() {
             return Err(LeaseError::Closed);
         }
-        let id = self.ids.next();
-        let mut pending = Pending::new(self, &id);
-        self.grants.wait_for(&id);
-        let mut down_since: Option<Instant> = None;
-        let mut backoff = FIRST_BACKOFF;
-        // When the latest attempt that found this waiter in line was sent:
-        // a grant notified after it was made later still, so its lease
-        // lives at least a time to live from then.
-        let mut in_line_since: Option<Instant> = None;
-        loop {
-            if self.is_closed() {
-                return Err(LeaseError::Closed);
-            }
-            let sent = Instant::now();
-            let pause = match self.attempt(&id, true).await {
-                Ok(reply) => {
-                    if let Some(fence) = reply.fence {
-                        pending.settled();
-                        return Ok(self.granted(id.clone(), fence, sent));
-                    }
-                    down_since = None;
-                    backoff = FIRST_BACKOFF;
-                    in_line_since = Some(sent);
-                    // A lease that expires without a release frees a
-                    // permit that nobody is told of: look again then.
-                    let expiry = reply.next_expiry.map(|d| d + Duration::from_millis(1));
-                    expiry.map_or(self.max_poll, |d| d.min(self.max_poll))
-                }
-                Err(failure) if failure.kind == Kind::Transient => {
-                    let since = *down_since.get_or_insert(sent);
-                    let left =
-                        (since + self.outage_tolerance).saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(failure.lease());
-                    }
-                    let pause = backoff.min(left);
-                    backoff = (backoff * 2).min(self.max_poll);
-                    pause
-                }
-                Err(failure) => return Err(failure.lease()),
-            };
-            if let (Some(fence), Some(since)) = (self.notified(&id, pause).await, in_line_since) {
-                pending.settled();
-                return Ok(self.granted(id.clone(), fence, since));
-            }
-        }
+        let mut waiter = Waiter::new(self, true);
+        let down = Down::default();
+        Ok(match waiter.attempt(&down).await? {
+            Some(permit) => Attempt::Granted(permit),
+            None => Attempt::Busy(Busy {
+                waiter,
+                cause: down.take(),
+            }),
+        })
     }
 
-    /// Waits up to `pause` for a grant to `id` to be notified; `None` when
-    /// the pause ends, or early when the connection was made again or the
-    /// handle closed (the next attempt then looks).
-    async fn notified(&self, id: &str, pause: Duration) -> Option<u64> {
-        let mut sleep = self.timer.sleep(pause);
-        let round = self.grants.round();
+    /// Waits after a busy first attempt: a pause until a grant is
+    /// notified, the earliest lease expires, or `max_poll` passes, then
+    /// another attempt, and so on. While the database cannot be reached,
+    /// attempts go on with a growing pause for up to the outage
+    /// tolerance; `down` holds the latest attempt's error meanwhile.
+    pub(super) async fn wait_from(
+        &self,
+        busy: Busy,
+        down: &Down,
+    ) -> Result<LeasedPermit, LeaseError> {
+        let Busy { mut waiter, cause } = busy;
+        down.set(cause);
         loop {
-            let mut listener = self.grants.listen();
-            if let Some(fence) = self.grants.granted(id) {
-                return Some(fence);
+            if let Some(permit) = waiter.notified().await {
+                return Ok(permit);
             }
-            if self.is_closed() || self.grants.round() != round {
-                return None;
-            }
-            let woken = poll_fn(|cx| {
-                if Pin::new(&mut listener).poll(cx).is_ready() {
-                    return Poll::Ready(true);
-                }
-                sleep.as_mut().poll(cx).map(|()| false)
-            })
-            .await;
-            if !woken {
-                return self.grants.granted(id);
+            if let Some(permit) = waiter.attempt(down).await? {
+                return Ok(permit);
             }
         }
     }
@@ -336,35 +289,151 @@ pub(super) struct Settings {
     pub(super) fair: bool,
 }
 
-/// An id that may have a lease or a place in line in the database until
-/// its acquire settles: dropped before that, it releases the id in the
-/// background, and stops listening for its grant.
-struct Pending<'a> {
-    inner: &'a Arc<Inner>,
-    id: &'a str,
-    settled: bool,
+/// The outcome of a first attempt.
+pub(super) type Attempt = crate::lease::Attempt<LeasedPermit, Busy>;
+
+/// The latest attempt's error while the database cannot be reached.
+pub(super) type Down = crate::lease::Down<LeaseError>;
+
+/// Where a waiting acquire goes on from after a busy first attempt. `pub`
+/// for the sealed `Store` trait's signatures; no one outside the crate can
+/// name it.
+#[allow(unreachable_pub)]
+pub struct Busy {
+    waiter: Waiter,
+    /// The first attempt's error, if the database could not be reached.
+    cause: Option<LeaseError>,
 }
 
-impl<'a> Pending<'a> {
-    fn new(inner: &'a Arc<Inner>, id: &'a str) -> Self {
+impl std::fmt::Debug for Busy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Busy")
+            .field("id", &self.waiter.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A lease id on its way to a grant. Until it settles, the id may hold a
+/// lease or a place in line in the database: dropped before that (its
+/// acquire cancelled, or failed), it releases the id in the background,
+/// which hands a permit granted to it meanwhile on.
+struct Waiter {
+    inner: Arc<Inner>,
+    id: String,
+    settled: bool,
+    /// When the ongoing outage began.
+    down_since: Option<Instant>,
+    backoff: Duration,
+    /// When the latest attempt that found this waiter in line was sent: a
+    /// grant notified after it was made later still, so its lease lives at
+    /// least a time to live from then.
+    in_line_since: Option<Instant>,
+    /// How long to wait before the next attempt.
+    pause: Duration,
+}
+
+impl Waiter {
+    /// A new id; `listens` when a grant may be notified to it.
+    fn new(inner: &Arc<Inner>, listens: bool) -> Self {
+        let id = inner.ids.next();
+        if listens {
+            inner.grants.wait_for(&id);
+        }
         Self {
-            inner,
+            inner: inner.clone(),
             id,
             settled: false,
+            down_since: None,
+            backoff: FIRST_BACKOFF,
+            in_line_since: None,
+            pause: Duration::ZERO,
         }
     }
 
-    /// The id's lease now belongs to a permit.
-    fn settled(&mut self) {
+    /// The permit for the grant to this id made by a call sent at `sent`.
+    fn granted(&mut self, fence: u64, sent: Instant) -> LeasedPermit {
         self.settled = true;
+        self.inner.granted(self.id.clone(), fence, sent)
+    }
+
+    /// One attempt in line: the permit, or `None` to wait `pause` first.
+    /// A transient failure is kept in `down` while the outage tolerance
+    /// lasts, and returned once it is over.
+    async fn attempt(&mut self, down: &Down) -> Result<Option<LeasedPermit>, LeaseError> {
+        let inner = self.inner.clone();
+        if inner.is_closed() {
+            return Err(LeaseError::Closed);
+        }
+        let sent = Instant::now();
+        match inner.attempt(&self.id, true).await {
+            Ok(reply) => {
+                if let Some(fence) = reply.fence {
+                    return Ok(Some(self.granted(fence, sent)));
+                }
+                down.set(None);
+                self.down_since = None;
+                self.backoff = FIRST_BACKOFF;
+                self.in_line_since = Some(sent);
+                // A lease that expires without a release frees a permit
+                // that nobody is told of: look again then.
+                let expiry = reply.next_expiry.map(|d| d + Duration::from_millis(1));
+                self.pause = expiry.map_or(inner.max_poll, |d| d.min(inner.max_poll));
+                Ok(None)
+            }
+            Err(failure) if failure.kind == Kind::Transient => {
+                let since = *self.down_since.get_or_insert(sent);
+                let end = since + inner.outage_tolerance;
+                let left = end.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(failure.lease());
+                }
+                down.set(Some(failure.lease()));
+                self.pause = self.backoff.min(left);
+                self.backoff = (self.backoff * 2).min(inner.max_poll);
+                Ok(None)
+            }
+            Err(failure) => Err(failure.lease()),
+        }
+    }
+
+    /// Waits up to `pause` for a grant to be notified: its permit, or
+    /// `None` when the pause ends, or early when the connection was made
+    /// again or the handle closed (the next attempt then looks).
+    async fn notified(&mut self) -> Option<LeasedPermit> {
+        let inner = self.inner.clone();
+        let mut sleep = inner.timer.sleep(self.pause);
+        let round = inner.grants.round();
+        let fence = loop {
+            let mut listener = inner.grants.listen();
+            if let Some(fence) = inner.grants.granted(&self.id) {
+                break fence;
+            }
+            if inner.is_closed() || inner.grants.round() != round {
+                return None;
+            }
+            let woken = poll_fn(|cx| {
+                if Pin::new(&mut listener).poll(cx).is_ready() {
+                    return Poll::Ready(true);
+                }
+                sleep.as_mut().poll(cx).map(|()| false)
+            })
+            .await;
+            if !woken {
+                break inner.grants.granted(&self.id)?;
+            }
+        };
+        // Without an attempt that found it in line, the grant's time is
+        // unknown here: the next attempt finds the lease and renews it.
+        let since = self.in_line_since?;
+        Some(self.granted(fence, since))
     }
 }
 
-impl Drop for Pending<'_> {
+impl Drop for Waiter {
     fn drop(&mut self) {
-        self.inner.grants.forget(self.id);
+        self.inner.grants.forget(&self.id);
         if !self.settled {
-            self.inner.release_in_background(self.id.to_owned());
+            self.inner.release_in_background(self.id.clone());
         }
     }
 }

@@ -74,15 +74,25 @@ mod error;
 mod grants;
 mod inner;
 mod keeper;
-mod permit;
 mod semaphore;
 mod sql;
+mod store;
 
 pub use builder::PgSemaphoreBuilder;
 pub use error::{Cause, ConfigError, LeaseError, ReleaseError};
-pub use permit::LeasedPermit;
 pub use semaphore::{Holder, PgSemaphore};
 pub use tokio_postgres::Config;
 
 pub use crate::LostReason;
 pub use crate::lease::{Completed, Lost};
+
+/// A permit leased from a [`PgSemaphore`]: a row of its `leases` table.
+pub type LeasedPermit = crate::lease::LeasedPermit<PgSemaphore>;
+/// A [`LeasedBulkhead`](crate::lease::LeasedBulkhead) whose permits are
+/// leases in PostgreSQL, shared by every process that uses the same
+/// [`PgSemaphore`].
+pub type PgBulkhead = crate::lease::LeasedBulkhead<PgSemaphore>;
+/// Configures a [`PgBulkhead`].
+pub type PgBulkheadBuilder = crate::lease::LeasedBulkheadBuilder<PgSemaphore>;
+/// A lease held through a [`PgBulkhead`].
+pub type PgBulkheadPermit = crate::lease::LeasedBulkheadPermit<PgSemaphore>;

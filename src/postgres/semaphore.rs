@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use super::LeasedPermit;
 use super::error::{Failure, LeaseError};
-use super::inner::Inner;
-use super::permit::LeasedPermit;
+use super::inner::{Attempt, Down, Inner};
 use crate::lease::{Completed, UntilLost};
 
 /// A semaphore whose permits are leases in PostgreSQL, shared by every
@@ -89,7 +89,10 @@ impl PgSemaphore {
     /// to it meanwhile), and its row expires within its time to live if the
     /// database cannot be reached.
     pub async fn acquire(&self) -> Result<LeasedPermit, LeaseError> {
-        self.inner.acquire().await
+        match self.inner.first_attempt().await? {
+            Attempt::Granted(permit) => Ok(permit),
+            Attempt::Busy(busy) => self.inner.wait_from(busy, &Down::default()).await,
+        }
     }
 
     /// Takes a permit if one is free now and, in fair mode, nobody waits

@@ -3,8 +3,8 @@
 //! the [`Pending`] id that is released if its future is dropped while a
 //! grant may exist.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use event_listener::EventListener;
@@ -12,9 +12,9 @@ use event_listener::EventListener;
 use super::error::{Failure, LeaseError, classify};
 use super::inner::Inner;
 use super::line::Slot;
-use super::permit::LeasedPermit;
 use super::scripts::AcquireReply;
 use super::scripts::Call;
+use super::{LeasedPermit, RedisSemaphore};
 use crate::lease::Lease;
 use crate::timer::timeout::Timeout;
 
@@ -49,45 +49,29 @@ enum Found {
 }
 
 /// The outcome of [`attempt`].
-pub(super) enum Attempt {
-    Granted(LeasedPermit),
-    Busy(Busy),
+pub(super) type Attempt = crate::lease::Attempt<LeasedPermit, Busy>;
+
+impl std::fmt::Debug for Busy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Busy")
+            .field("pause", &self.pause)
+            .finish_non_exhaustive()
+    }
 }
 
-/// Where a waiting acquire goes on from (see [`attempt`]).
-pub(super) struct Busy {
+/// Why the latest attempt of a wait could not count the permits: Redis out
+/// of reach or quarantined (the error it gave).
+pub(super) type Down = crate::lease::Down<LeaseError>;
+
+/// Where a waiting acquire goes on from (see [`attempt`]). `pub` for the
+/// sealed `Store` trait's signatures; no one outside the crate can name it.
+#[allow(unreachable_pub)]
+pub struct Busy {
     pending: Pending,
     listener: EventListener,
     pause: Duration,
     down_since: Option<Instant>,
     cause: Option<LeaseError>,
-}
-
-/// Why the latest attempt of a wait could not count the permits: Redis out
-/// of reach or quarantined (the error it gave), or an attempt that failed
-/// for good. Empty while the latest attempt found every permit leased.
-/// The Redis bulkhead reads it when the wait ends: `Unavailable` rather
-/// than `Timeout`, with the error as the rejection's source.
-#[derive(Debug, Default)]
-pub(super) struct Down(Mutex<Option<LeaseError>>);
-
-impl Down {
-    pub(super) fn set(&self, cause: Option<LeaseError>) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = cause;
-    }
-
-    /// Whether the latest attempt could not count the permits.
-    pub(super) fn is_down(&self) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
-    }
-
-    /// The error of the latest attempt that could not count the permits.
-    pub(super) fn take(&self) -> Option<LeaseError> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
-    }
 }
 
 /// One acquire attempt (one script call). Busy, or unreachable within
@@ -315,11 +299,7 @@ fn announced(inner: &Arc<Inner>, pending: &mut Pending) -> Option<LeasedPermit> 
         inner.life,
     ));
     inner.lock_leases().insert(lease.id.clone(), lease.clone());
-    Some(LeasedPermit {
-        inner: inner.clone(),
-        lease,
-        done: false,
-    })
+    Some(LeasedPermit::new(RedisSemaphore::of(inner), lease))
 }
 
 /// How long a waiter sleeps before trying again, unless woken sooner:
@@ -438,11 +418,10 @@ async fn grant(
                 ));
                 pending.maybe_granted = false;
                 inner.lock_leases().insert(lease.id.clone(), lease.clone());
-                return Ok(Grant::Granted(LeasedPermit {
-                    inner: inner.clone(),
+                return Ok(Grant::Granted(LeasedPermit::new(
+                    RedisSemaphore::of(inner),
                     lease,
-                    done: false,
-                }));
+                )));
             }
             Err(e) if attempt < inner.retries && classify(&e) == Failure::Transient => {
                 inner.failover.suspect();

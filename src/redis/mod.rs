@@ -67,7 +67,6 @@
 
 mod attempt;
 mod builder;
-mod bulkhead;
 mod call;
 mod conn;
 mod error;
@@ -76,19 +75,28 @@ mod inner;
 mod keeper;
 mod keys;
 mod line;
-mod permit;
 mod replication;
 mod scripts;
 mod semaphore;
 mod signals;
 mod spawn;
+mod store;
 mod wakeups;
 
 pub use crate::lease::{Completed, Lost};
+
+/// A permit leased from a [`RedisSemaphore`].
+pub type LeasedPermit = crate::lease::LeasedPermit<RedisSemaphore>;
+/// A [`LeasedBulkhead`](crate::lease::LeasedBulkhead) whose permits are
+/// leases in Redis, shared by every process that uses the same
+/// [`RedisSemaphore`].
+pub type RedisBulkhead = crate::lease::LeasedBulkhead<RedisSemaphore>;
+/// Configures a [`RedisBulkhead`].
+pub type RedisBulkheadBuilder = crate::lease::LeasedBulkheadBuilder<RedisSemaphore>;
+/// A lease held through a [`RedisBulkhead`].
+pub type RedisBulkheadPermit = crate::lease::LeasedBulkheadPermit<RedisSemaphore>;
 pub use builder::RedisSemaphoreBuilder;
-pub use bulkhead::{RedisBulkhead, RedisBulkheadBuilder, RedisBulkheadPermit};
 pub use conn::Backend;
 pub use error::{ConfigError, LeaseError, LostReason, ReleaseError};
-pub use permit::LeasedPermit;
 pub use semaphore::{Holder, RedisSemaphore};
 pub use wakeups::Wakeups;

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use super::LeasedPermit;
 use super::attempt::{self, Attempt};
 use super::error::LeaseError;
 use super::inner::{Inner, millis};
-use super::permit::LeasedPermit;
 use super::wakeups::Wakeups;
 use crate::semaphore::Semaphore;
 
@@ -40,6 +40,13 @@ pub struct Holder {
 }
 
 impl RedisSemaphore {
+    /// A handle on `inner`, as the permits it grants keep one.
+    pub(super) fn of(inner: &Arc<Inner>) -> Self {
+        Self {
+            inner: inner.clone(),
+        }
+    }
+
     /// The state behind the handle, for the attempts of the Redis
     /// bulkhead, which drives them itself.
     pub(super) fn inner(&self) -> &Arc<Inner> {

@@ -1,71 +1,81 @@
-//! The bulkhead's policy over the Redis semaphore.
+//! The bulkhead's policy over a distributed store of leased permits: one
+//! type for every store, generic over the [`LeaseStore`] seam.
 
 use core::fmt;
 use core::future::Future;
-use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::bulkhead::idle::Idle;
-
-use super::attempt::{self, Attempt};
-use super::{LeaseError, LeasedPermit, Lost, LostReason, RedisSemaphore, ReleaseError};
+use super::store::{Attempt, Down, LeaseStore};
+use super::{Completed, LeasedPermit, Lost, UntilLost};
+use crate::LostReason;
 use crate::bulkhead::guard::{Guard, Source};
+use crate::bulkhead::idle::Idle;
 use crate::bulkhead::observer::{CallOutcome, Observer};
 use crate::bulkhead::policy::Policy;
 use crate::bulkhead::wait::{Line, Waited};
-use crate::lease::{Completed, UntilLost};
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
 use crate::{
     BuildError, BulkheadBuilder, BulkheadError, CallOptions, Metrics, RejectReason, Rejected,
 };
 
-/// A [`Bulkhead`](crate::Bulkhead) whose permits are leases in Redis,
-/// shared by every process that uses the same [`RedisSemaphore`].
+/// A [`Bulkhead`](crate::Bulkhead) whose permits are leases in a store
+/// shared by every process that uses the same semaphore: Redis
+/// ([`RedisBulkhead`](crate::redis::RedisBulkhead), over a
+/// [`RedisSemaphore`](crate::redis::RedisSemaphore)) or PostgreSQL
+/// ([`PgBulkhead`](crate::postgres::PgBulkhead), over a
+/// [`PgSemaphore`](crate::postgres::PgSemaphore)).
 ///
 /// The policy is the in-process bulkhead's: wait for at most `max_wait`
 /// (zero fails fast), a bounded waiting line, a `call_timeout`, typed
 /// rejections, metrics and observers. What differs:
 ///
-/// * **The limit** lives in Redis: [`set_max_concurrent_calls`](Self::set_max_concurrent_calls)
+/// * **The limit** lives in the store: [`set_max_concurrent_calls`](Self::set_max_concurrent_calls)
 ///   changes it for every client, and is async.
 /// * **The waiting line** (`max_queue`) is per process: each process
 ///   bounds its own waiters.
 /// * **Metrics** count this process's calls; `in_flight` is this process's
-///   share. [`RedisSemaphore::holders`] lists every holder.
-/// * **Redis out of reach** rejects with [`RejectReason::Unavailable`]
-///   (fail closed).
+///   share. The semaphore's `holders` lists every holder.
+/// * **The store out of reach** rejects with [`RejectReason::Unavailable`]
+///   (fail closed), the store's error as its [`source`](std::error::Error::source).
 /// * **A lost lease** stops a running [`call`](Self::call) at once
 ///   ([`BulkheadError::LeaseLost`]); [`call_to_end`](Self::call_to_end)
 ///   lets it finish and says so.
-#[derive(Clone)]
-pub struct RedisBulkhead {
-    shared: Arc<Shared>,
+pub struct LeasedBulkhead<S: LeaseStore> {
+    shared: Arc<Shared<S>>,
 }
 
-struct Shared {
+impl<S: LeaseStore> Clone for LeasedBulkhead<S> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+struct Shared<S: LeaseStore> {
     policy: Policy,
-    sem: RedisSemaphore,
+    sem: S,
     /// Calls of this process holding a lease now.
     in_flight: AtomicUsize,
     /// Notified when `in_flight` comes down to zero.
     idle: Idle,
 }
 
-/// Configures a [`RedisBulkhead`]: the settings of [`BulkheadBuilder`]
+/// Configures a [`LeasedBulkhead`]: the settings of [`BulkheadBuilder`]
 /// that apply to a shared limit.
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
-pub struct RedisBulkheadBuilder {
-    sem: RedisSemaphore,
+pub struct LeasedBulkheadBuilder<S: LeaseStore> {
+    sem: S,
     policy: BulkheadBuilder,
 }
 
-impl RedisBulkheadBuilder {
+impl<S: LeaseStore> LeasedBulkheadBuilder<S> {
     /// As [`BulkheadBuilder::max_wait`]: `Duration::ZERO` fails fast after
-    /// one script call.
+    /// one call to the store.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.policy = self.policy.max_wait(max_wait);
         self
@@ -81,8 +91,8 @@ impl RedisBulkheadBuilder {
     /// while the waiters of this process have all waited at least
     /// `target` for an `interval`, a waiter that has waited `target` is
     /// rejected with [`RejectReason::QueueDelay`] (at its own sleep, or at
-    /// its next look at Redis, whichever comes first). The line in Redis
-    /// keeps its arrival order.
+    /// its next look at the store, whichever comes first). The line in the
+    /// store keeps its arrival order.
     pub fn queue_delay(mut self, target: Duration, interval: Duration) -> Self {
         self.policy = self.policy.queue_delay(target, interval);
         self
@@ -143,9 +153,9 @@ impl RedisBulkheadBuilder {
     /// # Errors
     ///
     /// As [`BulkheadBuilder::build`], for the settings above.
-    pub fn build(self) -> Result<RedisBulkhead, BuildError> {
+    pub fn build(self) -> Result<LeasedBulkhead<S>, BuildError> {
         let name = self.sem.name().to_owned();
-        // The permits free are the fleet's, which only Redis knows.
+        // The permits free are the fleet's, which only the store knows.
         #[cfg_attr(not(feature = "metrics"), allow(unused_mut))]
         let mut policy = self.policy;
         #[cfg(feature = "metrics")]
@@ -154,7 +164,7 @@ impl RedisBulkheadBuilder {
             policy.metrics_series = Some(Arc::new(exporter));
         }
         let policy = policy.into_policy(Some(name), self.sem.limit_seen())?;
-        Ok(RedisBulkhead {
+        Ok(LeasedBulkhead {
             shared: Arc::new(Shared {
                 policy,
                 sem: self.sem,
@@ -165,10 +175,10 @@ impl RedisBulkheadBuilder {
     }
 }
 
-impl RedisBulkhead {
+impl<S: LeaseStore> LeasedBulkhead<S> {
     /// Starts configuring a bulkhead over `sem`.
-    pub fn builder(sem: RedisSemaphore) -> RedisBulkheadBuilder {
-        RedisBulkheadBuilder {
+    pub fn builder(sem: S) -> LeasedBulkheadBuilder<S> {
+        LeasedBulkheadBuilder {
             sem,
             policy: BulkheadBuilder::new(),
         }
@@ -179,16 +189,15 @@ impl RedisBulkhead {
         self.shared.policy.name()
     }
 
-    /// The semaphore underneath, for [`holders`](RedisSemaphore::holders)
-    /// and the like.
-    pub fn semaphore(&self) -> &RedisSemaphore {
+    /// The semaphore underneath, for its `holders` and the like.
+    pub fn semaphore(&self) -> &S {
         &self.shared.sem
     }
 
     /// Runs `call` once a lease is granted, then releases it. As
     /// [`Bulkhead::call`](crate::Bulkhead::call), and the call is dropped
-    /// unfinished the moment its lease is lost (as
-    /// [`RedisSemaphore::call`] does; the observer sees it
+    /// unfinished the moment its lease is lost (as the semaphore's `call`
+    /// does; the observer sees it
     /// [`Cancelled`](CallOutcome::Cancelled)). For a call that must not stop
     /// half-way, use [`call_to_end`](Self::call_to_end).
     ///
@@ -214,9 +223,9 @@ impl RedisBulkhead {
     /// [`call`](Self::call) with [`CallOptions`]: a deadline (deadline-aware
     /// admission, as [`Bulkhead::call_with`](crate::Bulkhead::call_with)'s,
     /// on this process's line: a call that cannot make its deadline is
-    /// rejected before it asks Redis, or once Redis says it must wait), a
-    /// `max_wait` of its own. A class changes nothing here: the line in
-    /// Redis is served in arrival order.
+    /// rejected before it asks the store, or once the store says it must
+    /// wait), a `max_wait` of its own. A class changes nothing here: the
+    /// line in the store is served in arrival order.
     ///
     /// # Errors
     ///
@@ -256,7 +265,7 @@ impl RedisBulkhead {
     ///
     /// For work that must not stop half-way: the caller learns afterwards
     /// that it may have overlapped with another holder (who holds a higher
-    /// [fence](RedisBulkheadPermit::fence)), and can undo or check it.
+    /// [fence](LeasedBulkheadPermit::fence)), and can undo or check it.
     ///
     /// # Cancel safety
     ///
@@ -292,7 +301,7 @@ impl RedisBulkhead {
     ///
     /// Dropped while it waits, it leaves the line; a lease granted to it
     /// meanwhile is released in the background.
-    pub async fn acquire(&self) -> Result<RedisBulkheadPermit, Rejected> {
+    pub async fn acquire(&self) -> Result<LeasedBulkheadPermit<S>, Rejected> {
         self.admit(CallOptions::new(), CallOutcome::Released).await
     }
 
@@ -310,11 +319,11 @@ impl RedisBulkhead {
     pub async fn acquire_with(
         &self,
         options: CallOptions,
-    ) -> Result<RedisBulkheadPermit, Rejected> {
+    ) -> Result<LeasedBulkheadPermit<S>, Rejected> {
         self.admit(options, CallOutcome::Released).await
     }
 
-    /// Takes a lease if one is free now: one script call, no waiting.
+    /// Takes a lease if one is free now: one call to the store, no waiting.
     ///
     /// # Errors
     ///
@@ -323,14 +332,15 @@ impl RedisBulkhead {
     ///
     /// # Cancel safety
     ///
-    /// As [`RedisSemaphore::try_acquire`].
-    pub async fn try_acquire(&self) -> Result<RedisBulkheadPermit, Rejected> {
+    /// As the semaphore's `try_acquire`: a lease granted to a call dropped
+    /// before the answer is released in the background.
+    pub async fn try_acquire(&self) -> Result<LeasedBulkheadPermit<S>, Rejected> {
         self.try_acquire_with(CallOptions::new()).await
     }
 
     /// [`try_acquire`](Self::try_acquire) with [`CallOptions`]: with a
     /// deadline, a call that could not make it even if a lease is free is
-    /// rejected before Redis is asked.
+    /// rejected before the store is asked.
     ///
     /// # Errors
     ///
@@ -342,14 +352,14 @@ impl RedisBulkhead {
     pub async fn try_acquire_with(
         &self,
         options: CallOptions,
-    ) -> Result<RedisBulkheadPermit, Rejected> {
+    ) -> Result<LeasedBulkheadPermit<S>, Rejected> {
         let s = &self.shared;
         s.policy.line_for(&options, isize::MAX, 0)?;
         let first = s.sem.try_acquire().await;
         self.note_limit();
         match first {
             Ok(lease) => Ok(self.admitted(lease, self.at_once(), CallOutcome::Released)),
-            Err(e) => Err(refused(&s.policy, e)),
+            Err(e) => Err(refused::<S>(&s.policy, e)),
         }
     }
 
@@ -359,12 +369,12 @@ impl RedisBulkhead {
         &self,
         options: CallOptions,
         outcome: CallOutcome,
-    ) -> Result<RedisBulkheadPermit, Rejected> {
+    ) -> Result<LeasedBulkheadPermit<S>, Rejected> {
         let s = &self.shared;
-        // Before Redis is asked: a call that could not make its deadline
+        // Before the store is asked: a call that could not make its deadline
         // even with a lease free now.
         let started = (!options.waits_plainly()).then(|| s.policy.line_now());
-        // A budget starts once, here, not again when Redis says busy.
+        // A budget starts once, here, not again when the store says busy.
         let options = match started {
             Some(now) => options.started(|| now),
             None => options,
@@ -378,43 +388,40 @@ impl RedisBulkhead {
             self.note_limit();
             return match first {
                 Ok(lease) => Ok(self.admitted(lease, self.at_once(), outcome)),
-                Err(e) => Err(refused(&s.policy, e)),
+                Err(e) => Err(refused::<S>(&s.policy, e)),
             };
         }
-        // The first attempt is bounded by `max_wait` too: against a Redis
+        // The first attempt is bounded by `max_wait` too: against a store
         // that does not answer (a black hole) it could take up to the
         // outage tolerance. No answer by then is `Unavailable`.
         let first = match options.budget(s.policy.max_wait()) {
             Some(limit) => {
-                let sleep = s.sem.inner.timer.sleep(limit);
-                match Timeout::new(attempt::first_attempt(s.sem.inner()), sleep).await {
+                let sleep = s.sem.timer().sleep(limit);
+                match Timeout::new(s.sem.first_attempt(), sleep).await {
                     Ok(first) => first,
                     Err(_elapsed) => {
-                        let silent = io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "redis did not answer within max_wait",
-                        );
                         return Err(s
                             .policy
                             .reject(RejectReason::Unavailable, limit)
-                            .caused_by(LeaseError::Unavailable(silent.into())));
+                            .caused_by(S::silent(limit)));
                     }
                 }
             }
-            None => attempt::first_attempt(s.sem.inner()).await,
+            None => s.sem.first_attempt().await,
         };
         self.note_limit();
         let (lease, waited) = match first {
             Ok(Attempt::Granted(lease)) => {
                 return Ok(self.admitted(lease, self.at_once(), outcome));
             }
-            // Busy, or Redis briefly out of reach: wait within the policy's
-            // bounds, going on from this attempt (same id, a listener
-            // registered before it) rather than asking Redis again at once.
+            // Busy, or the store briefly out of reach: wait within the
+            // policy's bounds, going on from this attempt (same id, a
+            // listener registered before it) rather than asking again at
+            // once.
             //
             // Out of `max_wait` while the latest attempt could not reach
-            // Redis is `Unavailable`, not `Timeout`: nobody knows whether a
-            // permit was free.
+            // the store is `Unavailable`, not `Timeout`: nobody knows
+            // whether a permit was free.
             Ok(Attempt::Busy(busy)) => {
                 // No lease free: the call's options read for its wait in
                 // this process's line, what its first attempt took spent.
@@ -429,15 +436,13 @@ impl RedisBulkhead {
                 // Declared before the wait, so dropped after it: the line
                 // is counted without this waiter when the policy looks.
                 let _left = LeftLine(&s.policy);
-                let down = attempt::Down::default();
+                let down = Down::default();
                 let acquire = async {
-                    attempt::wait_from(s.sem.inner(), busy, &down)
-                        .await
-                        .map_err(|e| {
-                            let reason = reason_of(&e);
-                            down.set(Some(e));
-                            reason
-                        })
+                    s.sem.wait_from(busy, &down).await.map_err(|e| {
+                        let reason = S::reason(&e);
+                        down.set(Some(e));
+                        reason
+                    })
                 };
                 let timed_out = || {
                     if down.is_down() {
@@ -454,12 +459,12 @@ impl RedisBulkhead {
                     _ => rejected,
                 })?
             }
-            Err(e) => return Err(refused(&s.policy, e)),
+            Err(e) => return Err(refused::<S>(&s.policy, e)),
         };
         Ok(self.admitted(lease, waited, outcome))
     }
 
-    /// Keeps the retry hint's limit in step with the limit in Redis.
+    /// Keeps the retry hint's limit in step with the limit in the store.
     fn note_limit(&self) {
         let s = &self.shared;
         s.policy.note_limit(s.sem.limit_seen());
@@ -476,13 +481,13 @@ impl RedisBulkhead {
 
     fn admitted(
         &self,
-        lease: LeasedPermit,
+        lease: LeasedPermit<S>,
         waited: Waited,
         outcome: CallOutcome,
-    ) -> RedisBulkheadPermit {
+    ) -> LeasedBulkheadPermit<S> {
         let s = &self.shared;
         s.in_flight.fetch_add(1, Ordering::SeqCst);
-        let permit = RedisBulkheadPermit {
+        let permit = LeasedBulkheadPermit {
             guard: Guard::new(
                 Lease {
                     shared: s.clone(),
@@ -497,7 +502,7 @@ impl RedisBulkhead {
     }
 
     /// A snapshot of this process's view: `max_concurrent_calls` is the
-    /// limit as last read from Redis, `in_flight` this process's calls.
+    /// limit as last read from the store, `in_flight` this process's calls.
     pub fn metrics(&self) -> Metrics {
         let s = &*self.shared;
         s.policy.metrics(
@@ -507,17 +512,18 @@ impl RedisBulkhead {
         )
     }
 
-    /// Changes the limit for every client (stored in Redis; waiters
-    /// everywhere are woken when it grows).
+    /// Changes the limit for every client (kept in the store; waiters
+    /// everywhere are served when it grows).
     ///
     /// # Errors
     ///
-    /// The Redis error if the change could not be made.
+    /// The store's error if the change could not be made.
     ///
     /// # Cancel safety
     ///
-    /// As [`RedisSemaphore::set_limit`].
-    pub async fn set_max_concurrent_calls(&self, limit: usize) -> Result<(), redis::RedisError> {
+    /// As the semaphore's `set_limit`: dropped before the answer, the
+    /// change may or may not have been made.
+    pub async fn set_max_concurrent_calls(&self, limit: usize) -> Result<(), S::LimitError> {
         self.shared.sem.set_limit(limit).await
     }
 
@@ -548,30 +554,11 @@ impl RedisBulkhead {
 /// The rejection for an acquire that failed with `e`; the error is its
 /// source when it made the call `Unavailable`.
 #[cold]
-fn refused(policy: &Policy, e: LeaseError) -> Rejected {
-    let rejected = policy.reject_now(reason_of(&e));
+fn refused<S: LeaseStore>(policy: &Policy, e: S::Error) -> Rejected {
+    let rejected = policy.reject_now(S::reason(&e));
     match rejected.reason() {
         RejectReason::Unavailable => rejected.caused_by(e),
         _ => rejected,
-    }
-}
-
-fn reason_of(e: &LeaseError) -> RejectReason {
-    match e {
-        LeaseError::NoPermits { .. } => RejectReason::Full,
-        LeaseError::Closed => RejectReason::Closed,
-        // Refused by Redis (rights, credentials, a failed script): the
-        // permits cannot be reached either, and the bulkhead fails closed.
-        LeaseError::Unavailable(_)
-        | LeaseError::Denied(_)
-        | LeaseError::Auth(_)
-        | LeaseError::Script(_) => RejectReason::Unavailable,
-        // Not an acquire's error: only `call` reports it.
-        LeaseError::Lost(_) => RejectReason::Unavailable,
-        // Redis lost writes: the permits cannot be counted for a while.
-        LeaseError::Quarantined { .. } => RejectReason::Unavailable,
-        // Too few replicas have it: as unreachable as a primary alone.
-        LeaseError::NotReplicated { .. } => RejectReason::Unavailable,
     }
 }
 
@@ -586,9 +573,9 @@ impl Drop for LeftLine<'_> {
     }
 }
 
-impl fmt::Debug for RedisBulkhead {
+impl<S: LeaseStore> fmt::Debug for LeasedBulkhead<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisBulkhead")
+        f.debug_struct("LeasedBulkhead")
             .field("name", &self.shared.policy.name())
             .field("semaphore", &self.shared.sem)
             .field("in_flight", &self.shared.in_flight.load(Ordering::Relaxed))
@@ -597,23 +584,23 @@ impl fmt::Debug for RedisBulkhead {
     }
 }
 
-/// A lease held through a [`RedisBulkhead`]: the call counts as in flight
+/// A lease held through a [`LeasedBulkhead`]: the call counts as in flight
 /// until it is dropped or [released](Self::release).
 #[must_use = "dropping the permit ends the call it guards at once"]
-pub struct RedisBulkheadPermit {
-    guard: Guard<Lease>,
+pub struct LeasedBulkheadPermit<S: LeaseStore> {
+    guard: Guard<Lease<S>>,
 }
 
-/// A Redis lease, as a guard's [`Source`]: giving it back drops the lease
-/// (which releases it in Redis, in the background) and counts the call out
-/// of this process's in-flight calls. `lease` is `None` once
-/// [`release`](RedisBulkheadPermit::release) took it.
-struct Lease {
-    shared: Arc<Shared>,
-    lease: Option<LeasedPermit>,
+/// A lease, as a guard's [`Source`]: giving it back drops the lease
+/// (which releases it in the store, in the background) and counts the call
+/// out of this process's in-flight calls. `lease` is `None` once
+/// [`release`](LeasedBulkheadPermit::release) took it.
+struct Lease<S: LeaseStore> {
+    shared: Arc<Shared<S>>,
+    lease: Option<LeasedPermit<S>>,
 }
 
-impl Source for Lease {
+impl<S: LeaseStore> Source for Lease<S> {
     fn policy(&self) -> &Policy {
         &self.shared.policy
     }
@@ -627,8 +614,8 @@ impl Source for Lease {
     }
 }
 
-impl RedisBulkheadPermit {
-    fn lease(&self) -> &LeasedPermit {
+impl<S: LeaseStore> LeasedBulkheadPermit<S> {
+    fn lease(&self) -> &LeasedPermit<S> {
         self.guard
             .source()
             .lease
@@ -636,18 +623,19 @@ impl RedisBulkheadPermit {
             .expect("the lease is only taken on release")
     }
 
-    /// The grant's fencing token (see [`LeasedPermit::fence`]).
+    /// The grant's fencing token: it increases with every grant of the
+    /// semaphore.
     pub fn fence(&self) -> u64 {
         self.lease().fence()
     }
 
-    /// Whether the lease is lost (see [`LeasedPermit::is_lost`]: true from
-    /// its local deadline on, without waiting for any task).
+    /// Whether the lease is lost: true from its local deadline on, without
+    /// waiting for any task.
     pub fn is_lost(&self) -> bool {
-        self.lease().is_lost()
+        self.lease().lost_reason().is_some()
     }
 
-    /// Resolves when the lease is lost (see [`LeasedPermit::lost`]).
+    /// Resolves when the lease is lost.
     pub fn lost(&self) -> Lost {
         self.lease().lost()
     }
@@ -666,13 +654,14 @@ impl RedisBulkheadPermit {
     ///
     /// # Errors
     ///
-    /// As [`LeasedPermit::release`].
+    /// As the semaphore permit's `release`: an overrun, or the store's
+    /// error.
     ///
     /// # Cancel safety
     ///
-    /// As [`LeasedPermit::release`]: the lease is released in the background
-    /// if the future is dropped first.
-    pub async fn release(mut self) -> Result<(), ReleaseError> {
+    /// The lease is released in the background if the future is dropped
+    /// first.
+    pub async fn release(mut self) -> Result<(), S::ReleaseError> {
         let lease = self.guard.source_mut().lease.take();
         let released = lease.expect("released once").release().await;
         // If this future is dropped before here, dropping `self` ends the
@@ -682,9 +671,9 @@ impl RedisBulkheadPermit {
     }
 }
 
-impl fmt::Debug for RedisBulkheadPermit {
+impl<S: LeaseStore> fmt::Debug for LeasedBulkheadPermit<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisBulkheadPermit")
+        f.debug_struct("LeasedBulkheadPermit")
             .field("bulkhead", &self.guard.source().shared.policy.name())
             .field("lease", &self.guard.source().lease)
             .finish()

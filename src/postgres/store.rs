@@ -1,0 +1,96 @@
+//! The PostgreSQL semaphore as a [`LeaseStore`](crate::lease::LeaseStore):
+//! what the bulkhead over it asks.
+
+use core::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::error::Failure;
+use super::inner::{Attempt, Busy, Down};
+use super::{LeaseError, LeasedPermit, PgSemaphore, ReleaseError};
+use crate::RejectReason;
+use crate::lease::{Released, Store};
+use crate::timer::Timer;
+
+impl Store for PgSemaphore {
+    type Error = LeaseError;
+    type Busy = Busy;
+    type LimitError = LeaseError;
+    type ReleaseError = ReleaseError;
+
+    fn name(&self) -> &str {
+        PgSemaphore::name(self)
+    }
+
+    fn limit_seen(&self) -> usize {
+        PgSemaphore::limit_seen(self)
+    }
+
+    fn timer(&self) -> &Arc<dyn Timer> {
+        &self.inner.timer
+    }
+
+    fn try_acquire(&self) -> impl Future<Output = Result<LeasedPermit, LeaseError>> + Send {
+        self.inner.try_acquire()
+    }
+
+    fn first_attempt(&self) -> impl Future<Output = Result<Attempt, LeaseError>> + Send {
+        self.inner.first_attempt()
+    }
+
+    fn wait_from<'a>(
+        &'a self,
+        busy: Busy,
+        down: &'a Down,
+    ) -> impl Future<Output = Result<LeasedPermit, LeaseError>> + Send + 'a {
+        self.inner.wait_from(busy, down)
+    }
+
+    fn reason(e: &LeaseError) -> RejectReason {
+        match e {
+            LeaseError::NoPermits { .. } => RejectReason::Full,
+            LeaseError::Closed => RejectReason::Closed,
+            // Refused by the database (rights, credentials, a failed
+            // statement): the permits cannot be reached either, and the
+            // bulkhead fails closed.
+            LeaseError::Unavailable(_)
+            | LeaseError::Denied(_)
+            | LeaseError::Auth(_)
+            | LeaseError::Sql(_) => RejectReason::Unavailable,
+            // Not an acquire's error: only `call` reports it.
+            LeaseError::Lost(_) => RejectReason::Unavailable,
+        }
+    }
+
+    fn silent(max_wait: Duration) -> LeaseError {
+        Failure::silent(max_wait).lease()
+    }
+
+    fn set_limit(&self, limit: usize) -> impl Future<Output = Result<(), LeaseError>> + Send {
+        PgSemaphore::set_limit(self, limit)
+    }
+
+    fn close(&self) {
+        PgSemaphore::close(self);
+    }
+
+    fn is_closed(&self) -> bool {
+        PgSemaphore::is_closed(self)
+    }
+
+    fn forget_lease(&self, id: &str) {
+        self.inner.forget_lease(id);
+    }
+
+    fn release_in_background(&self, id: String) {
+        self.inner.release_in_background(id);
+    }
+
+    async fn release_lease(&self, id: &str) -> Result<Released, ReleaseError> {
+        self.inner.release_id(id).await.map_err(Failure::release)
+    }
+
+    fn overrun(by: Option<Duration>) -> ReleaseError {
+        ReleaseError::Overrun { by }
+    }
+}
