@@ -12,7 +12,7 @@
 //! | [`keyed`] | give each tenant or host its own limit under a global one with a [`KeyedBulkhead`](crate::KeyedBulkhead) |
 //! | [`overload`] | keep serving under overload: deadlines, controlled delay, adaptive LIFO, priority classes, fair shares, with a simulation |
 //! | [`adaptive`] | let the limit follow the dependency's capacity (AIMD, gradient), with a simulation |
-//! | [`distributed`] | share one limit between processes through Redis leases (feature `redis`) |
+//! | [`distributed`] | share one limit between processes through leases in Redis or PostgreSQL (features `redis`, `postgres`) |
 //!
 //! The [crate documentation](crate) lists the cargo features.
 

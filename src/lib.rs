@@ -84,7 +84,7 @@
 //!   call of `Bulkhead::call` runs inside a `bulkhead_call` span that names
 //!   the bulkhead, so the call's own events say who admitted them.
 //!
-//! Three features share permits between processes:
+//! Four features share permits between processes:
 //!
 //! - `redis`: `watertight::redis`, a semaphore whose permits are leases in
 //!   Redis (renewed while held, with fencing tokens) and a bulkhead over it.
@@ -100,6 +100,10 @@
 //!   (`redis::cluster::ClusterClient`; wake-ups need Redis 7 and RESP3).
 //! - `redis-sentinel` (implies `redis`): the same semaphore on the primary
 //!   that Redis Sentinel names, followed across failovers.
+//! - `postgres` (implies `tokio`): `watertight::postgres`, a semaphore whose
+//!   permits are leases in PostgreSQL (rows of a schema of its own, one
+//!   transaction a grant, durable fences) and a bulkhead over it, through
+//!   [`tokio-postgres`](https://docs.rs/tokio-postgres).
 //!
 //! And one puts a bulkhead in a tower stack:
 //!

@@ -7,7 +7,7 @@ use core::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
 
-use super::Lost;
+use super::{LeaseStore, LeasedPermit, Lost};
 use crate::LostReason;
 
 /// What a call that ran to its end returned, and whether its lease was
@@ -73,5 +73,40 @@ impl<F: Future> Future for UntilLost<F> {
             return Poll::Ready(Err(reason));
         }
         this.work.poll(cx).map(Ok)
+    }
+}
+
+/// `work`, under the lease `acquired` granted (or its error), dropped
+/// unfinished the moment the lease is lost: the body of a semaphore's
+/// `call`. The permit is released when this ends.
+pub(crate) async fn until_lost<S: LeaseStore, F: Future, E>(
+    acquired: Result<LeasedPermit<S>, E>,
+    work: F,
+    lost: fn(LostReason) -> E,
+) -> Result<F::Output, E> {
+    let permit = acquired?;
+    UntilLost::new(work, permit.lost()).await.map_err(lost)
+}
+
+/// `work` run to its end under the lease `acquired` granted (or its
+/// error), with how the lease was lost meanwhile: the body of a
+/// semaphore's `call_to_end`.
+pub(crate) async fn to_end<S: LeaseStore, F: Future, E>(
+    acquired: Result<LeasedPermit<S>, E>,
+    work: F,
+) -> Completed<Result<F::Output, E>> {
+    let permit = match acquired {
+        Ok(permit) => permit,
+        Err(e) => {
+            return Completed {
+                output: Err(e),
+                lost: None,
+            };
+        }
+    };
+    let output = work.await;
+    Completed {
+        output: Ok(output),
+        lost: permit.lost_reason(),
     }
 }

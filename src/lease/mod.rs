@@ -11,6 +11,7 @@
 
 mod bulkhead;
 mod call;
+mod holder;
 mod id;
 mod lost;
 mod permit;
@@ -20,7 +21,8 @@ mod timing;
 
 pub use bulkhead::{LeasedBulkhead, LeasedBulkheadBuilder, LeasedBulkheadPermit};
 pub use call::Completed;
-pub(crate) use call::UntilLost;
+pub(crate) use call::{UntilLost, to_end, until_lost};
+pub use holder::Holder;
 pub(crate) use id::IdSource;
 pub use lost::Lost;
 pub use permit::LeasedPermit;

@@ -80,11 +80,11 @@ mod store;
 
 pub use builder::PgSemaphoreBuilder;
 pub use error::{Cause, ConfigError, LeaseError, ReleaseError};
-pub use semaphore::{Holder, PgSemaphore};
+pub use semaphore::PgSemaphore;
 pub use tokio_postgres::Config;
 
 pub use crate::LostReason;
-pub use crate::lease::{Completed, Lost};
+pub use crate::lease::{Completed, Holder, Lost};
 
 /// A permit leased from a [`PgSemaphore`]: a row of its `leases` table.
 pub type LeasedPermit = crate::lease::LeasedPermit<PgSemaphore>;

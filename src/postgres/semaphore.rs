@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::LeasedPermit;
 use super::error::{Failure, LeaseError};
 use super::inner::{Attempt, Down, Inner};
-use crate::lease::{Completed, UntilLost};
+use crate::lease::{self, Completed, Holder};
 
 /// A semaphore whose permits are leases in PostgreSQL, shared by every
 /// process that names it in the same schema. Clones share one connection.
@@ -19,25 +19,6 @@ use crate::lease::{Completed, UntilLost};
 #[derive(Clone)]
 pub struct PgSemaphore {
     pub(super) inner: Arc<Inner>,
-}
-
-/// One lease holder, as listed by [`PgSemaphore::holders`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Holder {
-    /// The lease's id ([`LeasedPermit::id`]).
-    pub id: String,
-    /// The grant's fencing token.
-    pub fence: u64,
-    /// The holder's label (see [`PgSemaphoreBuilder::label`](super::PgSemaphoreBuilder::label)).
-    pub label: String,
-    /// How many permits the lease holds.
-    pub weight: u32,
-    /// How long ago the permit was granted, by the database's clock.
-    pub age: Duration,
-    /// How long until the lease expires unless renewed, by the database's
-    /// clock.
-    pub expires_in: Duration,
 }
 
 impl PgSemaphore {
@@ -128,10 +109,7 @@ impl PgSemaphore {
     /// Dropping the future drops the work and releases the lease (or the
     /// pending grant) in the background.
     pub async fn call<F: Future>(&self, work: F) -> Result<F::Output, LeaseError> {
-        let permit = self.acquire().await?;
-        UntilLost::new(work, permit.lost())
-            .await
-            .map_err(LeaseError::Lost)
+        lease::until_lost(self.acquire().await, work, LeaseError::Lost).await
     }
 
     /// Waits for a permit as [`acquire`](Self::acquire) does, runs `work`
@@ -145,20 +123,7 @@ impl PgSemaphore {
         &self,
         work: F,
     ) -> Completed<Result<F::Output, LeaseError>> {
-        let permit = match self.acquire().await {
-            Ok(permit) => permit,
-            Err(e) => {
-                return Completed {
-                    output: Err(e),
-                    lost: None,
-                };
-            }
-        };
-        let output = work.await;
-        Completed {
-            output: Ok(output),
-            lost: permit.lost_reason(),
-        }
+        lease::to_end(self.acquire().await, work).await
     }
 
     /// Lists the unexpired leases, oldest grant first: what

@@ -6,7 +6,7 @@ use core::future::Future;
 
 use super::error::LeaseError;
 use super::semaphore::RedisSemaphore;
-use crate::lease::{Completed, UntilLost};
+use crate::lease::{self, Completed};
 
 impl RedisSemaphore {
     /// Waits for a permit as [`acquire`](Self::acquire) does, runs `work`
@@ -44,10 +44,7 @@ impl RedisSemaphore {
     /// Dropping the future drops the work and releases the lease (or the
     /// pending grant) in the background.
     pub async fn call<F: Future>(&self, work: F) -> Result<F::Output, LeaseError> {
-        let permit = self.acquire().await?;
-        UntilLost::new(work, permit.lost())
-            .await
-            .map_err(LeaseError::Lost)
+        lease::until_lost(self.acquire().await, work, LeaseError::Lost).await
     }
 
     /// Waits for a permit as [`acquire`](Self::acquire) does, runs `work`
@@ -66,19 +63,6 @@ impl RedisSemaphore {
         &self,
         work: F,
     ) -> Completed<Result<F::Output, LeaseError>> {
-        let permit = match self.acquire().await {
-            Ok(permit) => permit,
-            Err(e) => {
-                return Completed {
-                    output: Err(e),
-                    lost: None,
-                };
-            }
-        };
-        let output = work.await;
-        Completed {
-            output: Ok(output),
-            lost: permit.lost_reason(),
-        }
+        lease::to_end(self.acquire().await, work).await
     }
 }

@@ -83,7 +83,7 @@ mod spawn;
 mod store;
 mod wakeups;
 
-pub use crate::lease::{Completed, Lost};
+pub use crate::lease::{Completed, Holder, Lost};
 
 /// A permit leased from a [`RedisSemaphore`].
 pub type LeasedPermit = crate::lease::LeasedPermit<RedisSemaphore>;
@@ -98,5 +98,5 @@ pub type RedisBulkheadPermit = crate::lease::LeasedBulkheadPermit<RedisSemaphore
 pub use builder::RedisSemaphoreBuilder;
 pub use conn::Backend;
 pub use error::{ConfigError, LeaseError, LostReason, ReleaseError};
-pub use semaphore::{Holder, RedisSemaphore};
+pub use semaphore::RedisSemaphore;
 pub use wakeups::Wakeups;

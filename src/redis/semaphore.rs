@@ -11,6 +11,7 @@ use super::attempt::{self, Attempt};
 use super::error::LeaseError;
 use super::inner::{Inner, millis};
 use super::wakeups::Wakeups;
+use crate::lease::Holder;
 use crate::semaphore::Semaphore;
 
 /// A semaphore shared through Redis: each permit is a lease with a time to
@@ -21,22 +22,6 @@ use crate::semaphore::Semaphore;
 #[derive(Clone)]
 pub struct RedisSemaphore {
     pub(super) inner: Arc<Inner>,
-}
-
-/// One lease holder, as listed by [`RedisSemaphore::holders`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Holder {
-    /// The lease's id ([`LeasedPermit::id`]).
-    pub id: String,
-    /// The grant's fencing token.
-    pub fence: u64,
-    /// The holder's label (see [`RedisSemaphoreBuilder::label`](super::RedisSemaphoreBuilder::label)).
-    pub label: String,
-    /// How long ago the permit was granted, by Redis's clock.
-    pub age: Duration,
-    /// How long until the lease expires unless renewed, by Redis's clock.
-    pub expires_in: Duration,
 }
 
 impl RedisSemaphore {
@@ -207,6 +192,7 @@ impl RedisSemaphore {
                 id,
                 fence,
                 label,
+                weight: 1,
                 age: millis(now - granted),
                 expires_in: millis(deadline - now),
             });
