@@ -168,12 +168,13 @@ impl PgSemaphoreBuilder {
         self
     }
 
-    /// Whether waiters are served in arrival order across processes
+    /// Whether an attempt waits for those ahead of it in the line
     /// (default `true`). With `false`, an attempt takes a free permit even
-    /// when others wait: fewer calls per grant when one process does most
-    /// of the work, and no bound on how long a waiter waits. Processes of
-    /// both kinds may share a semaphore: every release serves the line
-    /// first, and only the permits it leaves free are raced for.
+    /// when others wait (barging): fewer calls per grant when one process
+    /// does most of the work. Its waiters still take a place in the line,
+    /// and every release serves the line first, in arrival order, so
+    /// processes of both kinds share a semaphore without starving anyone;
+    /// only the permits a release leaves free are raced for.
     pub fn fair(mut self, fair: bool) -> Self {
         self.fair = fair;
         self

@@ -21,7 +21,8 @@
 //!   grants the head of that line inside its own transaction and notifies
 //!   only that waiter's connection (`LISTEN`/`NOTIFY`), with a bounded poll
 //!   as the fallback. A waiter's row expires if its process stops looking.
-//!   [`PgSemaphoreBuilder::fair`] turns the order off.
+//!   With [`PgSemaphoreBuilder::fair`] off, an attempt may take a free
+//!   permit ahead of the line.
 //! * Every grant carries a fencing token from a sequence, which increases
 //!   across restarts. A holder counts its lease lost from its local
 //!   deadline (the last renewal's send time, plus the time to live, less a
@@ -46,6 +47,9 @@
 //! SELECT * FROM watertight.leases;      -- who holds what, since and until when
 //! SELECT * FROM watertight.waiters;     -- who waits, in arrival order
 //! ```
+//!
+//! A row whose `expires_at` has passed counts for nothing; the next call on
+//! the semaphore removes it.
 //!
 //! # Examples
 //!

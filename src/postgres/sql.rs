@@ -7,7 +7,7 @@
 
 /// Written as the comment of the `acquire` function: `build` skips the
 /// schema's statements when the installed functions carry it.
-pub(super) const VERSION: &str = "watertight schema 1";
+pub(super) const VERSION: &str = "watertight schema 2";
 
 /// The longest schema name: PostgreSQL's identifiers are at most 63 bytes.
 const MAX_SCHEMA: usize = 63;
@@ -254,21 +254,26 @@ BEGIN
 END $$;
 
 -- Renews the leases `ids` that have not expired; returns those renewed.
--- It locks the semaphore's row as every other change does, so that it
--- and a release that drops expired leases never wait for each other's
--- rows.
+-- It locks the semaphore's row as every other change does (so that it and
+-- a release that drops expired leases never wait for each other's rows),
+-- and serves the line: a lease that expired meanwhile is dropped, and its
+-- permit granted, at the next renewal of any holder.
 CREATE OR REPLACE FUNCTION {s}.renew(sem text, ids text[], ttl_ms bigint)
 RETURNS SETOF text
 LANGUAGE plpgsql AS $$
 DECLARE
-    t timestamptz;
+    lim bigint;
+    t   timestamptz;
 BEGIN
-    PERFORM 1 FROM {s}.semaphores s WHERE s.name = sem FOR UPDATE;
+    SELECT s.max_permits INTO lim FROM {s}.semaphores s WHERE s.name = sem FOR UPDATE;
     t := clock_timestamp();
     RETURN QUERY
         UPDATE {s}.leases l SET expires_at = t + ttl_ms * interval '1 millisecond'
         WHERE l.semaphore = sem AND l.id = ANY (ids) AND l.expires_at > t
         RETURNING l.id;
+    IF lim IS NOT NULL THEN
+        PERFORM {s}.serve(sem, lim);
+    END IF;
 END $$;
 
 -- Changes the limit for every client, and serves the line if it grew.
