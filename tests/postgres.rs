@@ -497,3 +497,67 @@ async fn a_lost_lease_stops_the_bulkheads_call() {
     assert!(cut.elapsed() < ttl + Duration::from_millis(300));
     assert_eq!(bh.metrics().in_flight(), 0);
 }
+
+/// An operator who deletes a lease row by hand (the habit of lock tables
+/// without leases) gives its permit back at the next call, and the holder
+/// learns at its next renewal that its lease is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_row_deleted_by_hand_gives_its_permit_back() {
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    let ttl = Duration::from_millis(900);
+    let holder = builder(&server.url(), "by-hand")
+        .lease_ttl(ttl)
+        .build()
+        .await
+        .unwrap();
+    let other = builder(&server.url(), "by-hand").build().await.unwrap();
+    let permit = holder.acquire().await.unwrap();
+    assert!(matches!(
+        other.try_acquire().await,
+        Err(LeaseError::NoPermits { .. })
+    ));
+    server.psql("DELETE FROM watertight.leases WHERE semaphore = 'by-hand'");
+    let taken = other.try_acquire().await.expect("the permit is back");
+    let lost = timeout(PATIENCE, permit.lost()).await.unwrap();
+    assert_eq!(lost, watertight::LostReason::Expired);
+    drop(taken);
+}
+
+/// With other leases still held, a row deleted by hand is counted out at
+/// the next renewal of any holder, which serves the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_deleted_by_hand_is_counted_out_at_the_next_renewal() {
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    let ttl = Duration::from_millis(900);
+    let make = || {
+        builder(&server.url(), "recount")
+            .limit(2)
+            .lease_ttl(ttl)
+            .build()
+    };
+    let (a, c, b) = (
+        make().await.unwrap(),
+        make().await.unwrap(),
+        make().await.unwrap(),
+    );
+    let gone = a.acquire().await.unwrap();
+    let kept = c.acquire().await.unwrap();
+    server.psql(&format!(
+        "DELETE FROM watertight.leases WHERE id = '{}'",
+        gone.id()
+    ));
+    let deleted = Instant::now();
+    let granted = timeout(PATIENCE, b.acquire()).await.unwrap().unwrap();
+    let after = deleted.elapsed();
+    println!(
+        "granted {after:?} after the row was deleted (renewals every {:?})",
+        ttl / 3
+    );
+    assert!(after < ttl, "{after:?}");
+    assert!(!kept.is_lost());
+    drop((gone, granted));
+}

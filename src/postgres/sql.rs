@@ -7,7 +7,7 @@
 
 /// Written as the comment of the `acquire` function: `build` skips the
 /// schema's statements when the installed functions carry it.
-pub(super) const VERSION: &str = "watertight schema 2";
+pub(super) const VERSION: &str = "watertight schema 4";
 
 /// The longest schema name: PostgreSQL's identifiers are at most 63 bytes.
 const MAX_SCHEMA: usize = 63;
@@ -99,6 +99,7 @@ CREATE SCHEMA IF NOT EXISTS {s};
 CREATE TABLE IF NOT EXISTS {s}.semaphores (
     name        text PRIMARY KEY,
     max_permits bigint NOT NULL CHECK (max_permits >= 0),
+    used        bigint NOT NULL DEFAULT 0,
     changed_at  timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 
@@ -116,6 +117,7 @@ CREATE TABLE IF NOT EXISTS {s}.leases (
     expires_at timestamptz NOT NULL,
     PRIMARY KEY (semaphore, id)
 );
+CREATE INDEX IF NOT EXISTS leases_by_expiry ON {s}.leases (semaphore, expires_at);
 
 CREATE TABLE IF NOT EXISTS {s}.waiters (
     semaphore  text NOT NULL REFERENCES {s}.semaphores (name) ON DELETE CASCADE,
@@ -130,6 +132,15 @@ CREATE TABLE IF NOT EXISTS {s}.waiters (
     PRIMARY KEY (semaphore, id)
 );
 CREATE INDEX IF NOT EXISTS waiters_in_line ON {s}.waiters (semaphore, arrival);
+CREATE INDEX IF NOT EXISTS waiters_by_expiry ON {s}.waiters (semaphore, expires_at);
+
+-- Every row of `leases` and `waiters` is inserted once and deleted once, so
+-- between two vacuums their indexes hold an entry for every row deleted
+-- since. The functions read them only by a key or by the first entry of a
+-- range (`LIMIT 1`, `EXISTS`): an index scan marks each entry of a deleted
+-- row it passes, and later scans skip it, so a busy semaphore stays as
+-- fast between vacuums. The permits in use are counted in `used`, not
+-- summed.
 
 -- Drops the semaphore's expired leases and the waiters that stopped
 -- looking, then grants the line's head while it fits, in arrival order,
@@ -138,17 +149,34 @@ CREATE INDEX IF NOT EXISTS waiters_in_line ON {s}.waiters (semaphore, arrival);
 CREATE OR REPLACE FUNCTION {s}.serve(sem text, lim bigint) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    t    timestamptz := clock_timestamp();
-    used bigint;
-    w    record;
-    f    bigint;
+    t     timestamptz := clock_timestamp();
+    was   bigint;
+    taken bigint;
+    freed bigint;
+    w     record;
+    f     bigint;
 BEGIN
-    DELETE FROM {s}.leases l WHERE l.semaphore = sem AND l.expires_at <= t;
-    DELETE FROM {s}.waiters x WHERE x.semaphore = sem AND x.expires_at <= t;
-    SELECT coalesce(sum(l.weight), 0) INTO used FROM {s}.leases l WHERE l.semaphore = sem;
-    FOR w IN SELECT x.id, x.holder, x.label, x.weight, x.ttl_ms FROM {s}.waiters x
-             WHERE x.semaphore = sem ORDER BY x.arrival LOOP
-        EXIT WHEN used + w.weight > lim;
+    SELECT s.used INTO was FROM {s}.semaphores s WHERE s.name = sem;
+    taken := was;
+    IF EXISTS (SELECT 1 FROM {s}.leases l WHERE l.semaphore = sem AND l.expires_at <= t) THEN
+        WITH gone AS (
+            DELETE FROM {s}.leases l WHERE l.semaphore = sem AND l.expires_at <= t
+            RETURNING l.weight)
+        SELECT coalesce(sum(gone.weight), 0) INTO freed FROM gone;
+        taken := taken - freed;
+    END IF;
+    IF EXISTS (SELECT 1 FROM {s}.waiters x WHERE x.semaphore = sem AND x.expires_at <= t) THEN
+        DELETE FROM {s}.waiters x WHERE x.semaphore = sem AND x.expires_at <= t;
+    END IF;
+    -- Lease rows deleted by hand: nothing is held if no row is left (and
+    -- `renew` counts afresh while some are).
+    IF taken <> 0 AND NOT EXISTS (SELECT 1 FROM {s}.leases l WHERE l.semaphore = sem) THEN
+        taken := 0;
+    END IF;
+    LOOP
+        SELECT x.id, x.holder, x.label, x.weight, x.ttl_ms INTO w FROM {s}.waiters x
+            WHERE x.semaphore = sem ORDER BY x.arrival LIMIT 1;
+        EXIT WHEN NOT FOUND OR taken + w.weight > lim;
         f := nextval('{s}.fences');
         t := clock_timestamp();
         INSERT INTO {s}.leases (semaphore, id, holder, label, weight, fence, granted_at, expires_at)
@@ -156,9 +184,12 @@ BEGIN
                     t + w.ttl_ms * interval '1 millisecond');
         DELETE FROM {s}.waiters x WHERE x.semaphore = sem AND x.id = w.id;
         PERFORM pg_notify(w.holder, w.id || ' ' || f);
-        used := used + w.weight;
+        taken := taken + w.weight;
     END LOOP;
-    RETURN lim - used;
+    IF taken <> was THEN
+        UPDATE {s}.semaphores s SET used = taken WHERE s.name = sem;
+    END IF;
+    RETURN lim - taken;
 END $$;
 
 -- One attempt of the lease `lease_id`: granted (a grant made to it while
@@ -174,6 +205,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     t    timestamptz;
     mine bigint;
+    ahead boolean;
     ttl  interval := ttl_ms * interval '1 millisecond';
 BEGIN
     SELECT s.max_permits INTO max_permits FROM {s}.semaphores s WHERE s.name = sem FOR UPDATE;
@@ -192,23 +224,31 @@ BEGIN
     ELSE
         -- Keeps this waiter's place while it serves the line.
         UPDATE {s}.waiters x SET expires_at = t + ttl
-            WHERE x.semaphore = sem AND x.id = lease_id;
+            WHERE x.semaphore = sem AND x.id = lease_id
+            RETURNING x.arrival INTO mine;
         free := {s}.serve(sem, max_permits);
         SELECT l.fence INTO fence FROM {s}.leases l
             WHERE l.semaphore = sem AND l.id = lease_id;
         IF FOUND THEN
             granted := true;
         ELSE
-            SELECT x.arrival INTO mine FROM {s}.waiters x
-                WHERE x.semaphore = sem AND x.id = lease_id;
-            IF w <= free AND NOT (fair AND EXISTS (
-                    SELECT 1 FROM {s}.waiters x
-                    WHERE x.semaphore = sem AND (mine IS NULL OR x.arrival < mine))) THEN
+            IF NOT fair THEN
+                ahead := false;
+            ELSIF mine IS NULL THEN
+                ahead := EXISTS (SELECT 1 FROM {s}.waiters x WHERE x.semaphore = sem);
+            ELSE
+                ahead := EXISTS (SELECT 1 FROM {s}.waiters x
+                                 WHERE x.semaphore = sem AND x.arrival < mine);
+            END IF;
+            IF w <= free AND NOT ahead THEN
                 fence := nextval('{s}.fences');
                 t := clock_timestamp();
                 INSERT INTO {s}.leases (semaphore, id, holder, label, weight, fence, granted_at, expires_at)
                     VALUES (sem, lease_id, who, who_label, w, fence, t, t + ttl);
-                DELETE FROM {s}.waiters x WHERE x.semaphore = sem AND x.id = lease_id;
+                IF mine IS NOT NULL THEN
+                    DELETE FROM {s}.waiters x WHERE x.semaphore = sem AND x.id = lease_id;
+                END IF;
+                UPDATE {s}.semaphores s SET used = s.used + w WHERE s.name = sem;
                 granted := true;
             ELSIF queue AND mine IS NULL THEN
                 INSERT INTO {s}.waiters (semaphore, id, holder, label, weight, arrival, ttl_ms, since, expires_at)
@@ -216,10 +256,10 @@ BEGIN
             END IF;
         END IF;
     END IF;
-    SELECT max_permits - coalesce(sum(l.weight), 0),
-           (extract(epoch FROM min(l.expires_at) - clock_timestamp()) * 1000)::bigint
-        INTO free, next_expiry_ms
-        FROM {s}.leases l WHERE l.semaphore = sem;
+    SELECT s.max_permits - s.used INTO free FROM {s}.semaphores s WHERE s.name = sem;
+    SELECT (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000)::bigint
+        INTO next_expiry_ms
+        FROM {s}.leases l WHERE l.semaphore = sem ORDER BY l.expires_at LIMIT 1;
 END $$;
 COMMENT ON FUNCTION {s}.acquire(text, text, text, text, integer, bigint, boolean, boolean)
     IS '{version}';
@@ -234,19 +274,23 @@ DECLARE
     lim bigint;
     t   timestamptz;
     exp timestamptz;
+    w   integer;
 BEGIN
     SELECT s.max_permits INTO lim FROM {s}.semaphores s WHERE s.name = sem FOR UPDATE;
     t := clock_timestamp();
     DELETE FROM {s}.waiters x WHERE x.semaphore = sem AND x.id = lease_id;
     DELETE FROM {s}.leases l WHERE l.semaphore = sem AND l.id = lease_id
-        RETURNING l.expires_at INTO exp;
+        RETURNING l.expires_at, l.weight INTO exp, w;
     IF NOT FOUND THEN
         outcome := 2;
-    ELSIF exp <= t THEN
-        outcome := 1;
-        late_ms := (extract(epoch FROM t - exp) * 1000)::bigint;
     ELSE
-        outcome := 0;
+        UPDATE {s}.semaphores s SET used = s.used - w WHERE s.name = sem;
+        IF exp <= t THEN
+            outcome := 1;
+            late_ms := (extract(epoch FROM t - exp) * 1000)::bigint;
+        ELSE
+            outcome := 0;
+        END IF;
     END IF;
     IF lim IS NOT NULL THEN
         PERFORM {s}.serve(sem, lim);
@@ -256,8 +300,9 @@ END $$;
 -- Renews the leases `ids` that have not expired; returns those renewed.
 -- It locks the semaphore's row as every other change does (so that it and
 -- a release that drops expired leases never wait for each other's rows),
--- and serves the line: a lease that expired meanwhile is dropped, and its
--- permit granted, at the next renewal of any holder.
+-- counts the permits in use afresh (a lease row deleted by hand gives its
+-- permits back here), and serves the line: a lease that expired meanwhile
+-- is dropped, and its permit granted, at the next renewal of any holder.
 CREATE OR REPLACE FUNCTION {s}.renew(sem text, ids text[], ttl_ms bigint)
 RETURNS SETOF text
 LANGUAGE plpgsql AS $$
@@ -272,6 +317,9 @@ BEGIN
         WHERE l.semaphore = sem AND l.id = ANY (ids) AND l.expires_at > t
         RETURNING l.id;
     IF lim IS NOT NULL THEN
+        UPDATE {s}.semaphores s
+            SET used = (SELECT coalesce(sum(l.weight), 0) FROM {s}.leases l WHERE l.semaphore = sem)
+            WHERE s.name = sem;
         PERFORM {s}.serve(sem, lim);
     END IF;
 END $$;
