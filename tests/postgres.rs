@@ -561,3 +561,42 @@ async fn a_row_deleted_by_hand_is_counted_out_at_the_next_renewal() {
     assert!(!kept.is_lost());
     drop((gone, granted));
 }
+
+/// A waiter whose database goes away while it waits keeps its place for
+/// the outage tolerance, then fails closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_fails_closed_when_the_database_goes_away_mid_wait() {
+    let Some(mut server) = PgServer::start("postgres") else {
+        return;
+    };
+    let tolerance = Duration::from_millis(800);
+    let holder = builder(&server.url(), "mid-wait").build().await.unwrap();
+    let waiter = builder(&server.url(), "mid-wait")
+        .max_poll(Duration::from_millis(50))
+        .response_timeout(Duration::from_millis(300))
+        .outage_tolerance(tolerance)
+        .build()
+        .await
+        .unwrap();
+    let held = holder.acquire().await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let out = waiter.acquire().await;
+        (out, Instant::now())
+    });
+    let sql = "SELECT count(*) FROM watertight.waiters";
+    until("it waits", || count(&server, sql) == 1).await;
+    let cut = Instant::now();
+    server.stop();
+    let (out, ended) = timeout(PATIENCE, waiting).await.unwrap().unwrap();
+    let after = ended - cut;
+    println!("refused {after:?} after the server stopped (tolerance {tolerance:?})");
+    assert!(matches!(out, Err(LeaseError::Unavailable(_))), "{out:?}");
+    // The outage counts from the first failed attempt, at most one poll
+    // after the stop; the last attempt may take one response timeout.
+    assert!(after >= tolerance, "{after:?}");
+    assert!(
+        after < tolerance + Duration::from_millis(50 + 300 + 500),
+        "{after:?}"
+    );
+    drop(held);
+}
