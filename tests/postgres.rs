@@ -600,3 +600,85 @@ async fn a_waiter_fails_closed_when_the_database_goes_away_mid_wait() {
     );
     drop(held);
 }
+
+/// Weighted leases: a lease of several permits, refused at once when it
+/// could never be granted, and in fair mode a heavy head of the line holds
+/// back a lighter waiter behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_leases_take_several_permits_in_arrival_order() {
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    let make = || {
+        builder(&server.url(), "weights")
+            .limit(3)
+            .max_poll(Duration::from_secs(30))
+            .build()
+    };
+    let (a, b, c) = (
+        make().await.unwrap(),
+        make().await.unwrap(),
+        make().await.unwrap(),
+    );
+    let two = a.acquire_many(2).await.unwrap();
+    assert!(matches!(
+        b.try_acquire_many(2).await,
+        Err(LeaseError::NoPermits { limit: 3, .. })
+    ));
+    assert!(matches!(
+        b.try_acquire_many(0).await,
+        Err(LeaseError::Weight { permits: 0, .. })
+    ));
+    assert!(matches!(
+        b.try_acquire_many(4).await,
+        Err(LeaseError::Weight {
+            permits: 4,
+            limit: 3
+        })
+    ));
+    let rows = a.holders().await.unwrap();
+    assert_eq!((rows.len(), rows[0].weight), (1, 2));
+
+    let heavy = tokio::spawn({
+        let b = b.clone();
+        async move { b.acquire_many(2).await.map(|p| (p, Instant::now())) }
+    });
+    let sql = "SELECT count(*) FROM watertight.waiters";
+    until("the heavy one waits", || count(&server, sql) == 1).await;
+    // One permit is free, but the heavy waiter came first.
+    let light = tokio::spawn({
+        let c = c.clone();
+        async move { c.acquire().await.map(|p| (p, Instant::now())) }
+    });
+    until("the light one waits behind it", || count(&server, sql) == 2).await;
+    drop(two);
+    let (heavy, heavy_at) = timeout(PATIENCE, heavy).await.unwrap().unwrap().unwrap();
+    let (light, light_at) = timeout(PATIENCE, light).await.unwrap().unwrap().unwrap();
+    assert!(heavy.fence() < light.fence(), "served in arrival order");
+    assert!(heavy_at <= light_at + Duration::from_millis(50));
+    drop((heavy, light));
+
+    // A waiter heavier than a lowered limit leaves the line with an error
+    // at its next look.
+    let _three = a.acquire_many(3).await.unwrap();
+    let d = builder(&server.url(), "weights")
+        .max_poll(Duration::from_millis(50))
+        .build()
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(async move { d.acquire_many(3).await });
+    until("it waits", || count(&server, sql) == 1).await;
+    a.set_limit(2).await.unwrap();
+    let out = timeout(PATIENCE, waiting).await.unwrap().unwrap();
+    assert!(
+        matches!(
+            out,
+            Err(LeaseError::Weight {
+                permits: 3,
+                limit: 2
+            })
+        ),
+        "{out:?}"
+    );
+    until("it left the line", || count(&server, sql) == 0).await;
+}

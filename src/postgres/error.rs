@@ -47,6 +47,16 @@ pub enum LeaseError {
     /// answered what this version does not expect. Returned at once, never
     /// retried.
     Sql(Cause),
+    /// The number of permits asked for can never be granted: zero, or more
+    /// than the limit stored in the database (or than an `integer` holds).
+    /// Returned at once (a waiter already in line leaves it when it sees
+    /// the limit lowered below its weight), never retried.
+    Weight {
+        /// The permits asked for.
+        permits: u32,
+        /// The limit as last read.
+        limit: usize,
+    },
     /// The lease was lost while [`PgSemaphore::call`](super::PgSemaphore::call)
     /// ran its work, which was dropped unfinished. The reason is the
     /// [`source`](std::error::Error::source).
@@ -63,6 +73,13 @@ impl fmt::Display for LeaseError {
             Self::Auth(_) => f.write_str("postgres refused the credentials"),
             Self::Sql(_) => f.write_str("the semaphore's statement failed in postgres"),
             Self::Lost(_) => f.write_str("the lease was lost, the call was dropped"),
+            Self::Weight { permits: 0, .. } => f.write_str("an acquire of 0 permits asks for none"),
+            Self::Weight { permits, limit } => {
+                write!(
+                    f,
+                    "{permits} permits can never be granted under a limit of {limit}"
+                )
+            }
         }
     }
 }
@@ -72,7 +89,7 @@ impl std::error::Error for LeaseError {
         match self {
             Self::Unavailable(e) | Self::Denied(e) | Self::Auth(e) | Self::Sql(e) => Some(&**e),
             Self::Lost(reason) => Some(reason),
-            Self::NoPermits { .. } | Self::Closed => None,
+            Self::NoPermits { .. } | Self::Closed | Self::Weight { .. } => None,
         }
     }
 }

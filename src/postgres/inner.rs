@@ -104,7 +104,7 @@ impl Inner {
 
     /// One call of the `acquire` function for `id`; with `queue`, a busy
     /// answer keeps (or takes) the id's place in the line.
-    async fn attempt(&self, id: &str, queue: bool) -> Result<Reply, Failure> {
+    async fn attempt(&self, id: &str, weight: i32, queue: bool) -> Result<Reply, Failure> {
         let reply = self
             .conn
             .bounded(async {
@@ -118,7 +118,7 @@ impl Inner {
                             &id,
                             &self.conn.channel,
                             &self.label,
-                            &1_i32,
+                            &weight,
                             &self.ttl_ms(),
                             &self.fair,
                             &queue,
@@ -150,15 +150,19 @@ impl Inner {
         LeasedPermit::new(sem, lease)
     }
 
-    /// One attempt, no waiting.
-    pub(super) async fn try_acquire(self: &Arc<Self>) -> Result<LeasedPermit, LeaseError> {
+    /// One attempt for `permits`, no waiting.
+    pub(super) async fn try_acquire(
+        self: &Arc<Self>,
+        permits: u32,
+    ) -> Result<LeasedPermit, LeaseError> {
+        let weight = self.weight(permits)?;
         if self.is_closed() {
             return Err(LeaseError::Closed);
         }
-        let mut waiter = Waiter::new(self, false);
+        let mut waiter = Waiter::new(self, weight, false);
         let sent = Instant::now();
         let reply = self
-            .attempt(&waiter.id, false)
+            .attempt(&waiter.id, weight, false)
             .await
             .map_err(Failure::lease)?;
         match reply.fence {
@@ -166,6 +170,7 @@ impl Inner {
             None => {
                 // Not in line: nothing of it is left in the database.
                 waiter.settled = true;
+                too_heavy(permits, reply.limit)?;
                 Err(LeaseError::NoPermits {
                     retry_after: reply.next_expiry,
                     limit: reply.limit,
@@ -174,13 +179,18 @@ impl Inner {
         }
     }
 
-    /// The first attempt of a waiting acquire: a grant, or where the wait
-    /// goes on from (the id, in line in fair mode, or the outage it met).
-    pub(super) async fn first_attempt(self: &Arc<Self>) -> Result<Attempt, LeaseError> {
+    /// The first attempt of a waiting acquire for `permits`: a grant, or
+    /// where the wait goes on from (the id, in line in fair mode, or the
+    /// outage it met).
+    pub(super) async fn first_attempt(
+        self: &Arc<Self>,
+        permits: u32,
+    ) -> Result<Attempt, LeaseError> {
+        let weight = self.weight(permits)?;
         if self.is_closed() {
             return Err(LeaseError::Closed);
         }
-        let mut waiter = Waiter::new(self, true);
+        let mut waiter = Waiter::new(self, weight, true);
         let down = Down::default();
         Ok(match waiter.attempt(&down).await? {
             Some(permit) => Attempt::Granted(permit),
@@ -189,6 +199,18 @@ impl Inner {
                 cause: down.take(),
             }),
         })
+    }
+
+    /// `permits` as the weight the functions take: at least 1, and at most
+    /// what an `integer` holds.
+    fn weight(&self, permits: u32) -> Result<i32, LeaseError> {
+        match i32::try_from(permits) {
+            Ok(weight) if weight > 0 => Ok(weight),
+            _ => Err(LeaseError::Weight {
+                permits,
+                limit: self.limit_seen.load(Ordering::Relaxed),
+            }),
+        }
     }
 
     /// Waits after a busy first attempt: a pause until a grant is
@@ -289,6 +311,15 @@ pub(super) struct Settings {
     pub(super) fair: bool,
 }
 
+/// The error for `permits` over a limit of `limit`, which no release
+/// could ever grant.
+fn too_heavy(permits: u32, limit: usize) -> Result<(), LeaseError> {
+    match usize::try_from(permits) {
+        Ok(n) if n <= limit => Ok(()),
+        _ => Err(LeaseError::Weight { permits, limit }),
+    }
+}
+
 /// The outcome of a first attempt.
 pub(super) type Attempt = crate::lease::Attempt<LeasedPermit, Busy>;
 
@@ -320,6 +351,8 @@ impl std::fmt::Debug for Busy {
 struct Waiter {
     inner: Arc<Inner>,
     id: String,
+    /// How many permits it asks for.
+    weight: i32,
     settled: bool,
     /// When the ongoing outage began.
     down_since: Option<Instant>,
@@ -333,8 +366,9 @@ struct Waiter {
 }
 
 impl Waiter {
-    /// A new id; `listens` when a grant may be notified to it.
-    fn new(inner: &Arc<Inner>, listens: bool) -> Self {
+    /// A new id for `weight` permits; `listens` when a grant may be
+    /// notified to it.
+    fn new(inner: &Arc<Inner>, weight: i32, listens: bool) -> Self {
         let id = inner.ids.next();
         if listens {
             inner.grants.wait_for(&id);
@@ -342,6 +376,7 @@ impl Waiter {
         Self {
             inner: inner.clone(),
             id,
+            weight,
             settled: false,
             down_since: None,
             backoff: FIRST_BACKOFF,
@@ -365,11 +400,14 @@ impl Waiter {
             return Err(LeaseError::Closed);
         }
         let sent = Instant::now();
-        match inner.attempt(&self.id, true).await {
+        match inner.attempt(&self.id, self.weight, true).await {
             Ok(reply) => {
                 if let Some(fence) = reply.fence {
                     return Ok(Some(self.granted(fence, sent)));
                 }
+                // More than the limit (perhaps lowered meanwhile) can never
+                // be granted: it leaves the line rather than block it.
+                too_heavy(self.weight.unsigned_abs(), reply.limit)?;
                 down.set(None);
                 self.down_since = None;
                 self.backoff = FIRST_BACKOFF;

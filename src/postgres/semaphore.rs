@@ -70,7 +70,25 @@ impl PgSemaphore {
     /// to it meanwhile), and its row expires within its time to live if the
     /// database cannot be reached.
     pub async fn acquire(&self) -> Result<LeasedPermit, LeaseError> {
-        match self.inner.first_attempt().await? {
+        self.acquire_many(1).await
+    }
+
+    /// Waits for a lease of `permits` permits at once, as
+    /// [`acquire`](Self::acquire) waits for one (its row's `weight`). In
+    /// fair mode a heavy waiter at the head of the line holds back the
+    /// lighter ones behind it until enough permits are free.
+    ///
+    /// # Errors
+    ///
+    /// As for [`acquire`](Self::acquire), and [`LeaseError::Weight`] at
+    /// once for zero permits or more than the limit (or, while waiting,
+    /// once the limit is lowered below `permits`).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`acquire`](Self::acquire).
+    pub async fn acquire_many(&self, permits: u32) -> Result<LeasedPermit, LeaseError> {
+        match self.inner.first_attempt(permits).await? {
             Attempt::Granted(permit) => Ok(permit),
             Attempt::Busy(busy) => self.inner.wait_from(busy, &Down::default()).await,
         }
@@ -90,7 +108,22 @@ impl PgSemaphore {
     /// Dropping it before the database answers releases the id in the
     /// background: a lease granted meanwhile goes back at once.
     pub async fn try_acquire(&self) -> Result<LeasedPermit, LeaseError> {
-        self.inner.try_acquire().await
+        self.inner.try_acquire(1).await
+    }
+
+    /// Takes a lease of `permits` permits if they are free now (and, in
+    /// fair mode, nobody waits in the line): one call, no waiting.
+    ///
+    /// # Errors
+    ///
+    /// As for [`try_acquire`](Self::try_acquire), and [`LeaseError::Weight`]
+    /// for zero permits or more than the limit.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`try_acquire`](Self::try_acquire).
+    pub async fn try_acquire_many(&self, permits: u32) -> Result<LeasedPermit, LeaseError> {
+        self.inner.try_acquire(permits).await
     }
 
     /// Waits for a permit as [`acquire`](Self::acquire) does, runs `work`

@@ -31,11 +31,11 @@ impl Store for PgSemaphore {
     }
 
     fn try_acquire(&self) -> impl Future<Output = Result<LeasedPermit, LeaseError>> + Send {
-        self.inner.try_acquire()
+        self.inner.try_acquire(1)
     }
 
     fn first_attempt(&self) -> impl Future<Output = Result<Attempt, LeaseError>> + Send {
-        self.inner.first_attempt()
+        self.inner.first_attempt(1)
     }
 
     fn wait_from<'a>(
@@ -59,6 +59,8 @@ impl Store for PgSemaphore {
             | LeaseError::Sql(_) => RejectReason::Unavailable,
             // Not an acquire's error: only `call` reports it.
             LeaseError::Lost(_) => RejectReason::Unavailable,
+            // The bulkhead asks for one permit: a limit of zero.
+            LeaseError::Weight { .. } => RejectReason::Full,
         }
     }
 
