@@ -682,3 +682,40 @@ async fn weighted_leases_take_several_permits_in_arrival_order() {
     );
     until("it left the line", || count(&server, sql) == 0).await;
 }
+
+/// A permit dropped just before its process ends its runtime is released
+/// only if the process waits for it: `wait_released` does.
+#[test]
+fn wait_released_gives_back_what_was_dropped_before_the_runtime_ends() {
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    let url = server.url();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (waited, not_waited) = rt.block_on(async {
+        let sem = builder(&url, "shutdown").limit(2).build().await.unwrap();
+        let a = sem.acquire().await.unwrap();
+        let b = sem.acquire().await.unwrap();
+        let ids = (a.id().to_owned(), b.id().to_owned());
+        drop(a);
+        sem.wait_released().await;
+        // Its release is a task that this runtime drops unrun.
+        drop(b);
+        ids
+    });
+    drop(rt);
+    let held = |id: &str| {
+        server.psql(&format!(
+            "SELECT count(*) FROM watertight.leases WHERE id = '{id}'"
+        ))
+    };
+    assert_eq!(held(&waited), "0", "waited for: released");
+    assert_eq!(
+        held(&not_waited),
+        "1",
+        "not waited for: held until it expires"
+    );
+}

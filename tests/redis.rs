@@ -87,6 +87,46 @@ async fn a_dropped_permit_is_released() {
     assert!(sem.holders().await.unwrap().is_empty());
 }
 
+/// A permit dropped just before its process ends its runtime is released
+/// only if the process waits for it: `wait_released` does.
+#[test]
+fn wait_released_gives_back_what_was_dropped_before_the_runtime_ends() {
+    let Some(server) = RedisServer::start_or_skip() else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (waited, not_waited) = rt.block_on(async {
+        let sem = semaphore(&server, "shutdown", 2, 30_000).await;
+        let a = sem.acquire().await.unwrap();
+        let b = sem.acquire().await.unwrap();
+        let ids = (a.id().to_owned(), b.id().to_owned());
+        drop(a);
+        sem.wait_released().await;
+        // Its release is a task that this runtime drops unrun.
+        drop(b);
+        ids
+    });
+    drop(rt);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let holders: Vec<String> = rt.block_on(async {
+        let sem = semaphore(&server, "shutdown", 2, 30_000).await;
+        sem.holders()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|h| h.id)
+            .collect()
+    });
+    assert!(!holders.contains(&waited), "waited for: released");
+    assert!(
+        holders.contains(&not_waited),
+        "not waited for: held until it expires"
+    );
+}
+
 /// A lease that expired before release is reported as an overrun.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_release_reports_the_overrun() {

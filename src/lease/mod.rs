@@ -9,6 +9,7 @@
 //! [`PgBulkhead`](crate::postgres::PgBulkhead)) and re-exports the rest;
 //! this module is where their one definition lives.
 
+mod background;
 mod bulkhead;
 mod call;
 mod holder;
@@ -19,6 +20,7 @@ mod state;
 mod store;
 mod timing;
 
+pub(crate) use background::Background;
 pub use bulkhead::{LeasedBulkhead, LeasedBulkheadBuilder, LeasedBulkheadPermit};
 pub use call::Completed;
 pub(crate) use call::{UntilLost, to_end, until_lost};

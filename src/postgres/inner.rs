@@ -15,7 +15,7 @@ use super::conn::Conn;
 use super::error::{Failure, Kind, LeaseError};
 use super::grants::Grants;
 use super::{LeasedPermit, PgSemaphore};
-use crate::lease::{IdSource, Lease, Released};
+use crate::lease::{Background, IdSource, Lease, Released};
 use crate::loom::lock;
 use crate::timer::Timer;
 
@@ -43,6 +43,14 @@ pub(super) struct Inner {
     leases: Mutex<HashMap<String, Arc<Lease>>>,
     pub(super) limit_seen: AtomicUsize,
     closed: AtomicBool,
+    /// The releases running in tasks of their own.
+    pub(super) background: Background,
+}
+
+impl AsRef<Background> for Inner {
+    fn as_ref(&self) -> &Background {
+        &self.background
+    }
 }
 
 /// What one attempt found.
@@ -82,6 +90,7 @@ impl Inner {
             leases: Mutex::new(HashMap::new()),
             limit_seen: AtomicUsize::new(settings.limit),
             closed: AtomicBool::new(false),
+            background: Background::default(),
         }
     }
 
@@ -272,9 +281,9 @@ impl Inner {
     /// if the database cannot be reached, the lease or the place in line
     /// expires within its time to live.
     pub(super) fn release_in_background(self: &Arc<Self>, id: String) {
-        let inner = self.clone();
+        let started = Background::start(self);
         self.runtime.spawn(async move {
-            let _ = inner.release_id(&id).await;
+            let _ = started.0.release_id(&id).await;
         });
     }
 

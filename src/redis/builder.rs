@@ -16,7 +16,7 @@ use super::scripts::Scripts;
 use super::semaphore::RedisSemaphore;
 use super::signals::Signals;
 use super::spawn::Spawner;
-use crate::lease::{BadTiming, IdSource, Timing, default_label};
+use crate::lease::{Background, BadTiming, IdSource, Timing, default_label};
 use crate::semaphore::Semaphore;
 use crate::timer::Timer;
 
@@ -466,6 +466,7 @@ impl RedisSemaphoreBuilder {
             failover,
             fair: self.fair,
             token,
+            background: Background::default(),
         });
         keeper::start(&inner, connected.subscriber, connected.publish, self.pubsub);
         Inner::start_watch(&inner);

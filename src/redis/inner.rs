@@ -18,8 +18,8 @@ use super::keys::Keys;
 use super::scripts::{Call, Scripts};
 use super::signals::Signals;
 use super::spawn::Spawner;
-use crate::lease::IdSource;
 use crate::lease::Lease;
+use crate::lease::{Background, IdSource};
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
 
@@ -64,6 +64,14 @@ pub(super) struct Inner {
     /// This handle's suffix of its own channel, `{channel}:{token}`, where
     /// its waiters' grants are announced (hex digits).
     pub(super) token: String,
+    /// The releases running in tasks of their own.
+    pub(super) background: Background,
+}
+
+impl AsRef<Background> for Inner {
+    fn as_ref(&self) -> &Background {
+        &self.background
+    }
 }
 
 impl Drop for Inner {
@@ -134,9 +142,9 @@ impl Inner {
     /// and abandoned grants. If Redis cannot be reached, the lease expires
     /// within its time to live.
     pub(super) fn release_in_background(self: &Arc<Self>, id: String) {
-        let inner = self.clone();
+        let started = Background::start(self);
         self.spawner.spawn(async move {
-            let _ = inner.release_id(&id).await;
+            let _ = started.0.release_id(&id).await;
         });
     }
 }

@@ -258,6 +258,30 @@ impl RedisSemaphore {
         self.inner.signals.line.wake_all();
     }
 
+    /// Resolves once every release this handle started in the background
+    /// (for a dropped permit, or an acquire dropped while a grant may have
+    /// been made) has been answered or has failed: before a process ends
+    /// its runtime, so that no lease it gave up stays held until its time
+    /// to live runs out. Each release is bounded by the response timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(sem: watertight::redis::RedisSemaphore, permit: watertight::redis::LeasedPermit) {
+    /// // Shutting down:
+    /// sem.close();
+    /// drop(permit);
+    /// sem.wait_released().await;
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// It holds nothing: dropping it only stops the wait.
+    pub async fn wait_released(&self) {
+        self.inner.background.settled().await;
+    }
+
     /// Whether [`close`](Self::close) was called.
     pub fn is_closed(&self) -> bool {
         self.inner.closed.load(Ordering::SeqCst)
