@@ -164,14 +164,10 @@ impl Inner {
         self: &Arc<Self>,
         permits: u32,
     ) -> Result<LeasedPermit, LeaseError> {
-        let weight = self.weight(permits)?;
-        if self.is_closed() {
-            return Err(LeaseError::Closed);
-        }
-        let mut waiter = Waiter::new(self, weight, false);
+        let mut waiter = self.waiter(permits, false)?;
         let sent = Instant::now();
         let reply = self
-            .attempt(&waiter.id, weight, false)
+            .attempt(&waiter.id, waiter.weight, false)
             .await
             .map_err(Failure::lease)?;
         match reply.fence {
@@ -195,11 +191,7 @@ impl Inner {
         self: &Arc<Self>,
         permits: u32,
     ) -> Result<Attempt, LeaseError> {
-        let weight = self.weight(permits)?;
-        if self.is_closed() {
-            return Err(LeaseError::Closed);
-        }
-        let mut waiter = Waiter::new(self, weight, true);
+        let mut waiter = self.waiter(permits, true)?;
         let down = Down::default();
         Ok(match waiter.attempt(&down).await? {
             Some(permit) => Attempt::Granted(permit),
@@ -210,16 +202,23 @@ impl Inner {
         })
     }
 
-    /// `permits` as the weight the functions take: at least 1, and at most
-    /// what an `integer` holds.
-    fn weight(&self, permits: u32) -> Result<i32, LeaseError> {
-        match i32::try_from(permits) {
-            Ok(weight) if weight > 0 => Ok(weight),
-            _ => Err(LeaseError::Weight {
-                permits,
-                limit: self.limit_seen.load(Ordering::Relaxed),
-            }),
+    /// A new waiter for `permits` (`listens` when a grant may be notified
+    /// to it), unless the handle is closed or `permits` is no weight the
+    /// functions take (at least 1, at most what an `integer` holds).
+    fn waiter(self: &Arc<Self>, permits: u32, listens: bool) -> Result<Waiter, LeaseError> {
+        let weight = match i32::try_from(permits) {
+            Ok(weight) if weight > 0 => weight,
+            _ => {
+                return Err(LeaseError::Weight {
+                    permits,
+                    limit: self.limit_seen.load(Ordering::Relaxed),
+                });
+            }
+        };
+        if self.is_closed() {
+            return Err(LeaseError::Closed);
         }
+        Ok(Waiter::new(self, weight, listens))
     }
 
     /// Waits after a busy first attempt: a pause until a grant is
