@@ -719,3 +719,42 @@ fn wait_released_gives_back_what_was_dropped_before_the_runtime_ends() {
         "not waited for: held until it expires"
     );
 }
+
+/// Rights taken away after `build`: every call is refused at once with
+/// `Denied` (never retried, never a hang), and the bulkhead fails closed
+/// with that error as the rejection's source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rights_taken_away_after_build_are_refused_at_once() {
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    builder(&server.url(), "rights").build().await.unwrap();
+    let url = server.user("worker", "pw");
+    grant_all(&server, "watertight", "worker");
+    let sem = builder(&url, "rights")
+        .outage_tolerance(Duration::from_secs(10))
+        .build()
+        .await
+        .unwrap();
+    sem.acquire().await.unwrap().release().await.unwrap();
+    server.psql("REVOKE ALL ON ALL TABLES IN SCHEMA watertight FROM worker");
+    let start = Instant::now();
+    let denied = sem.acquire().await;
+    assert!(matches!(denied, Err(LeaseError::Denied(_))), "{denied:?}");
+    assert!(matches!(
+        sem.try_acquire().await,
+        Err(LeaseError::Denied(_))
+    ));
+    assert!(start.elapsed() < Duration::from_secs(2), "not retried");
+    let bh = PgBulkhead::builder(sem).build().unwrap();
+    let BulkheadError::Rejected(rejected) = bh.call(async { Ok::<_, ()>(()) }).await.unwrap_err()
+    else {
+        panic!("rejected")
+    };
+    assert_eq!(rejected.reason(), RejectReason::Unavailable);
+    let cause = std::error::Error::source(&rejected).unwrap();
+    assert!(matches!(
+        cause.downcast_ref::<LeaseError>(),
+        Some(LeaseError::Denied(_))
+    ));
+}
