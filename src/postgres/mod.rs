@@ -43,7 +43,7 @@
 //! operator reads them with plain SQL:
 //!
 //! ```sql
-//! SELECT * FROM watertight.semaphores;  -- name, max_permits, changed_at
+//! SELECT * FROM watertight.semaphores;  -- name, max_permits, used, changed_at
 //! SELECT * FROM watertight.leases;      -- who holds what, since and until when
 //! SELECT * FROM watertight.waiters;     -- who waits, in arrival order
 //! ```
