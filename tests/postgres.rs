@@ -758,3 +758,37 @@ async fn rights_taken_away_after_build_are_refused_at_once() {
         Some(LeaseError::Denied(_))
     ));
 }
+
+/// `close` refuses this handle's waiter at once; its place in the line is
+/// given up in the background, which `wait_released` waits for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_refuses_a_waiter_and_its_place_is_given_up() {
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    let holder = builder(&server.url(), "close").build().await.unwrap();
+    let sem = builder(&server.url(), "close")
+        .max_poll(Duration::from_secs(30))
+        .build()
+        .await
+        .unwrap();
+    let held = holder.acquire().await.unwrap();
+    let waiting = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    let sql = "SELECT count(*) FROM watertight.waiters";
+    until("it waits", || count(&server, sql) == 1).await;
+    let closed = Instant::now();
+    sem.close();
+    let out = timeout(PATIENCE, waiting).await.unwrap().unwrap();
+    assert!(matches!(out, Err(LeaseError::Closed)), "{out:?}");
+    assert!(closed.elapsed() < Duration::from_secs(1));
+    assert!(matches!(sem.try_acquire().await, Err(LeaseError::Closed)));
+    sem.wait_released().await;
+    assert_eq!(count(&server, sql), 0);
+    // The permit goes to the next in line, not to the closed handle.
+    drop(held);
+    let again = timeout(PATIENCE, holder.acquire()).await.unwrap().unwrap();
+    drop(again);
+}
