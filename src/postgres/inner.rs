@@ -31,14 +31,8 @@ pub(super) struct Inner {
     pub(super) ids: IdSource,
     pub(super) timer: Arc<dyn Timer>,
     pub(super) runtime: tokio::runtime::Handle,
-    pub(super) lease_ttl: Duration,
-    /// The time to live less the drift margin: how long after a grant or
-    /// renewal was sent this process counts on the lease.
-    pub(super) life: Duration,
-    pub(super) renew_every: Duration,
-    pub(super) max_poll: Duration,
-    pub(super) outage_tolerance: Duration,
-    pub(super) fair: bool,
+    /// What `build` checked.
+    pub(super) settings: Settings,
     /// The leases this handle holds, by id: what the renewer renews.
     leases: Mutex<HashMap<String, Arc<Lease>>>,
     pub(super) limit_seen: AtomicUsize,
@@ -73,6 +67,7 @@ impl Inner {
         runtime: tokio::runtime::Handle,
         settings: Settings,
     ) -> Self {
+        let limit = settings.limit;
         Self {
             name,
             label,
@@ -81,14 +76,9 @@ impl Inner {
             ids,
             timer,
             runtime,
-            lease_ttl: settings.lease_ttl,
-            life: settings.life,
-            renew_every: settings.renew_every,
-            max_poll: settings.max_poll,
-            outage_tolerance: settings.outage_tolerance,
-            fair: settings.fair,
+            settings,
             leases: Mutex::new(HashMap::new()),
-            limit_seen: AtomicUsize::new(settings.limit),
+            limit_seen: AtomicUsize::new(limit),
             closed: AtomicBool::new(false),
             background: Background::default(),
         }
@@ -108,7 +98,7 @@ impl Inner {
     }
 
     fn ttl_ms(&self) -> i64 {
-        i64::try_from(self.lease_ttl.as_millis()).unwrap_or(i64::MAX)
+        i64::try_from(self.settings.lease_ttl.as_millis()).unwrap_or(i64::MAX)
     }
 
     /// One call of the `acquire` function for `id`; with `queue`, a busy
@@ -129,7 +119,7 @@ impl Inner {
                             &self.label,
                             &weight,
                             &self.ttl_ms(),
-                            &self.fair,
+                            &self.settings.fair,
                             &queue,
                         ],
                     )
@@ -151,7 +141,7 @@ impl Inner {
 
     /// The permit for a grant to `id` made by a call sent at `sent`.
     fn granted(self: &Arc<Self>, id: String, fence: u64, sent: Instant) -> LeasedPermit {
-        let lease = Arc::new(Lease::new(id.clone(), fence, sent, self.life));
+        let lease = Arc::new(Lease::new(id.clone(), fence, sent, self.settings.life));
         self.lock_leases().insert(id, lease.clone());
         let sem = PgSemaphore {
             inner: self.clone(),
@@ -310,8 +300,11 @@ impl Inner {
 
 /// The settings `build` checked.
 pub(super) struct Settings {
+    /// The limit to store if the database has none yet.
     pub(super) limit: usize,
     pub(super) lease_ttl: Duration,
+    /// The time to live less the drift margin: how long after a grant or
+    /// renewal was sent this process counts on the lease.
     pub(super) life: Duration,
     pub(super) renew_every: Duration,
     pub(super) max_poll: Duration,
@@ -423,19 +416,20 @@ impl Waiter {
                 // A lease that expires without a release frees a permit
                 // that nobody is told of: look again then.
                 let expiry = reply.next_expiry.map(|d| d + Duration::from_millis(1));
-                self.pause = expiry.map_or(inner.max_poll, |d| d.min(inner.max_poll));
+                self.pause =
+                    expiry.map_or(inner.settings.max_poll, |d| d.min(inner.settings.max_poll));
                 Ok(None)
             }
             Err(failure) if failure.kind == Kind::Transient => {
                 let since = *self.down_since.get_or_insert(sent);
-                let end = since + inner.outage_tolerance;
+                let end = since + inner.settings.outage_tolerance;
                 let left = end.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     return Err(failure.lease());
                 }
                 down.set(Some(failure.lease()));
                 self.pause = self.backoff.min(left);
-                self.backoff = (self.backoff * 2).min(inner.max_poll);
+                self.backoff = (self.backoff * 2).min(inner.settings.max_poll);
                 Ok(None)
             }
             Err(failure) => Err(failure.lease()),

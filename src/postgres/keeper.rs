@@ -2,36 +2,28 @@
 //! only a weak reference, and stops once the last handle is dropped.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use super::inner::Inner;
 use crate::LostReason;
-use crate::timer::Timer;
+use crate::lease::renew_loop;
 use crate::timer::timeout::Timeout;
 
 pub(super) fn start(inner: &Arc<Inner>) {
-    let weak = Arc::downgrade(inner);
     let timer = inner.timer.clone();
-    let every = inner.renew_every;
-    inner.runtime.spawn(renew_loop(weak, timer, every));
-}
-
-async fn renew_loop(weak: Weak<Inner>, timer: Arc<dyn Timer>, every: Duration) {
-    let mut pause = every;
-    loop {
-        timer.sleep(pause).await;
-        let Some(inner) = weak.upgrade() else { return };
-        // Sleep `every` or until the earliest local deadline, whichever
-        // is first: a lease whose renewals fail is forgotten at its
-        // deadline (it is lost at that instant whether this task runs or
-        // not: see `Lease`).
-        pause = match renew_all(&inner).await {
-            Some(earliest) => every.min(earliest.saturating_duration_since(Instant::now())),
-            None => every,
+    let sleep = move |pause| {
+        let timer = timer.clone();
+        async move {
+            timer.sleep(pause).await;
+            true
         }
-        .max(Duration::from_millis(1));
-    }
+    };
+    let round = |inner: Arc<Inner>| async move { renew_all(&inner).await };
+    let every = inner.settings.renew_every;
+    inner
+        .runtime
+        .spawn(renew_loop(Arc::downgrade(inner), every, sleep, round));
 }
 
 /// One round; returns the earliest local deadline of the leases still
@@ -63,7 +55,7 @@ async fn renew_all(inner: &Inner) -> Option<Instant> {
         let renewed: HashSet<String> = renewed.into_iter().collect();
         for lease in &leases {
             if renewed.contains(&lease.id) {
-                lease.renewed(sent, inner.life);
+                lease.renewed(sent, inner.settings.life);
             } else if inner.lock_leases().contains_key(&lease.id) {
                 // Not released meanwhile: the database no longer has it.
                 lease.mark_lost(LostReason::Expired);

@@ -29,7 +29,7 @@ impl PgSemaphore {
 
     /// How long a lease lives without renewal.
     pub fn lease_ttl(&self) -> Duration {
-        self.inner.lease_ttl
+        self.inner.settings.lease_ttl
     }
 
     /// The limit as last read from the database (at `build`, then at every

@@ -5,7 +5,7 @@
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use event_listener::IntoNotification;
@@ -17,7 +17,7 @@ use super::inner::Inner;
 use super::line::Slot;
 use super::signals::Signals;
 use super::wakeups::Silence;
-use crate::lease::Lease;
+use crate::lease::{Lease, renew_loop};
 use crate::timer::timeout::Timeout;
 use crate::timer::{Sleep, Timer};
 
@@ -31,12 +31,17 @@ pub(super) fn start(
     publish: &'static str,
     pubsub: bool,
 ) {
-    let weak = Arc::downgrade(inner);
+    let (timer, signals) = (inner.timer.clone(), inner.signals.clone());
+    let sleep = move |pause| {
+        let (timer, signals) = (timer.clone(), signals.clone());
+        async move { sleep_unless_stopped(&*timer, pause, &signals).await }
+    };
+    let round = |inner: Arc<Inner>| async move { renew_all(&inner).await };
     inner.spawner.spawn(renew_loop(
-        weak,
-        inner.timer.clone(),
+        Arc::downgrade(inner),
         inner.renew_every,
-        inner.signals.clone(),
+        sleep,
+        round,
     ));
     if pubsub {
         inner.spawner.spawn(pubsub_loop(
@@ -54,32 +59,6 @@ pub(super) fn start(
                 max_poll: inner.max_poll,
             },
         ));
-    }
-}
-
-/// Renews every lease this process holds, every `every`, in one script
-/// call per round (in chunks, for very many leases).
-async fn renew_loop(
-    weak: Weak<Inner>,
-    timer: Arc<dyn Timer>,
-    every: Duration,
-    signals: Arc<Signals>,
-) {
-    let mut pause = every;
-    loop {
-        if !sleep_unless_stopped(&*timer, pause, &signals).await {
-            return;
-        }
-        let Some(inner) = weak.upgrade() else { return };
-        // Renew, then sleep `every` or until the earliest local deadline,
-        // whichever is first: a lease whose renewals keep failing is
-        // forgotten at its deadline, not a round later. (It is lost at that
-        // instant whether this task runs or not: see `Lease`.)
-        pause = match renew_all(&inner).await {
-            Some(earliest) => every.min(earliest.saturating_duration_since(Instant::now())),
-            None => every,
-        }
-        .max(Duration::from_millis(1));
     }
 }
 
