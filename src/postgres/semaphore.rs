@@ -126,21 +126,20 @@ impl PgSemaphore {
         self.inner.try_acquire(permits).await
     }
 
-    /// Waits for a permit as [`acquire`](Self::acquire) does, runs `work`
-    /// while it holds the lease, and drops the work unfinished the moment
-    /// the lease is lost (its local deadline passing, found by the timer,
-    /// or a renewal finding it gone; checked before each poll of the work).
-    /// The permit is then released in the background.
+    /// Runs `work` under a lease that [`acquire`](Self::acquire) grants,
+    /// and drops it unfinished at the instant the lease is lost (see
+    /// [`LeasedPermit::lost`](super::LeasedPermit::lost)); the lease is
+    /// released in the background afterwards.
     ///
     /// # Errors
     ///
-    /// [`LeaseError::Lost`] if the lease was lost before the work ended
-    /// (the work was dropped); otherwise as for [`acquire`](Self::acquire).
+    /// [`LeaseError::Lost`] when the work was dropped for that; the errors
+    /// of [`acquire`](Self::acquire) before it ran.
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future drops the work and releases the lease (or the
-    /// pending grant) in the background.
+    /// The work is dropped with the future, and the lease (or a grant still
+    /// on its way) released in the background.
     pub async fn call<F: Future>(&self, work: F) -> Result<F::Output, LeaseError> {
         lease::until_lost(self.acquire().await, work, LeaseError::Lost).await
     }
