@@ -204,40 +204,44 @@ mod metrics_export {
             slot.get_or_init(|| Handles::register(&self.labels, self.gauges, found))
         }
 
-        /// Sets the gauges after an event: calls in flight from this
-        /// exporter's count, the rest as the event saw them.
+        /// Sets the gauges after an event: calls in flight (and the
+        /// permits free) from this exporter's count, the rest as the event
+        /// saw them.
         fn set_gauges(&self, h: &Handles, waiting: usize, limit: usize) {
             if !h.live {
                 // The no-op recorder's: nothing to set.
                 return;
             }
-            let in_flight = self.publish_in_flight(h);
             if self.gauges != Gauges::InFlight {
                 h.waiting.set(waiting as f64);
                 h.limit.set(limit as f64);
             }
-            if self.gauges == Gauges::All {
-                h.available.set(limit.saturating_sub(in_flight) as f64);
-            }
+            let available = (self.gauges == Gauges::All).then_some(limit);
+            self.publish_in_flight(h, available);
         }
 
-        /// Sets the in-flight gauge to the count, and again while the count
-        /// moved meanwhile: of two events racing, the one that set an older
-        /// count sees it moved and sets it again, so once calls stop coming
-        /// the gauge holds the count. (A few rounds at most under load; the
-        /// next event's setting catches up after that.) Returns the count
-        /// set last.
-        fn publish_in_flight(&self, h: &Handles) -> usize {
+        /// Sets the in-flight gauge to the count (and, given the limit, the
+        /// permits-free gauge to what the count leaves), and again while
+        /// the count moved meanwhile: of two events racing, the one that
+        /// set an older count sees it moved and sets it again, so once calls
+        /// stop coming the gauges hold the count. Both are set before the
+        /// count is read again: a gauge set after that read could undo a
+        /// racing event's newer setting. (A few rounds at most under load;
+        /// the next event's setting catches up after that.)
+        fn publish_in_flight(&self, h: &Handles, limit: Option<usize>) {
             let mut count = self.in_flight.load(Ordering::SeqCst);
             for _ in 0..8 {
-                h.in_flight.set(count.max(0) as f64);
+                let held = count.max(0) as usize;
+                h.in_flight.set(held as f64);
+                if let Some(limit) = limit {
+                    h.available.set(limit.saturating_sub(held) as f64);
+                }
                 let now = self.in_flight.load(Ordering::SeqCst);
                 if now == count {
                     break;
                 }
                 count = now;
             }
-            count.max(0) as usize
         }
     }
 
