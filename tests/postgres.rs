@@ -792,3 +792,82 @@ async fn close_refuses_a_waiter_and_its_place_is_given_up() {
     let again = timeout(PATIENCE, holder.acquire()).await.unwrap().unwrap();
     drop(again);
 }
+
+/// User code panics inside the PostgreSQL bulkhead (the same code as the
+/// Redis one): the guarded future, then an observer. No lease is kept, the
+/// count in flight comes back to zero, and a waiter behind is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panicking_user_code_keeps_no_lease() {
+    use futures::FutureExt;
+    use std::panic::AssertUnwindSafe;
+    use std::sync::Mutex;
+    use watertight::observer::{CallOutcome, Finished, Observer, Permitted};
+
+    #[derive(Default)]
+    struct Seen {
+        outcomes: Mutex<Vec<CallOutcome>>,
+        panic_on_permit: std::sync::atomic::AtomicBool,
+    }
+    impl Observer for Seen {
+        fn on_permitted(&self, _: &Permitted<'_>) {
+            if self.panic_on_permit.load(Ordering::SeqCst) {
+                panic!("observer panics");
+            }
+        }
+        fn on_finished(&self, event: &Finished<'_>) {
+            self.outcomes.lock().unwrap().push(event.outcome);
+        }
+    }
+
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    let seen = Arc::new(Seen::default());
+    let sem = builder(&server.url(), "panics").build().await.unwrap();
+    let bh = PgBulkhead::builder(sem.clone())
+        .max_wait(PATIENCE)
+        .observer(seen.clone())
+        .build()
+        .unwrap();
+    let other = builder(&server.url(), "panics").build().await.unwrap();
+    let leases = "SELECT count(*) FROM watertight.leases";
+
+    // The guarded future panics.
+    let panicked = AssertUnwindSafe(bh.call(async {
+        if true {
+            panic!("the call panics");
+        }
+        Ok::<_, ()>(())
+    }))
+    .catch_unwind()
+    .await;
+    assert!(panicked.is_err());
+    assert_eq!(bh.metrics().in_flight(), 0);
+    until("its lease is released", || count(&server, leases) == 0).await;
+    assert_eq!(*seen.outcomes.lock().unwrap(), [CallOutcome::Panicked]);
+
+    // An observer panics when the call is admitted, while a waiter of
+    // another process stands behind it.
+    let held = other.acquire().await.unwrap();
+    let waiting = tokio::spawn({
+        let bh = bh.clone();
+        async move {
+            AssertUnwindSafe(bh.call(async { Ok::<_, ()>(()) }))
+                .catch_unwind()
+                .await
+        }
+    });
+    until("it waits", || {
+        count(&server, "SELECT count(*) FROM watertight.waiters") == 1
+    })
+    .await;
+    seen.panic_on_permit.store(true, Ordering::SeqCst);
+    drop(held);
+    let out = timeout(PATIENCE, waiting).await.unwrap().unwrap();
+    assert!(out.is_err(), "the observer's panic reaches the caller");
+    assert_eq!(bh.metrics().in_flight(), 0);
+    until("no lease is kept", || count(&server, leases) == 0).await;
+    // The permit is free again for anyone.
+    seen.panic_on_permit.store(false, Ordering::SeqCst);
+    other.try_acquire().await.unwrap().release().await.unwrap();
+}
