@@ -32,11 +32,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use pg_bare::Bare;
 use tokio::runtime::{Builder, Runtime};
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::NoTls;
 use watertight::postgres::PgSemaphore;
 use watertight::redis::RedisSemaphore;
 
+#[path = "common/pg_bare.rs"]
+mod pg_bare;
 #[path = "../tests/common/pg_server.rs"]
 mod pg_server;
 #[path = "common/redis_server.rs"]
@@ -86,77 +89,6 @@ async fn pg_semaphore(url: &str, name: &str, limit: usize) -> PgSemaphore {
         .build()
         .await
         .unwrap()
-}
-
-/// tokio-postgres alone, sending the statements the semaphore sends.
-struct Bare {
-    client: Client,
-    acquire: Statement,
-    release: Statement,
-    name: String,
-    holder: String,
-    n: u64,
-}
-
-impl Bare {
-    async fn new(url: &str, name: &str) -> Bare {
-        let (client, connection) = url
-            .parse::<tokio_postgres::Config>()
-            .unwrap()
-            .connect(NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        let acquire = client
-            .prepare(
-                "SELECT granted, fence, max_permits, free, next_expiry_ms \
-                 FROM watertight.acquire($1, $2, $3, $4, $5, $6, $7, $8)",
-            )
-            .await
-            .unwrap();
-        let release = client
-            .prepare("SELECT outcome, late_ms FROM watertight.release($1, $2)")
-            .await
-            .unwrap();
-        Bare {
-            client,
-            acquire,
-            release,
-            name: name.to_owned(),
-            holder: "wt_bench".to_owned(),
-            n: 0,
-        }
-    }
-
-    async fn cycle(&mut self) {
-        self.n += 1;
-        let id = format!("{:032x}", self.n);
-        let label = "bench/0";
-        let row = self
-            .client
-            .query_one(
-                &self.acquire,
-                &[
-                    &self.name,
-                    &id,
-                    &self.holder,
-                    &label,
-                    &1_i32,
-                    &30_000_i64,
-                    &true,
-                    &true,
-                ],
-            )
-            .await
-            .unwrap();
-        assert!(row.get::<_, bool>(0), "granted");
-        let row = self
-            .client
-            .query_one(&self.release, &[&self.name, &id])
-            .await
-            .unwrap();
-        assert_eq!(row.get::<_, i32>(0), 0, "released in time");
-    }
 }
 
 fn uncontended(

@@ -10,88 +10,22 @@
 
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
+/// The bare tokio-postgres client of the benches: our statements, sent by
+/// tokio-postgres alone.
+#[path = "../benches/common/pg_bare.rs"]
+mod pg_bare;
 #[path = "common/pg_server.rs"]
 mod pg_server;
 
 use counting_alloc::{Counting, count};
+use pg_bare::Bare;
 use pg_server::PgServer;
-use tokio_postgres::{Client, NoTls, Statement};
 use watertight::postgres::PgSemaphore;
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
 const CYCLES: u64 = 50;
-
-/// tokio-postgres alone, on a connection of its own, sending the
-/// statements the semaphore sends.
-struct Bare {
-    client: Client,
-    acquire: Statement,
-    release: Statement,
-    n: u64,
-}
-
-impl Bare {
-    async fn new(url: &str) -> Bare {
-        let (client, connection) = url
-            .parse::<tokio_postgres::Config>()
-            .unwrap()
-            .connect(NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        let acquire = client
-            .prepare(
-                "SELECT granted, fence, max_permits, free, next_expiry_ms \
-                 FROM watertight.acquire($1, $2, $3, $4, $5, $6, $7, $8)",
-            )
-            .await
-            .unwrap();
-        let release = client
-            .prepare("SELECT outcome, late_ms FROM watertight.release($1, $2)")
-            .await
-            .unwrap();
-        Bare {
-            client,
-            acquire,
-            release,
-            n: 0,
-        }
-    }
-
-    async fn cycles(&mut self, n: u64) {
-        let (name, holder, label) = ("alloc-bare", "wt_bare", "bare/0");
-        for _ in 0..n {
-            self.n += 1;
-            let id = format!("{:032x}", self.n);
-            let row = self
-                .client
-                .query_one(
-                    &self.acquire,
-                    &[
-                        &name,
-                        &id,
-                        &holder,
-                        &label,
-                        &1_i32,
-                        &30_000_i64,
-                        &true,
-                        &true,
-                    ],
-                )
-                .await
-                .unwrap();
-            assert!(row.get::<_, bool>(0));
-            let row = self
-                .client
-                .query_one(&self.release, &[&name, &id])
-                .await
-                .unwrap();
-            assert_eq!(row.get::<_, i32>(0), 0);
-        }
-    }
-}
 
 /// What the client adds per cycle: the lease's state (an `Arc`), its id
 /// again as the renewer's key, the waiter's slot for a notified grant (its
@@ -118,12 +52,14 @@ fn an_uncontended_cycle_allocates_little_beyond_the_bare_client() {
         let sem = build("alloc-ours").await.unwrap();
         // The bare case's row, as a build stores it.
         build("alloc-bare").await.unwrap();
-        let mut bare = Bare::new(&url).await;
+        let mut bare = Bare::new(&url, "alloc-bare").await;
         // Warm up: statements prepared, buffers grown.
         for _ in 0..10 {
             sem.acquire().await.unwrap().release().await.unwrap();
         }
-        bare.cycles(10).await;
+        for _ in 0..10 {
+            bare.cycle().await;
+        }
 
         let before = count();
         for _ in 0..CYCLES {
@@ -131,7 +67,9 @@ fn an_uncontended_cycle_allocates_little_beyond_the_bare_client() {
         }
         let ours = count() - before;
         let before = count();
-        bare.cycles(CYCLES).await;
+        for _ in 0..CYCLES {
+            bare.cycle().await;
+        }
         let alone = count() - before;
         let (ours, alone) = (ours as f64 / CYCLES as f64, alone as f64 / CYCLES as f64);
         eprintln!("allocations per cycle: ours {ours:.1}, tokio-postgres alone {alone:.1}");
