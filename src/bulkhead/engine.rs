@@ -18,7 +18,7 @@ use super::error::{RejectReason, Rejected};
 use super::options::CallOptions;
 use super::permit::{self, Admitted};
 use super::seating;
-use super::wait::Line;
+use super::wait::{Line, Wait};
 use super::{CallOutcome, Shared};
 use crate::error::TryAcquireError;
 use crate::futures::Acquire;
@@ -167,32 +167,40 @@ impl Shared {
     /// allocated. The caller wraps the permit in a guard, then reports it
     /// with `permitted`.
     pub(super) async fn admit_waiting_in(&self, line: Line) -> Result<Admitted, Rejected> {
-        let queued = Queued {
-            shared: self,
-            acquire: Some(self.sem.acquire()),
-        };
-        let ((), waited) = self.policy.wait_in(queued, line).await?;
+        let ((), waited) = self.queue_in(line).await?;
         Ok(Admitted::Waited(waited))
     }
 
-    /// [`admit_waiting_in`](Self::admit_waiting_in) (from `line`, if given) for
-    /// a caller that waits for `gate` before it queues (see [`After`]).
-    pub(super) async fn admit_waiting_after<G: Future<Output = ()>>(
+    /// The wait of [`admit_waiting_in`](Self::admit_waiting_in), as a
+    /// future of its own for a caller that keeps it in a future it writes
+    /// by hand (an `async fn` around it would keep `line` twice).
+    #[inline]
+    pub(super) fn queue_in(&self, line: Line) -> Wait<'_, Queued<'_>, impl Fn() -> RejectReason> {
+        self.policy.wait_in(self.queued(), line)
+    }
+
+    /// [`queue_in`](Self::queue_in) for a caller that waits for `gate`
+    /// before it queues (see [`After`]).
+    #[inline]
+    pub(super) fn queue_after<G: Future<Output = ()>>(
         &self,
-        line: Option<Line>,
+        line: Line,
         gate: G,
-    ) -> Result<Admitted, Rejected> {
+    ) -> Wait<'_, After<'_, G>, impl Fn() -> RejectReason> {
         let after = After {
-            queued: Queued {
-                shared: self,
-                acquire: Some(self.sem.acquire()),
-            },
+            queued: self.queued(),
             gate,
             through: false,
         };
-        let line = line.unwrap_or_default();
-        let ((), waited) = self.policy.wait_in(after, line).await?;
-        Ok(Admitted::Waited(waited))
+        self.policy.wait_in(after, line)
+    }
+
+    #[inline]
+    fn queued(&self) -> Queued<'_> {
+        Queued {
+            shared: self,
+            acquire: Some(self.sem.acquire()),
+        }
     }
 
     /// [`admit_now`](Self::admit_now) for a call with `options` (a

@@ -232,6 +232,17 @@ impl CallOptions {
     }
 
     /// These options once `spent` of the call's own `max_wait` has passed.
+    /// These options for a wait that may last at most `left` (the rest of
+    /// a budget an earlier stage began): their own `max_wait` becomes
+    /// `left` if that is shorter.
+    #[inline]
+    pub(crate) fn waiting_at_most(self, left: Duration) -> Self {
+        Self {
+            max_wait: self.max_wait.min(saturating_nanos(left)),
+            ..self
+        }
+    }
+
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn spent(self, spent: Duration) -> Self {
         Self {

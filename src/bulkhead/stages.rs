@@ -2,13 +2,17 @@
 //! the keyed bulkhead's two stages (`hold_*`, `seat_*`, `judge`).
 
 use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll, ready};
 use std::time::Duration;
+
+use pin_project_lite::pin_project;
 
 use super::error::{RejectReason, Rejected};
 use super::options::CallOptions;
 use super::permit::{self, Admitted, BulkheadPermit};
 use super::seating;
-use super::wait::Line;
+use super::wait::{Line, Waited};
 use super::{Bulkhead, CallOutcome, Shared};
 
 /// Admission for a caller that borrows the bulkhead and runs the call
@@ -61,28 +65,41 @@ impl Bulkhead {
     /// The wait in line under the policy, after [`hold_now`](Self::hold_now)
     /// or [`hold_now_with`](Self::hold_now_with) said `None`, from the
     /// `line` the latter left (else the default).
-    pub(crate) async fn hold_waiting_in(
+    #[inline]
+    pub(crate) fn hold_waiting_in(
         &self,
         line: Line,
-    ) -> Result<permit::SeatHeld<&Shared>, Rejected> {
+    ) -> impl Future<Output = Result<permit::SeatHeld<&Shared>, Rejected>> {
         let shared = &*self.shared;
-        let admitted = shared.admit_waiting_in(line).await?;
-        Ok(shared.hold(admitted))
+        Holding {
+            shared,
+            wait: shared.queue_in(line),
+        }
+    }
+
+    /// Ends the wait `line` is about to start after `left`, as its own
+    /// `max_wait` would (see `Policy::limit_wait`): the rest of a keyed
+    /// call's budget.
+    #[inline]
+    pub(crate) fn limit_wait(&self, line: &mut Line, left: Duration) {
+        self.shared.policy.limit_wait(line, left);
     }
 
     /// [`hold_waiting_in`](Self::hold_waiting_in) for a caller that waits for
     /// `gate` (its turn) before it queues for a permit, within the same
-    /// wait in line (see [`After`](super::engine::After)); with `line`, a wait that
-    /// [`hold_now_with`](Self::hold_now_with) or [`judge`](Self::judge)
-    /// looked at. The gate is dropped when the wait ends.
-    pub(crate) async fn hold_waiting_after<G: Future<Output = ()>>(
+    /// wait in line (see [`After`](super::engine::After)). The gate is
+    /// dropped when the wait ends.
+    #[inline]
+    pub(crate) fn hold_waiting_after<G: Future<Output = ()>>(
         &self,
-        line: Option<Line>,
+        line: Line,
         gate: G,
-    ) -> Result<permit::SeatHeld<&Shared>, Rejected> {
+    ) -> impl Future<Output = Result<permit::SeatHeld<&Shared>, Rejected>> {
         let shared = &*self.shared;
-        let admitted = shared.admit_waiting_after(line, gate).await?;
-        Ok(shared.hold(admitted))
+        Holding {
+            shared,
+            wait: shared.queue_after(line, gate),
+        }
     }
 
     /// [`acquire`](Self::acquire) (with `line`, the wait of
@@ -91,10 +108,11 @@ impl Bulkhead {
     /// [`hold_waiting_after`](Self::hold_waiting_after).
     pub(crate) async fn acquire_after<G: Future<Output = ()>>(
         &self,
-        line: Option<Line>,
+        line: Line,
         gate: G,
     ) -> Result<BulkheadPermit, Rejected> {
-        let admitted = self.shared.admit_waiting_after(line, gate).await?;
+        let ((), waited) = self.shared.queue_after(line, gate).await?;
+        let admitted = Admitted::Waited(waited);
         let permit = BulkheadPermit::new(self.shared.clone(), admitted);
         self.shared.policy.permitted(admitted.waited());
         Ok(permit)
@@ -114,18 +132,29 @@ impl Bulkhead {
     /// The global stage of a keyed caller that names a class, on a
     /// bulkhead with priority classes (see [`classed`](Self::classed)): a
     /// seat now, already reported as permitted (`Ok(Ok)`), or the wait in
-    /// its class's line (`Ok(Err)`: await it, then [`seat_after`](Self::seat_after)).
+    /// its class's line for one (`Ok(Err)`).
     #[cold]
-    pub(crate) fn seat_now(
-        &self,
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn seat_now<'a>(
+        &'a self,
         class: usize,
         options: &CallOptions,
         may_wait: bool,
-    ) -> Result<Result<permit::SeatHeld<&Shared>, seating::Seating<&Shared>>, Rejected> {
+    ) -> Result<
+        Result<
+            permit::SeatHeld<&'a Shared>,
+            impl Future<Output = Result<permit::SeatHeld<&'a Shared>, Rejected>> + use<'a>,
+        >,
+        Rejected,
+    > {
         let shared = &*self.shared;
         Ok(match Shared::seat_with(shared, class, options, may_wait)? {
             seating::Seat::Now => Ok(self.seat_after(class, Admitted::Now)),
-            seating::Seat::Wait(seating) => Err(seating),
+            seating::Seat::Wait(seating) => Err(Seated {
+                bulkhead: self,
+                class,
+                seating,
+            }),
         })
     }
 
@@ -164,5 +193,53 @@ impl Bulkhead {
     #[cold]
     pub(crate) fn take_unwinding_rejection(&self) -> Option<RejectReason> {
         self.shared.policy.take_unwinding_rejection()
+    }
+}
+
+pin_project! {
+    /// A wait in line whose permit comes held by its guard, already
+    /// reported as permitted ([`Bulkhead::hold_waiting_in`]): written by
+    /// hand, so that the wait is kept once.
+    struct Holding<'a, W> {
+        shared: &'a Shared,
+        #[pin]
+        wait: W,
+    }
+}
+
+impl<'a, W> Future for Holding<'a, W>
+where
+    W: Future<Output = Result<((), Waited), Rejected>>,
+{
+    type Output = Result<permit::SeatHeld<&'a Shared>, Rejected>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let ((), waited) = ready!(this.wait.poll(cx))?;
+        Poll::Ready(Ok(this.shared.hold(Admitted::Waited(waited))))
+    }
+}
+
+pin_project! {
+    /// A classed caller's wait in its class's line, whose seat comes as
+    /// [`Bulkhead::seat_after`] gives it ([`Bulkhead::seat_now`]).
+    struct Seated<'a> {
+        bulkhead: &'a Bulkhead,
+        class: usize,
+        #[pin]
+        seating: seating::Seating<&'a Shared>,
+    }
+}
+
+impl<'a> Future for Seated<'a> {
+    type Output = Result<permit::SeatHeld<&'a Shared>, Rejected>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let waited = ready!(this.seating.poll(cx))?;
+        Poll::Ready(Ok(this
+            .bulkhead
+            .seat_after(*this.class, Admitted::Waited(waited))))
     }
 }

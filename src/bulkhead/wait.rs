@@ -119,17 +119,26 @@ impl Policy {
             self.admit_by_behind(line, free, ahead)?;
         }
         if let Some(own) = options.own_wait() {
-            if self.max_wait.is_none_or(|max| own < max) {
-                let end = self
-                    .since_origin(self.line_now())
-                    .saturating_add(nanos(own))
-                    | OWN_WAIT;
-                if line.deadline == 0 || end < line.deadline {
-                    line.deadline = end;
-                }
-            }
+            self.limit_wait(line, own);
         }
         Ok(())
+    }
+
+    /// Ends the wait `line` is about to start once it has lasted `own`, as
+    /// a [`Timeout`](RejectReason::Timeout), unless `max_wait` or a limit
+    /// the line holds already ends it sooner: a call's own `max_wait`, or
+    /// what an earlier stage left of a budget.
+    #[inline]
+    pub(crate) fn limit_wait(&self, line: &mut Line, own: Duration) {
+        if self.max_wait.is_none_or(|max| own < max) {
+            let end = self
+                .since_origin(self.line_now())
+                .saturating_add(nanos(own))
+                | OWN_WAIT;
+            if line.deadline == 0 || end < line.deadline {
+                line.deadline = end;
+            }
+        }
     }
 
     /// After [`line_for`](Self::line_for): how long from now the call may

@@ -678,13 +678,17 @@ where
             Global::None => (None, false),
             Global::Shared(bulkhead) => (Some(bulkhead), false),
             Global::Limit(limit) => {
-                // No `max_wait` of its own: the keyed bulkhead bounds the
-                // wait with what is left of the call's budget.
+                // No `max_wait` of its own: what is left of each call's
+                // budget is the wait's own, timed by the keyed bulkhead's
+                // timer (as are its checkpoints under controlled delay).
                 let mut builder = Bulkhead::builder()
                     .name(format!("{name}.global"))
                     .max_concurrent_calls(check_limit(limit)?)
                     .fair(base.fair);
                 builder.exports = base.exports;
+                if let Some(timer) = &base.timer {
+                    builder = builder.timer(timer.clone());
+                }
                 if let Some(max_queue) = self.global_max_queue {
                     builder = builder.max_queue(max_queue);
                 }
@@ -692,14 +696,9 @@ where
                 // before they queue for its semaphore.
                 builder.line_apart = self.fair_shares;
                 if let Some((target, interval)) = base.queue_delay {
-                    // Its waiters' checkpoints at the target need a timer:
-                    // the keyed bulkhead's.
                     builder = builder
                         .queue_delay(target, interval)
                         .adaptive_lifo(base.adaptive_lifo);
-                    if let Some(timer) = &base.timer {
-                        builder = builder.timer(timer.clone());
-                    }
                 }
                 for observer in &base.observers {
                     builder = builder.observer(observer.clone());

@@ -5,14 +5,16 @@
 use core::borrow::Borrow;
 use core::future::{Future, poll_fn};
 use core::hash::{BuildHasher, Hash};
-use core::pin::pin;
-use core::task::{Poll, ready};
+use core::pin::{Pin, pin};
+use core::task::{Context, Poll};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use pin_project_lite::pin_project;
+
 use super::entry::Entry;
-use super::fair::{FairLine, Turn};
+use super::fair::{FairLine, TurnIf};
 use super::labels::{KeySeries, Labels};
 use super::permit::User;
 use super::registry::{Refused, Registry};
@@ -23,10 +25,11 @@ use super::{
 use crate::BulkheadPermit;
 use crate::bulkhead::Shared;
 use crate::bulkhead::guard::{Guard, Source};
-use crate::bulkhead::permit::{Admitted, SeatHeld};
+use crate::bulkhead::permit::SeatHeld;
 use crate::bulkhead::run::poll_call;
 use crate::bulkhead::wait::Line;
 use crate::bulkhead::{Bulkhead, CallOptions, CallOutcome, CallTimeout, RejectReason, Rejected};
+use crate::futures::Acquire;
 use crate::semaphore::Semaphore;
 use crate::timer::{Clock, Deadline};
 
@@ -67,7 +70,6 @@ where
                 options = options.started(|| inner.now());
             }
             let plain = PLAIN || options.waits_plainly();
-            let own = if PLAIN { None } else { Some(&options) };
             let mut start = None;
             // In a block of its own, so that the global stage's state overlaps
             // the key's wait in the future's memory.
@@ -88,51 +90,39 @@ where
                     held.map_err(|r| inner.key_rejected(r))?
                 }
             };
-            let mut global_held = None;
-            if let Some(global) = &inner.global {
-                key_held.defer_report();
-                let classed = if PLAIN {
-                    None
-                } else {
-                    global.classed(&options)
-                };
-                global_held = Some(if let Some(class) = classed {
-                    inner
-                        .seat_global(entry, start, &options, global, class)
-                        .await
-                        .map_err(refused(&mut key_held))?
-                } else {
-                    // The call's own `max_wait` is read again by the global
-                    // bulkhead (from when it starts waiting there), but the
-                    // budget of both waits ends it first.
-                    let mut line = Line::default();
-                    let now = |now| match (now, plain) {
-                        (Now::Queue, true) => None,
-                        (Now::Queue, false) => match global.judge(&options) {
-                            Ok(judged) => {
-                                line = judged;
-                                None
-                            }
-                            Err(rejected) => Some(Err(rejected)),
-                        },
-                        (now, true) => global.hold_now(now == Now::Wait),
-                        (now, false) => global.hold_now_with(&options, &mut line, now == Now::Wait),
-                    };
-                    if let Some(held) = inner.global_now(entry, start, own, now) {
-                        held.map_err(refused(&mut key_held))?
-                    } else {
-                        let wait = move |turn| async move {
-                            match turn {
-                                None => global.hold_waiting_in(line).await,
-                                Some(turn) => global.hold_waiting_after(Some(line), turn).await,
-                            }
+            // The global stage: decided at once, or the wait, which only
+            // the values it is built from (moved into it, never borrowed)
+            // precede, so that nothing else lives across it.
+            let mut global_held = match &inner.global {
+                None => None,
+                Some(global) => Some(
+                    'global: {
+                        key_held.defer_report();
+                        let own = if PLAIN { None } else { Some(&options) };
+                        let classed = if PLAIN {
+                            None
+                        } else {
+                            global.classed(&options)
                         };
-                        inner
-                            .wait_global(entry, start, own, wait)
-                            .await
-                            .map_err(refused(&mut key_held))?
+                        if let Some(class) = classed {
+                            let seating = match inner.seat_global(entry, start, own, global, class)
+                            {
+                                Ok(decided) => break 'global decided,
+                                Err(seating) => seating,
+                            };
+                            break 'global inner.wait_global(entry, start, seating).await;
+                        }
+                        let line = match inner.hold_global(entry, start, own, plain, global) {
+                            Ok(decided) => break 'global decided,
+                            Err(line) => line,
+                        };
+                        let wait = global.hold_waiting_after(line, inner.turn(entry));
+                        inner.wait_global(entry, start, wait).await
                     }
-                });
+                    .map_err(refused(&mut key_held))?,
+                ),
+            };
+            if global_held.is_some() {
                 admitted(entry, &mut key_held);
             }
             let (result, outcome) = inner.run(entry, call).await;
@@ -239,15 +229,21 @@ where
         self.now().saturating_duration_since(start)
     }
 
-    /// The budget of a call's waits: the keyed bulkhead's `max_wait`, or
-    /// the call's own if shorter (`own`: the options of a call that has
-    /// some).
+    /// The budget of a call's waits as its global stage begins (`own`:
+    /// the options of a call that has some), if it has one: the keyed
+    /// bulkhead's `max_wait`, or the call's own if shorter, less the wait
+    /// for its key (from `start`, if it waited there).
     #[inline]
-    pub(super) fn budget(&self, own: Option<&CallOptions>) -> Option<Duration> {
-        match own {
+    fn budget(&self, own: Option<&CallOptions>, start: Option<Instant>) -> Option<Budget> {
+        let whole = match own {
             None => self.max_wait,
             Some(options) => options.budget(self.max_wait),
-        }
+        }?;
+        let left = match start {
+            Some(start) => whole.saturating_sub(self.since(start)),
+            None => whole,
+        };
+        Some(Budget { whole, left })
     }
 
     /// [`KeyedBulkhead::acquire_with`]: the two stages, each reading the
@@ -268,11 +264,11 @@ where
             &options,
             async |bulkhead: &Bulkhead| bulkhead.acquire_with(options).await,
             |global: &Bulkhead| global.try_acquire_with(options),
-            async |global: &Bulkhead, turn: Option<Turn<'_>>| match turn {
+            async |global: &Bulkhead, options: CallOptions, turn: TurnIf<'_>| match turn.0 {
                 None => global.acquire_with(options).await,
-                Some(turn) => {
+                Some(_) => {
                     let line = global.judge(&options)?;
-                    global.acquire_after(Some(line), turn).await
+                    global.acquire_after(line, turn).await
                 }
             },
         )
@@ -289,7 +285,7 @@ where
         options: &CallOptions,
         key_stage: impl AsyncFnOnce(&Bulkhead) -> Result<BulkheadPermit, Rejected>,
         now_global: impl FnOnce(&Bulkhead) -> Result<BulkheadPermit, Rejected>,
-        wait: impl AsyncFnOnce(&Bulkhead, Option<Turn<'_>>) -> Result<BulkheadPermit, Rejected>,
+        wait: impl AsyncFnOnce(&Bulkhead, CallOptions, TurnIf<'_>) -> Result<BulkheadPermit, Rejected>,
     ) -> Result<KeyedPermit, KeyedRejected>
     where
         K: Borrow<Q>,
@@ -313,16 +309,24 @@ where
             None => None,
             Some(global) => {
                 key_permit.guard().defer_report();
-                let now = |now| (now == Now::Take).then(|| now_global(global));
-                let admitted = if let Some(admitted) =
-                    self.global_now(&user.entry, start, Some(options), now)
-                {
-                    admitted
-                } else {
-                    let wait = |turn| wait(global, turn);
-                    self.wait_global(&user.entry, start, Some(options), wait)
-                        .await
+                let budget = self.budget(Some(options), start);
+                let now = |now| match now {
+                    Now::Take => Ok(now_global(global)),
+                    _ => Err(()),
                 };
+                let admitted =
+                    if let Ok(admitted) = self.global_now(&user.entry, start, budget, now) {
+                        admitted
+                    } else {
+                        // What is left of the budget is the global wait's own
+                        // `max_wait`.
+                        let options = match budget {
+                            Some(budget) => options.waiting_at_most(budget.left),
+                            None => *options,
+                        };
+                        let wait = wait(global, options, self.turn(&user.entry));
+                        self.wait_global(&user.entry, start, wait).await
+                    };
                 Some(global_stage_ended(
                     &user.entry,
                     key_permit.guard(),
@@ -337,25 +341,25 @@ where
         })
     }
 
-    /// The second stage without waiting: `Some` if it is decided at once (a
-    /// global permit, or a rejection), `None` if the caller is to wait
-    /// ([`wait_global`](Self::wait_global)). The budget started at `start`
-    /// if the caller waited for its key (else it is whole); the caller
+    /// The second stage without waiting: `Ok` if it is decided at once (a
+    /// global permit, or a rejection), `Err` with what to wait with if the
+    /// caller is to wait ([`wait_global`](Self::wait_global)). The caller
+    /// waited for its key from `start` (if it did) within `budget`, and
     /// holds its key's permit meanwhile. `now` is the global bulkhead's
-    /// decision without waiting, as [`Now`] asks it (`None`: the caller is
+    /// decision without waiting, as [`Now`] asks it (`Err`: the caller is
     /// to wait, never so for [`Now::Take`]).
-    #[inline]
-    fn global_now<P>(
+    #[inline(always)]
+    fn global_now<P, W>(
         &self,
         entry: &Entry,
         start: Option<Instant>,
-        own: Option<&CallOptions>,
-        now: impl FnOnce(Now) -> Option<Result<P, Rejected>>,
-    ) -> Option<Result<P, KeyedRejected>> {
+        budget: Option<Budget>,
+        now: impl FnOnce(Now) -> Result<Result<P, Rejected>, W>,
+    ) -> Result<Result<P, KeyedRejected>, W> {
         let waited = || start.map_or(Duration::ZERO, |start| self.since(start));
-        let spent = match (self.budget(own), start) {
-            (Some(max_wait), _) if max_wait.is_zero() => Some(false),
-            (Some(max_wait), Some(start)) if self.since(start) >= max_wait => Some(true),
+        let spent = match budget {
+            Some(budget) if budget.whole.is_zero() => Some(false),
+            Some(budget) if budget.left.is_zero() => Some(true),
             _ => None,
         };
         let unwinding = GlobalStage::new(self.global.as_ref(), entry, &self.counters);
@@ -369,23 +373,20 @@ where
                 false => now(Now::Wait),
             };
             unwinding.passed();
-            return Some(match decided? {
-                Ok(permit) => Ok(permit),
-                Err(r) => Err(self.global_rejected(entry, r, waited())),
-            });
+            return decided
+                .map(|decided| decided.map_err(|r| self.global_rejected(entry, r, waited())));
         };
         // Fail fast, or the key's wait used the whole budget: a free
         // global permit is still taken (unless it is for others).
-        let decided = match queue {
-            true => self
-                .global
-                .as_ref()
-                .map(|g| Err(g.reject_now(RejectReason::Full))),
-            false => now(Now::Take),
+        let decided = match (queue, self.global.as_ref()) {
+            (true, Some(global)) => Ok(Err(global.reject_now(RejectReason::Full))),
+            _ => now(Now::Take),
         };
         unwinding.passed();
-        let decided = decided.expect("without waiting, admission is decided at once");
-        Some(decided.map_err(|r| {
+        let Ok(decided) = decided else {
+            unreachable!("without waiting, admission is decided at once");
+        };
+        Ok(decided.map_err(|r| {
             let rejected = self.global_rejected(entry, r, waited());
             if spent {
                 rejected.budget_spent()
@@ -395,116 +396,114 @@ where
         }))
     }
 
+    /// The gate before the global line: the caller's turn with fair
+    /// shares, open at once without.
+    #[inline]
+    fn turn<'s>(&'s self, entry: &Entry) -> TurnIf<'s> {
+        TurnIf(match (self.fair.as_deref(), self.global.as_ref()) {
+            (Some(fair), Some(global)) => Some(fair.turn(global, entry)),
+            _ => None,
+        })
+    }
+
     /// Waits for a global permit, after [`global_now`](Self::global_now)
-    /// said `None`: `wait()` is the global bulkhead's admission, waited for
-    /// with what is left of the budget, until we close. What the wait needs
-    /// lives inline (no allocation): the gauge, the listener for `close` (a
-    /// waiter on `closing`) and the deadline, all made the first time the
-    /// admission is pending.
-    async fn wait_global<'s, P, W>(
+    /// said `None`: `wait` is the global bulkhead's wait in line, whose
+    /// own `max_wait` is what is left of the call's budget, until we close
+    /// (see [`GlobalWait`]).
+    #[inline]
+    fn wait_global<'s, W>(
+        &'s self,
+        entry: &'s Entry,
+        start: Option<Instant>,
+        wait: W,
+    ) -> GlobalWait<'s, K, S, W> {
+        GlobalWait {
+            inner: self,
+            entry,
+            wait,
+            closing: self.closing.acquire(),
+            waiting: None,
+            begun: start,
+        }
+    }
+
+    /// The global stage of [`KeyedBulkhead::call_with`] for a caller
+    /// without a class (`plain`: without options; `own`, the options of a
+    /// call that has some), holding its key's permit: decided at once
+    /// (`Ok`), or the line of its wait (`Err`), whose own `max_wait` is
+    /// what is left of its budget (read only then: a call admitted at once
+    /// reads no clock for it).
+    #[inline(always)]
+    fn hold_global<'s>(
         &'s self,
         entry: &Entry,
         start: Option<Instant>,
         own: Option<&CallOptions>,
-        wait: impl FnOnce(Option<Turn<'s>>) -> W,
-    ) -> Result<P, KeyedRejected>
-    where
-        W: Future<Output = Result<P, Rejected>>,
-    {
-        // With fair shares, the wait waits for its key's turn first.
-        let turn = match (self.fair.as_deref(), self.global.as_ref()) {
-            (Some(fair), Some(global)) => Some(fair.turn(global, entry)),
-            _ => None,
-        };
-        // Made here, not passed in: a future moved into an `async fn` is
-        // stored twice in its state.
-        let mut wait = pin!(wait(turn));
-        let mut closing = pin!(self.closing.acquire());
-        let mut deadline = pin!(Deadline::new());
-        let mut waiting: Option<Counted<'_>> = None;
-        let mut begun = start;
-        let outcome = poll_fn(|cx| {
-            let unwinding = GlobalStage::new(self.global.as_ref(), entry, &self.counters);
-            let polled = wait.as_mut().poll(cx);
-            unwinding.passed();
-            if let Poll::Ready(acquired) = polled {
-                return Poll::Ready(acquired.map_err(GlobalFailure::Rejected));
-            }
-            waiting.get_or_insert_with(|| Counted::new(&entry.waiting_global));
-            let begun = *begun.get_or_insert_with(|| self.now());
-            // `close` sets the flag, then closes `closing`, which wakes
-            // every waiter on it and fails every later poll.
-            if closing.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Err(GlobalFailure::Closed));
-            }
-            let Some(max_wait) = self.budget(own) else {
-                return Poll::Pending;
+        plain: bool,
+        global: &'s Bulkhead,
+    ) -> Result<Result<SeatHeld<&'s Shared>, KeyedRejected>, Line> {
+        let options = own.copied().unwrap_or_default();
+        let now = |now| {
+            let mut line = Line::default();
+            let decided = match (now, plain) {
+                (Now::Queue, true) => None,
+                (Now::Queue, false) => match global.judge(&options) {
+                    Ok(judged) => {
+                        line = judged;
+                        None
+                    }
+                    Err(rejected) => Some(Err(rejected)),
+                },
+                (now, true) => global.hold_now(now == Now::Wait),
+                (now, false) => global.hold_now_with(&options, &mut line, now == Now::Wait),
             };
-            // What is left of the budget, read only to arm the deadline.
-            let left = match deadline.is_armed() {
-                true => Duration::ZERO,
-                false => max_wait.saturating_sub(self.since(begun)),
-            };
-            deadline
-                .as_mut()
-                .poll_at(self.clock.as_ref(), left, cx)
-                .map(|expired| match expired {
-                    Ok(()) => Err(GlobalFailure::Timeout),
-                    Err(_gone) => Err(GlobalFailure::Unavailable),
-                })
-        })
-        .await;
-        let waited = || begun.map_or(Duration::ZERO, |begun| self.since(begun));
-        let reason = match outcome {
-            Ok(permit) => return Ok(permit),
-            Err(GlobalFailure::Rejected(r)) => {
-                return Err(self.global_rejected(entry, r, waited()));
-            }
-            Err(GlobalFailure::Closed) => KeyedRejectReason::Closed,
-            Err(GlobalFailure::Timeout) => KeyedRejectReason::GlobalTimeout,
-            Err(GlobalFailure::Unavailable) => KeyedRejectReason::Unavailable,
+            decided.ok_or(line)
         };
-        Err(self.global_gave_up(entry, reason, waited()))
+        let budget = self.budget(own, start);
+        self.global_now(entry, start, budget, now)
+            .map_err(|mut line| {
+                if let Some(budget) = budget {
+                    global.limit_wait(&mut line, budget.left);
+                }
+                line
+            })
     }
 
     /// The global stage of [`KeyedBulkhead::call_with`] for a caller of
     /// priority `class` on a global bulkhead with classes, holding its
-    /// key's permit: a seat now, or a wait in its class's line within what
-    /// is left of the budget that started at `start`. (Fair shares need the global limit the keyed
-    /// bulkhead makes, which has no classes: nobody waits for a turn.)
+    /// key's permit: decided at once (`Ok`), or its wait in its class's
+    /// line (`Err`), within what is left of its budget. (Fair shares need
+    /// the global limit the keyed bulkhead makes, which has no classes:
+    /// nobody waits for a turn.)
     #[cold]
-    async fn seat_global<'s>(
+    // The wait is returned once and moved into the one that awaits it in
+    // place: boxing it would allocate.
+    #[allow(clippy::type_complexity, clippy::result_large_err)]
+    fn seat_global<'s>(
         &'s self,
         entry: &Entry,
         start: Option<Instant>,
-        options: &CallOptions,
+        own: Option<&CallOptions>,
         global: &'s Bulkhead,
         class: usize,
-    ) -> Result<SeatHeld<&'s Shared>, KeyedRejected> {
-        // Pinned here and polled through a reference: the wait is kept
-        // once, not moved into each future that awaits it.
-        let mut seating = pin!(None);
-        let now = |now| match global.seat_now(class, options, now != Now::Take) {
-            Ok(Ok(held)) => Some(Ok(held)),
-            Ok(Err(wait)) => {
-                seating.set(Some(wait));
-                None
-            }
-            Err(rejected) => Some(Err(rejected)),
+    ) -> Result<
+        Result<SeatHeld<&'s Shared>, KeyedRejected>,
+        impl Future<Output = Result<SeatHeld<&'s Shared>, Rejected>> + use<'s, K, S>,
+    > {
+        let budget = self.budget(own, start);
+        // What is left of the budget is the wait's own `max_wait`, which
+        // the class's line reads with the call's options.
+        let options = own.copied().unwrap_or_default();
+        let options = match budget {
+            Some(budget) => options.waiting_at_most(budget.left),
+            None => options,
         };
-        if let Some(held) = self.global_now(entry, start, Some(options), now) {
-            return held;
-        }
-        let wait = |_turn| {
-            poll_fn(move |cx| {
-                let Some(wait) = seating.as_mut().as_pin_mut() else {
-                    unreachable!("a classed caller told to wait is in its line");
-                };
-                let waited = ready!(wait.poll(cx))?;
-                Poll::Ready(Ok(global.seat_after(class, Admitted::Waited(waited))))
-            })
+        let now = |now| match global.seat_now(class, &options, now != Now::Take) {
+            Ok(Ok(held)) => Ok(Ok(held)),
+            Ok(Err(wait)) => Err(wait),
+            Err(rejected) => Ok(Err(rejected)),
         };
-        self.wait_global(entry, start, Some(options), wait).await
+        self.global_now(entry, start, budget, now)
     }
 
     /// Runs an admitted call under `call_timeout`, whose deadline is armed
@@ -672,18 +671,13 @@ where
         )
     }
 
-    /// The wait for a global permit ended without the global bulkhead
-    /// saying no: our budget ran out (or its timer cannot run), or we were
-    /// closed. Counted for the key, and by the global bulkhead as its own
+    /// The wait for a global permit ended because we were closed.
+    /// Counted for the key, and by the global bulkhead as its own
     /// rejection (the caller waited in its line).
     #[cold]
     #[inline(never)]
-    fn global_gave_up(
-        &self,
-        entry: &Entry,
-        reason: KeyedRejectReason,
-        waited: Duration,
-    ) -> KeyedRejected {
+    fn closed_in_global_line(&self, entry: &Entry, waited: Duration) -> KeyedRejected {
+        let reason = KeyedRejectReason::Closed;
         if let Some(by) = reason.bulkhead_reason() {
             count_global_rejection(entry, &self.counters, by);
             if let Some(global) = &self.global {
@@ -767,13 +761,67 @@ enum Now {
     Queue,
 }
 
-/// How the wait for a global permit failed.
-enum GlobalFailure {
-    Rejected(Rejected),
-    Closed,
-    Timeout,
-    /// The budget's timer cannot run.
-    Unavailable,
+pin_project! {
+    /// The wait for a global permit ([`Inner::wait_global`]): the global
+    /// bulkhead's wait in line (`wait`), which keeps every limit of its
+    /// own, and the listener for `close` (a waiter on `closing`), in one
+    /// future written by hand so that each is kept once and inline. The
+    /// key's gauge of waiters counts the caller once the wait is pending.
+    struct GlobalWait<'a, K, S, W> {
+        inner: &'a Inner<K, S>,
+        entry: &'a Entry,
+        #[pin]
+        wait: W,
+        #[pin]
+        closing: Acquire<'a>,
+        waiting: Option<Counted<'a>>,
+        // When the caller began to wait: for its key, if it did, else here.
+        begun: Option<Instant>,
+    }
+}
+
+impl<K, S, W, P> Future for GlobalWait<'_, K, S, W>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher,
+    W: Future<Output = Result<P, Rejected>>,
+{
+    type Output = Result<P, KeyedRejected>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let (inner, entry) = (*this.inner, *this.entry);
+        let waited = |begun: Option<Instant>| begun.map_or(Duration::ZERO, |b| inner.since(b));
+        let unwinding = GlobalStage::new(inner.global.as_ref(), entry, &inner.counters);
+        let polled = this.wait.poll(cx);
+        unwinding.passed();
+        if let Poll::Ready(acquired) = polled {
+            return Poll::Ready(
+                acquired.map_err(|r| inner.global_rejected(entry, r, waited(*this.begun))),
+            );
+        }
+        this.waiting
+            .get_or_insert_with(|| Counted::new(&entry.waiting_global));
+        this.begun.get_or_insert_with(|| inner.now());
+        // `close` sets the flag, then closes `closing`, which wakes every
+        // waiter on it and fails every later poll.
+        match this.closing.poll(cx) {
+            Poll::Ready(_) => {
+                Poll::Ready(Err(inner.closed_in_global_line(entry, waited(*this.begun))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// A call's wait budget as its global stage begins (see
+/// [`Inner::budget`]).
+#[derive(Clone, Copy)]
+struct Budget {
+    /// The whole budget, for both stages.
+    whole: Duration,
+    /// What the wait for the key left of it.
+    left: Duration,
 }
 
 /// Counts a caller in a gauge until dropped.

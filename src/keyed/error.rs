@@ -298,11 +298,10 @@ impl KeyedRejected {
     }
 
     /// The rejection of the underlying bulkhead (the key's, or the global
-    /// one), when one of them said no. `None` for
-    /// [`TooManyKeys`](KeyedRejectReason::TooManyKeys), for a call turned
-    /// away because the keyed bulkhead was closed before it looked up its
-    /// key, and for a [`GlobalTimeout`](KeyedRejectReason::GlobalTimeout)
-    /// decided by the keyed bulkhead's `max_wait` budget.
+    /// one), when one of them said no: the `max_wait` budget that runs
+    /// out in the global line is that line's `Timeout`. `None` for
+    /// [`TooManyKeys`](KeyedRejectReason::TooManyKeys) and for a call
+    /// turned away because the keyed bulkhead was closed.
     pub fn bulkhead_rejection(&self) -> Option<&Rejected> {
         self.source.as_ref()
     }

@@ -139,6 +139,22 @@ impl FairLine {
     }
 }
 
+/// A gate that is a caller's [`Turn`] where fair shares are on, and open
+/// at once where they are off: one wait for both.
+pub(super) struct TurnIf<'a>(pub(super) Option<Turn<'a>>);
+
+impl Future for TurnIf<'_> {
+    type Output = ();
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut self.get_mut().0 {
+            None => Poll::Ready(()),
+            Some(turn) => Pin::new(turn).poll(cx),
+        }
+    }
+}
+
 /// A caller's wait for its turn: resolves once its key's turn has come
 /// and it is its key's oldest waiter; then, until dropped, it is on its
 /// turn (it queues for a global permit). Dropped, it leaves its key's
