@@ -13,7 +13,7 @@ use super::grants::Grants;
 use super::inner::{Inner, Settings};
 use super::semaphore::PgSemaphore;
 use super::{keeper, sql};
-use crate::lease::{BadTiming, IdSource, Timing, default_label};
+use crate::lease::{IdSource, LeaseSettings, Timing, default_label};
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
 
@@ -27,16 +27,7 @@ pub struct PgSemaphoreBuilder {
     config: Config,
     name: String,
     schema: String,
-    limit: usize,
-    lease_ttl: Duration,
-    renew_every: Option<Duration>,
-    drift_margin: Option<Duration>,
-    max_poll: Duration,
-    label: Option<String>,
-    response_timeout: Duration,
-    outage_tolerance: Duration,
-    timer: Option<Arc<dyn Timer>>,
-    fair: bool,
+    lease: LeaseSettings,
     create_schema: bool,
 }
 
@@ -51,16 +42,7 @@ impl PgSemaphore {
             config,
             name: name.into(),
             schema: "watertight".into(),
-            limit: 1,
-            lease_ttl: Duration::from_secs(30),
-            renew_every: None,
-            drift_margin: None,
-            max_poll: Duration::from_secs(1),
-            label: None,
-            response_timeout: Duration::from_secs(2),
-            outage_tolerance: Duration::from_secs(5),
-            timer: None,
-            fair: true,
+            lease: LeaseSettings::default(),
             create_schema: true,
         }
     }
@@ -90,94 +72,59 @@ impl PgSemaphoreBuilder {
         self
     }
 
-    /// The limit to store if the database holds no row for this semaphore
-    /// yet (default 1). Once stored, the limit in the database wins, and
-    /// [`PgSemaphore::set_limit`] changes it for every client.
-    pub fn limit(mut self, limit: usize) -> Self {
-        self.limit = limit;
-        self
-    }
-
-    /// How long a lease lives without renewal (default 30 s): a crashed
-    /// holder's permit comes back after at most this long. At least 100 ms.
-    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.lease_ttl = ttl;
-        self
-    }
-
-    /// How often held leases are renewed (default: a third of the time to
-    /// live less the [drift margin](Self::drift_margin)). All of a
-    /// handle's leases are renewed in one call.
-    pub fn renew_every(mut self, every: Duration) -> Self {
-        self.renew_every = Some(every);
-        self
-    }
-
-    /// How much sooner than the database this process stops counting on a
-    /// lease (default: 1% of the time to live, at least 10 ms, at most a
-    /// quarter of it).
-    ///
-    /// A lease's local deadline is when the grant or the last successful
-    /// renewal was *sent*, plus the time to live, less this margin; from
-    /// that instant [`LeasedPermit::is_lost`](super::LeasedPermit::is_lost)
-    /// is true. The database starts the time to live when it runs the call
-    /// (`clock_timestamp()`, later than the send), so the holder knows at
-    /// least the margin before anyone else can be granted the permit, as
-    /// long as the two clocks run at rates that differ by less than that
-    /// over one time to live and the database's clock is not stepped.
-    pub fn drift_margin(mut self, margin: Duration) -> Self {
-        self.drift_margin = Some(margin);
-        self
-    }
-
-    /// The longest a waiter sleeps between attempts when no notification
-    /// comes (default 1 s, and never longer than the renewal interval: each
-    /// attempt keeps the waiter's row in the line alive).
-    pub fn max_poll(mut self, every: Duration) -> Self {
-        self.max_poll = every.max(Duration::from_millis(1));
-        self
-    }
-
-    /// A label stored with each lease (the `label` column, shown by
-    /// [`PgSemaphore::holders`]; default: host name and process id).
-    pub fn label(mut self, label: impl Into<String>) -> Self {
-        self.label = Some(label.into());
-        self
-    }
-
-    /// How long to wait for any answer from the database, a new connection
-    /// included, before giving up on it (default 2 s).
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-
-    /// How long a *waiting* [`acquire`](PgSemaphore::acquire) keeps trying
-    /// while the database is unreachable (a restart, a failover) before it
-    /// fails with [`LeaseError::Unavailable`](super::LeaseError::Unavailable)
-    /// (default 5 s). Zero fails at the first failed attempt.
-    pub fn outage_tolerance(mut self, tolerance: Duration) -> Self {
-        self.outage_tolerance = tolerance;
-        self
-    }
-
-    /// The timer for waits between attempts, timeouts and renewals
-    /// (default: [`default_timer`](crate::timer::default_timer)).
-    pub fn timer(mut self, timer: Arc<dyn Timer>) -> Self {
-        self.timer = Some(timer);
-        self
-    }
-
-    /// Whether an attempt waits for those ahead of it in the line
-    /// (default `true`). With `false`, an attempt takes a free permit even
-    /// when others wait (barging): fewer calls per grant when one process
-    /// does most of the work. Its waiters still take a place in the line,
-    /// and every release serves the line first, in arrival order, so
-    /// processes of both kinds share a semaphore without starving anyone;
-    /// only the permits a release leaves free are raced for.
-    pub fn fair(mut self, fair: bool) -> Self {
-        self.fair = fair;
-        self
+    // The settings every leased semaphore has: their setters are written
+    // once (`lease_setters!`), their docs are the database's.
+    crate::lease::lease_setters! {
+        /// The limit to store if the database holds no row for this semaphore
+        /// yet (default 1). Once stored, the limit in the database wins, and
+        /// [`PgSemaphore::set_limit`] changes it for every client.
+        limit;
+        /// How long a lease lives without renewal (default 30 s): a crashed
+        /// holder's permit comes back after at most this long. At least 100 ms.
+        lease_ttl;
+        /// How often held leases are renewed (default: a third of the time to
+        /// live less the [drift margin](Self::drift_margin)). All of a
+        /// handle's leases are renewed in one call.
+        renew_every;
+        /// How much sooner than the database this process stops counting on a
+        /// lease (default: 1% of the time to live, at least 10 ms, at most a
+        /// quarter of it).
+        ///
+        /// A lease's local deadline is when the grant or the last successful
+        /// renewal was *sent*, plus the time to live, less this margin; from
+        /// that instant [`LeasedPermit::is_lost`](super::LeasedPermit::is_lost)
+        /// is true. The database starts the time to live when it runs the call
+        /// (`clock_timestamp()`, later than the send), so the holder knows at
+        /// least the margin before anyone else can be granted the permit, as
+        /// long as the two clocks run at rates that differ by less than that
+        /// over one time to live and the database's clock is not stepped.
+        drift_margin;
+        /// The longest a waiter sleeps between attempts when no notification
+        /// comes (default 1 s, and never longer than the renewal interval: each
+        /// attempt keeps the waiter's row in the line alive).
+        max_poll;
+        /// A label stored with each lease (the `label` column, shown by
+        /// [`PgSemaphore::holders`]; default: host name and process id).
+        label;
+        /// How long to wait for any answer from the database, a new connection
+        /// included, before giving up on it (default 2 s).
+        response_timeout;
+        /// How long a *waiting* [`acquire`](PgSemaphore::acquire) keeps trying
+        /// while the database is unreachable (a restart, a failover) before it
+        /// fails with [`LeaseError::Unavailable`](super::LeaseError::Unavailable)
+        /// (default 5 s). Zero fails at the first failed attempt.
+        outage_tolerance;
+        /// The timer for waits between attempts, timeouts and renewals
+        /// (default: [`default_timer`](crate::timer::default_timer)).
+        timer;
+        /// Whether an attempt waits for those ahead of it in the line
+        /// (default `true`). With `false`, an attempt takes a free permit even
+        /// when others wait (barging): fewer calls per grant when one process
+        /// does most of the work. Its waiters still take a place in the line,
+        /// and every release serves the line first, in arrival order, so
+        /// processes of both kinds share a semaphore without starving anyone;
+        /// only the permits a release leaves free are raced for.
+        fair;
     }
 
     /// Whether `build` creates the schema, its tables and functions when
@@ -217,24 +164,22 @@ impl PgSemaphoreBuilder {
         if !sql::valid_schema(&self.schema) {
             return Err(ConfigError::BadSchema);
         }
-        let ttl_ms = self.lease_ttl.as_millis();
-        if !(100..=(1 << 50)).contains(&ttl_ms) {
-            return Err(ConfigError::BadLeaseTtl);
-        }
-        let Timing { life, renew_every } =
-            Timing::new(self.lease_ttl, self.drift_margin, self.renew_every).map_err(|bad| {
-                match bad {
-                    BadTiming::DriftMargin => ConfigError::BadDriftMargin,
-                    BadTiming::RenewInterval => ConfigError::BadRenewInterval,
-                }
-            })?;
-        let stored_limit = i64::try_from(self.limit).map_err(|_| ConfigError::LimitTooLarge)?;
+        let lease = self.lease;
+        let Timing { life, renew_every } = lease.timing(
+            Duration::from_millis(100),
+            [
+                ConfigError::BadLeaseTtl,
+                ConfigError::BadDriftMargin,
+                ConfigError::BadRenewInterval,
+            ],
+        )?;
+        let stored_limit = i64::try_from(lease.limit).map_err(|_| ConfigError::LimitTooLarge)?;
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?;
-        let timer = match self.timer {
+        let timer = match lease.timer {
             Some(t) => t,
             None => crate::timer::default_timer().ok_or(ConfigError::NoTimer)?,
         };
-        let within = self.response_timeout;
+        let within = lease.response_timeout;
         let bounded = |fut| Timeout::new(fut, timer.sleep(within));
         let set_up = set_up(
             &self.config,
@@ -256,22 +201,22 @@ impl PgSemaphoreBuilder {
             sql::Statements::new(&self.schema),
             grants.clone(),
             timer.clone(),
-            self.response_timeout,
+            lease.response_timeout,
             runtime.clone(),
         );
         conn.live().await.map_err(Failure::config)?;
         let settings = Settings {
-            limit: self.limit,
-            lease_ttl: self.lease_ttl,
+            limit: lease.limit,
+            lease_ttl: lease.lease_ttl,
             life,
             renew_every,
-            max_poll: self.max_poll.min(renew_every),
-            outage_tolerance: self.outage_tolerance,
-            fair: self.fair,
+            max_poll: lease.max_poll.min(renew_every),
+            outage_tolerance: lease.outage_tolerance,
+            fair: lease.fair,
         };
         let inner = Arc::new(Inner::new(
             self.name,
-            self.label.unwrap_or_else(default_label),
+            lease.label.unwrap_or_else(default_label),
             conn,
             grants,
             ids,

@@ -16,9 +16,8 @@ use super::scripts::Scripts;
 use super::semaphore::RedisSemaphore;
 use super::signals::Signals;
 use super::spawn::Spawner;
-use crate::lease::{Background, BadTiming, IdSource, Timing, default_label};
+use crate::lease::{Background, IdSource, LeaseSettings, Timing, default_label};
 use crate::semaphore::Semaphore;
-use crate::timer::Timer;
 
 /// Configures a [`RedisSemaphore`].
 #[derive(Debug)]
@@ -26,21 +25,12 @@ use crate::timer::Timer;
 pub struct RedisSemaphoreBuilder {
     backend: Backend,
     name: String,
-    limit: usize,
-    lease_ttl: Duration,
-    renew_every: Option<Duration>,
-    max_poll: Duration,
+    lease: LeaseSettings,
     key_prefix: String,
-    label: Option<String>,
-    response_timeout: Duration,
     retries: usize,
-    outage_tolerance: Duration,
-    timer: Option<Arc<dyn Timer>>,
     pubsub: bool,
-    drift_margin: Option<Duration>,
     quarantine: bool,
     replicas: Option<(usize, Duration)>,
-    fair: bool,
 }
 
 impl RedisSemaphore {
@@ -60,53 +50,33 @@ impl RedisSemaphoreBuilder {
         Self {
             backend,
             name,
-            limit: 1,
-            lease_ttl: Duration::from_secs(30),
-            renew_every: None,
-            max_poll: Duration::from_secs(1),
+            lease: LeaseSettings::default(),
             key_prefix: "bulkhead".into(),
-            label: None,
-            response_timeout: Duration::from_secs(2),
             retries: 2,
-            outage_tolerance: Duration::from_secs(5),
-            timer: None,
             pubsub: true,
-            drift_margin: None,
             quarantine: true,
             replicas: None,
-            fair: true,
         }
     }
 
-    /// The limit to install if Redis holds none for this semaphore yet
-    /// (default 1). Once stored, the limit in Redis wins, and
-    /// [`RedisSemaphore::set_limit`] changes it for every client.
-    pub fn limit(mut self, limit: usize) -> Self {
-        self.limit = limit;
-        self
-    }
-
-    /// How long a lease lives without renewal (default 30 s): a crashed
-    /// holder's permit comes back after at most this long. At least 10 ms.
-    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.lease_ttl = ttl;
-        self
-    }
-
-    /// How often held leases are renewed (default: a third of the time to
-    /// live less the [drift margin](Self::drift_margin)). All of a
-    /// process's leases are renewed in one script call.
-    pub fn renew_every(mut self, every: Duration) -> Self {
-        self.renew_every = Some(every);
-        self
-    }
-
-    /// The longest a waiter sleeps between attempts when no wake-up comes
-    /// through pub/sub (default 1 s): the safety net should a notification
-    /// be lost.
-    pub fn max_poll(mut self, every: Duration) -> Self {
-        self.max_poll = every.max(Duration::from_millis(1));
-        self
+    // The settings every leased semaphore has: their setters are written
+    // once (`lease_setters!`), their docs are Redis's.
+    crate::lease::lease_setters! {
+        /// The limit to install if Redis holds none for this semaphore yet
+        /// (default 1). Once stored, the limit in Redis wins, and
+        /// [`RedisSemaphore::set_limit`] changes it for every client.
+        limit;
+        /// How long a lease lives without renewal (default 30 s): a crashed
+        /// holder's permit comes back after at most this long. At least 10 ms.
+        lease_ttl;
+        /// How often held leases are renewed (default: a third of the time to
+        /// live less the [drift margin](Self::drift_margin)). All of a
+        /// process's leases are renewed in one script call.
+        renew_every;
+        /// The longest a waiter sleeps between attempts when no wake-up comes
+        /// through pub/sub (default 1 s): the safety net should a notification
+        /// be lost.
+        max_poll;
     }
 
     /// The prefix of every key (default `"bulkhead"`): the keys are
@@ -119,18 +89,13 @@ impl RedisSemaphoreBuilder {
         self
     }
 
-    /// A label stored with each lease and shown by
-    /// [`RedisSemaphore::holders`] (default: host name and process id).
-    pub fn label(mut self, label: impl Into<String>) -> Self {
-        self.label = Some(label.into());
-        self
-    }
-
-    /// How long to wait for any answer from Redis before giving up on it
-    /// (default 2 s).
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
+    crate::lease::lease_setters! {
+        /// A label stored with each lease and shown by
+        /// [`RedisSemaphore::holders`] (default: host name and process id).
+        label;
+        /// How long to wait for any answer from Redis before giving up on it
+        /// (default 2 s).
+        response_timeout;
     }
 
     /// How many times a grant that failed for a transient reason (a
@@ -146,28 +111,23 @@ impl RedisSemaphoreBuilder {
         self
     }
 
-    /// How long a *waiting* [`acquire`](RedisSemaphore::acquire) keeps
-    /// trying while Redis is unreachable (a restart, a failover) before it
-    /// fails with [`LeaseError::Unavailable`](super::LeaseError::Unavailable)
-    /// (default 5 s). Zero fails at the first unanswered attempt.
-    /// The outage is counted from when the first failed call was sent, and
-    /// no call or back-off runs past its end: a call still unanswered then
-    /// is cut short. Only the call that opened the outage gets its whole
-    /// [`response_timeout`](Self::response_timeout), so the acquire fails
-    /// after at most the longer of the two.
-    /// [`try_acquire`](RedisSemaphore::try_acquire) never waits: it fails
-    /// once its `retries` are used up, or one `response_timeout` has
-    /// passed, whichever is first.
-    pub fn outage_tolerance(mut self, tolerance: Duration) -> Self {
-        self.outage_tolerance = tolerance;
-        self
-    }
-
-    /// The timer for waits between attempts and for renewals (default:
-    /// [`default_timer`](crate::timer::default_timer)).
-    pub fn timer(mut self, timer: Arc<dyn Timer>) -> Self {
-        self.timer = Some(timer);
-        self
+    crate::lease::lease_setters! {
+        /// How long a *waiting* [`acquire`](RedisSemaphore::acquire) keeps
+        /// trying while Redis is unreachable (a restart, a failover) before it
+        /// fails with [`LeaseError::Unavailable`](super::LeaseError::Unavailable)
+        /// (default 5 s). Zero fails at the first unanswered attempt.
+        /// The outage is counted from when the first failed call was sent, and
+        /// no call or back-off runs past its end: a call still unanswered then
+        /// is cut short. Only the call that opened the outage gets its whole
+        /// [`response_timeout`](Self::response_timeout), so the acquire fails
+        /// after at most the longer of the two.
+        /// [`try_acquire`](RedisSemaphore::try_acquire) never waits: it fails
+        /// once its `retries` are used up, or one `response_timeout` has
+        /// passed, whichever is first.
+        outage_tolerance;
+        /// The timer for waits between attempts and for renewals (default:
+        /// [`default_timer`](crate::timer::default_timer)).
+        timer;
     }
 
     /// Whether waiters are woken through pub/sub (default `true`). With
@@ -259,61 +219,56 @@ impl RedisSemaphoreBuilder {
         self
     }
 
-    /// Whether waiters in every process are granted permits in arrival
-    /// order (default `true`, as for the local
-    /// [`Semaphore`](crate::semaphore::Semaphore)).
-    ///
-    /// Fair: a waiting [`acquire`](RedisSemaphore::acquire) that finds no
-    /// permit free joins a line in Redis, and a release, an expired lease
-    /// or a raised limit grants the line's head inside the same script,
-    /// then tells only that waiter's process, on a channel of its own: a
-    /// contended grant costs two script calls (the waiter's acquire and
-    /// the holder's release) and one wake-up, and no process can starve
-    /// another by asking more often. A waiter's entry is heartbeaten with
-    /// this process's renewals; the entry of a process that stops (a
-    /// crash) expires after one lease time to live, and the line moves on.
-    ///
-    /// Unfair (`false`, the behaviour before the line existed): waiters
-    /// are not queued; every release publishes `free 1` to every process,
-    /// whose waiters race to run the acquire script, so a process that
-    /// asks again at once after releasing (barging) may take the permit
-    /// before older waiters elsewhere. It saves the hop from the
-    /// releaser to the waiter's process when one process does most of the
-    /// work, at the price of more script calls per grant under contention
-    /// and no bound on how long a waiter waits.
-    ///
-    /// Processes of both kinds may share a semaphore: every release serves
-    /// the line first, and only the permits left over are raced for.
-    /// [`try_acquire`](RedisSemaphore::try_acquire) never joins the line,
-    /// and takes a permit only if nobody waits in it.
-    pub fn fair(mut self, fair: bool) -> Self {
-        self.fair = fair;
-        self
-    }
-
-    /// How much sooner than Redis this process stops counting on a lease
-    /// (default: 1% of the time to live, at least 10 ms, at most a quarter
-    /// of the time to live).
-    ///
-    /// A lease's local deadline is when the grant or the last successful
-    /// renewal was *sent*, plus the time to live, less this margin; from
-    /// that instant [`LeasedPermit::is_lost`](super::LeasedPermit::is_lost)
-    /// is true. Redis starts the time to live when the call arrives, by its
-    /// own clock rounded down to the millisecond, so the holder knows at
-    /// least `margin - 1 ms` before Redis can grant the permit to anyone
-    /// else, as long as the two clocks run at rates that differ by less
-    /// than that over one time to live (NTP keeps them within 500 ppm: 15
-    /// ms over 30 s) and Redis's wall clock is not stepped. Its
-    /// [`Lost`](super::Lost) future and the work of
-    /// [`RedisSemaphore::call`] are woken by the timer, which may be a
-    /// millisecond or two late: leave room for that too.
-    ///
-    /// Must be shorter than the time to live ([`ConfigError::BadDriftMargin`]),
-    /// and leave room for the renewals: `renew_every` must be shorter than
-    /// the time to live less the margin ([`ConfigError::BadRenewInterval`]).
-    pub fn drift_margin(mut self, margin: Duration) -> Self {
-        self.drift_margin = Some(margin);
-        self
+    crate::lease::lease_setters! {
+        /// Whether waiters in every process are granted permits in arrival
+        /// order (default `true`, as for the local
+        /// [`Semaphore`](crate::semaphore::Semaphore)).
+        ///
+        /// Fair: a waiting [`acquire`](RedisSemaphore::acquire) that finds no
+        /// permit free joins a line in Redis, and a release, an expired lease
+        /// or a raised limit grants the line's head inside the same script,
+        /// then tells only that waiter's process, on a channel of its own: a
+        /// contended grant costs two script calls (the waiter's acquire and
+        /// the holder's release) and one wake-up, and no process can starve
+        /// another by asking more often. A waiter's entry is heartbeaten with
+        /// this process's renewals; the entry of a process that stops (a
+        /// crash) expires after one lease time to live, and the line moves on.
+        ///
+        /// Unfair (`false`, the behaviour before the line existed): waiters
+        /// are not queued; every release publishes `free 1` to every process,
+        /// whose waiters race to run the acquire script, so a process that
+        /// asks again at once after releasing (barging) may take the permit
+        /// before older waiters elsewhere. It saves the hop from the
+        /// releaser to the waiter's process when one process does most of the
+        /// work, at the price of more script calls per grant under contention
+        /// and no bound on how long a waiter waits.
+        ///
+        /// Processes of both kinds may share a semaphore: every release serves
+        /// the line first, and only the permits left over are raced for.
+        /// [`try_acquire`](RedisSemaphore::try_acquire) never joins the line,
+        /// and takes a permit only if nobody waits in it.
+        fair;
+        /// How much sooner than Redis this process stops counting on a lease
+        /// (default: 1% of the time to live, at least 10 ms, at most a quarter
+        /// of the time to live).
+        ///
+        /// A lease's local deadline is when the grant or the last successful
+        /// renewal was *sent*, plus the time to live, less this margin; from
+        /// that instant [`LeasedPermit::is_lost`](super::LeasedPermit::is_lost)
+        /// is true. Redis starts the time to live when the call arrives, by its
+        /// own clock rounded down to the millisecond, so the holder knows at
+        /// least `margin - 1 ms` before Redis can grant the permit to anyone
+        /// else, as long as the two clocks run at rates that differ by less
+        /// than that over one time to live (NTP keeps them within 500 ppm: 15
+        /// ms over 30 s) and Redis's wall clock is not stepped. Its
+        /// [`Lost`](super::Lost) future and the work of
+        /// [`RedisSemaphore::call`] are woken by the timer, which may be a
+        /// millisecond or two late: leave room for that too.
+        ///
+        /// Must be shorter than the time to live ([`ConfigError::BadDriftMargin`]),
+        /// and leave room for the renewals: `renew_every` must be shorter than
+        /// the time to live less the margin ([`ConfigError::BadRenewInterval`]).
+        drift_margin;
     }
 
     /// Connects, checks that the user may run the semaphore's scripts and
@@ -362,21 +317,19 @@ impl RedisSemaphoreBuilder {
         if bad(&self.key_prefix) {
             return Err(ConfigError::BadKeyPrefix);
         }
-        let ttl_ms = self.lease_ttl.as_millis();
-        if !(10..=(1 << 50)).contains(&ttl_ms) {
-            return Err(ConfigError::BadLeaseTtl);
-        }
-        let Timing { life, renew_every } =
-            Timing::new(self.lease_ttl, self.drift_margin, self.renew_every).map_err(|bad| {
-                match bad {
-                    BadTiming::DriftMargin => ConfigError::BadDriftMargin,
-                    BadTiming::RenewInterval => ConfigError::BadRenewInterval,
-                }
-            })?;
-        if self.limit > Semaphore::MAX_PERMITS {
+        let lease = self.lease;
+        let Timing { life, renew_every } = lease.timing(
+            Duration::from_millis(10),
+            [
+                ConfigError::BadLeaseTtl,
+                ConfigError::BadDriftMargin,
+                ConfigError::BadRenewInterval,
+            ],
+        )?;
+        if lease.limit > Semaphore::MAX_PERMITS {
             return Err(ConfigError::LimitTooLarge);
         }
-        let timer = match self.timer {
+        let timer = match lease.timer {
             Some(t) => t,
             None => crate::timer::default_timer().ok_or(ConfigError::NoTimer)?,
         };
@@ -390,7 +343,7 @@ impl RedisSemaphoreBuilder {
         let loss_known = Arc::new(AtomicBool::new(false));
         let suspect = Arc::new(AtomicBool::new(false));
         let settings = Settings {
-            response_timeout: self.response_timeout,
+            response_timeout: lease.response_timeout,
             pubsub: self.pubsub,
             timer: timer.clone(),
             spawner: spawner.clone(),
@@ -426,45 +379,45 @@ impl RedisSemaphoreBuilder {
             .map_err(ConfigError::of)?;
         if self.pubsub {
             // The channel the subscriber will keep (see `Inner::channel`).
-            let channel = match self.fair {
+            let channel = match lease.fair {
                 true => format!("{}:{token}", keys.channel),
                 false => keys.channel.clone(),
             };
             connected
                 .subscriber
-                .check(&channel, &*timer, self.response_timeout)
+                .check(&channel, &*timer, lease.response_timeout)
                 .await?;
         }
-        let label = self.label.unwrap_or_else(default_label);
+        let label = lease.label.unwrap_or_else(default_label);
         let signals = Arc::new(Signals::new(self.pubsub));
         let inner = Arc::new(Inner {
             name: self.name.into(),
             keys,
             conn,
             scripts,
-            ttl: self.lease_ttl,
+            ttl: lease.lease_ttl,
             life,
             renew_every,
-            max_poll: self.max_poll,
+            max_poll: lease.max_poll,
             label,
-            default_limit: self.limit,
+            default_limit: lease.limit,
             retries: self.retries,
-            outage_tolerance: self.outage_tolerance,
-            response_timeout: self.response_timeout,
+            outage_tolerance: lease.outage_tolerance,
+            response_timeout: lease.response_timeout,
             timer,
             spawner,
             signals,
             leases: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
-            limit_seen: AtomicUsize::new(self.limit),
+            limit_seen: AtomicUsize::new(lease.limit),
             ids,
             fence_seen: AtomicU64::new(0),
             quarantine_ms: match self.quarantine {
-                true => u64::try_from(self.lease_ttl.as_millis()).unwrap_or(u64::MAX),
+                true => u64::try_from(lease.lease_ttl.as_millis()).unwrap_or(u64::MAX),
                 false => 0,
             },
             failover,
-            fair: self.fair,
+            fair: lease.fair,
             token,
             background: Background::default(),
         });
