@@ -7,13 +7,11 @@ use std::time::Duration;
 
 use tokio_postgres::{Config, NoTls};
 
-use super::conn::Conn;
 use super::error::{ConfigError, Failure};
-use super::grants::Grants;
 use super::inner::{Inner, Settings};
 use super::semaphore::PgSemaphore;
 use super::{keeper, sql};
-use crate::lease::{IdSource, LeaseSettings, Timing, default_label};
+use crate::lease::{LeaseSettings, Timing, default_label};
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
 
@@ -192,19 +190,6 @@ impl PgSemaphoreBuilder {
             .await
             .unwrap_or_else(|_elapsed| Err(Failure::silent(within).config()))?;
 
-        let ids = IdSource::new();
-        let channel = format!("wt_{:016x}{:016x}", ids.random(), ids.random());
-        let grants = Arc::new(Grants::default());
-        let conn = Conn::new(
-            self.config,
-            channel,
-            sql::Statements::new(&self.schema),
-            grants.clone(),
-            timer.clone(),
-            lease.response_timeout,
-            runtime.clone(),
-        );
-        conn.live().await.map_err(Failure::config)?;
         let settings = Settings {
             limit: lease.limit,
             lease_ttl: lease.lease_ttl,
@@ -212,18 +197,19 @@ impl PgSemaphoreBuilder {
             renew_every,
             max_poll: lease.max_poll.min(renew_every),
             outage_tolerance: lease.outage_tolerance,
+            response_timeout: lease.response_timeout,
             fair: lease.fair,
         };
         let inner = Arc::new(Inner::new(
             self.name,
             lease.label.unwrap_or_else(default_label),
-            conn,
-            grants,
-            ids,
+            self.config,
+            &self.schema,
             timer,
             runtime,
             settings,
         ));
+        inner.conn.live().await.map_err(Failure::config)?;
         // The limit stored, which may not be the builder's.
         let sem = PgSemaphore { inner };
         let limit = sem.inner.read_limit().await.map_err(Failure::config)?;

@@ -11,9 +11,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use tokio_postgres::Config;
+
 use super::conn::Conn;
 use super::error::{Failure, Kind, LeaseError};
 use super::grants::Grants;
+use super::sql;
 use super::{LeasedPermit, PgSemaphore};
 use crate::lease::{Background, IdSource, Lease, Released};
 use crate::loom::lock;
@@ -56,17 +59,31 @@ pub(super) struct Reply {
 }
 
 impl Inner {
-    #[allow(clippy::too_many_arguments)]
+    /// The state of a semaphore whose settings `build` checked. The id
+    /// source, the grants and the connection are made here: they are this
+    /// state's alone, and the connection listens on a channel named from
+    /// the ids and hands the grants it hears to `grants`.
     pub(super) fn new(
         name: String,
         label: String,
-        conn: Conn,
-        grants: Arc<Grants>,
-        ids: IdSource,
+        config: Config,
+        schema: &str,
         timer: Arc<dyn Timer>,
         runtime: tokio::runtime::Handle,
         settings: Settings,
     ) -> Self {
+        let ids = IdSource::new();
+        let channel = format!("wt_{:016x}{:016x}", ids.random(), ids.random());
+        let grants = Arc::new(Grants::default());
+        let conn = Conn::new(
+            config,
+            channel,
+            sql::Statements::new(schema),
+            grants.clone(),
+            timer.clone(),
+            settings.response_timeout,
+            runtime.clone(),
+        );
         let limit = settings.limit;
         Self {
             name,
@@ -309,6 +326,8 @@ pub(super) struct Settings {
     pub(super) renew_every: Duration,
     pub(super) max_poll: Duration,
     pub(super) outage_tolerance: Duration,
+    /// How long the connection waits for any answer.
+    pub(super) response_timeout: Duration,
     pub(super) fair: bool,
 }
 
