@@ -110,3 +110,35 @@ pub(crate) async fn to_end<S: LeaseStore, F: Future, E>(
         lost: permit.lost_reason(),
     }
 }
+
+/// A leased semaphore's `call` and `call_to_end`, written once for the
+/// Redis and the PostgreSQL semaphore over [`until_lost`] and [`to_end`]:
+/// each waits as the semaphore's `acquire` does and fails with its
+/// `$error`, whose `Lost` variant tells a call dropped for a lost lease.
+/// The docs of `call` and of `call_to_end` are the backend's, each ended
+/// by `;`.
+macro_rules! leased_calls {
+    (
+        $error:ident;
+        $(#[$call_doc:meta])* ;
+        $(#[$to_end_doc:meta])* ;
+    ) => {
+        $(#[$call_doc])*
+        pub async fn call<F: ::core::future::Future>(
+            &self,
+            work: F,
+        ) -> Result<F::Output, $error> {
+            $crate::lease::until_lost(self.acquire().await, work, $error::Lost).await
+        }
+
+        $(#[$to_end_doc])*
+        pub async fn call_to_end<F: ::core::future::Future>(
+            &self,
+            work: F,
+        ) -> $crate::lease::Completed<Result<F::Output, $error>> {
+            $crate::lease::to_end(self.acquire().await, work).await
+        }
+    };
+}
+
+pub(crate) use leased_calls;

@@ -25,7 +25,7 @@ mod timing;
 pub(crate) use background::Background;
 pub use bulkhead::{LeasedBulkhead, LeasedBulkheadBuilder, LeasedBulkheadPermit};
 pub use call::Completed;
-pub(crate) use call::{UntilLost, to_end, until_lost};
+pub(crate) use call::{UntilLost, leased_calls, to_end, until_lost};
 pub use holder::Holder;
 pub(crate) use id::IdSource;
 pub use lost::Lost;

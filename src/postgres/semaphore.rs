@@ -1,7 +1,6 @@
 //! The handle and its public methods.
 
 use core::fmt;
-use core::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -9,7 +8,7 @@ use std::time::Duration;
 use super::LeasedPermit;
 use super::error::{Failure, LeaseError};
 use super::inner::{Attempt, Down, Inner};
-use crate::lease::{self, Completed, Holder};
+use crate::lease::{self, Holder};
 
 /// A semaphore whose permits are leases in PostgreSQL, shared by every
 /// process that names it in the same schema. Clones share one connection.
@@ -126,36 +125,32 @@ impl PgSemaphore {
         self.inner.try_acquire(permits).await
     }
 
-    /// Runs `work` under a lease that [`acquire`](Self::acquire) grants,
-    /// and drops it unfinished at the instant the lease is lost (see
-    /// [`LeasedPermit::lost`](super::LeasedPermit::lost)); the lease is
-    /// released in the background afterwards.
-    ///
-    /// # Errors
-    ///
-    /// [`LeaseError::Lost`] when the work was dropped for that; the errors
-    /// of [`acquire`](Self::acquire) before it ran.
-    ///
-    /// # Cancel safety
-    ///
-    /// The work is dropped with the future, and the lease (or a grant still
-    /// on its way) released in the background.
-    pub async fn call<F: Future>(&self, work: F) -> Result<F::Output, LeaseError> {
-        lease::until_lost(self.acquire().await, work, LeaseError::Lost).await
-    }
+    lease::leased_calls! {
+        LeaseError;
+        /// Runs `work` under a lease that [`acquire`](Self::acquire) grants,
+        /// and drops it unfinished at the instant the lease is lost (see
+        /// [`LeasedPermit::lost`](super::LeasedPermit::lost)); the lease is
+        /// released in the background afterwards.
+        ///
+        /// # Errors
+        ///
+        /// [`LeaseError::Lost`] when the work was dropped for that; the errors
+        /// of [`acquire`](Self::acquire) before it ran.
+        ///
+        /// # Cancel safety
+        ///
+        /// The work is dropped with the future, and the lease (or a grant still
+        /// on its way) released in the background.
+        ;
 
-    /// Waits for a permit as [`acquire`](Self::acquire) does, runs `work`
-    /// to its end while it holds the lease, and says whether the lease was
-    /// lost before the work ended.
-    ///
-    /// # Cancel safety
-    ///
-    /// As for [`call`](Self::call).
-    pub async fn call_to_end<F: Future>(
-        &self,
-        work: F,
-    ) -> Completed<Result<F::Output, LeaseError>> {
-        lease::to_end(self.acquire().await, work).await
+        /// Waits for a permit as [`acquire`](Self::acquire) does, runs `work`
+        /// to its end while it holds the lease, and says whether the lease was
+        /// lost before the work ended.
+        ///
+        /// # Cancel safety
+        ///
+        /// As for [`call`](Self::call).
+        ;
     }
 
     /// Lists the unexpired leases, oldest grant first: what
