@@ -119,7 +119,7 @@ enum Kind {
 }
 
 /// Which kinds have priority classes.
-const CLASSED: [&str; 3] = ["classed", "keyed-classed", "tower"];
+const CLASSED: [&str; 5] = ["classed", "keyed-classed", "tower", "redis", "postgres"];
 
 /// What every kind of a test is built with.
 #[derive(Clone, Copy)]
@@ -191,7 +191,9 @@ impl Kind {
                 .build()
                 .await
                 .unwrap();
-            let mut rb = RedisBulkhead::builder(sem).max_wait(max_wait);
+            let mut rb = RedisBulkhead::builder(sem)
+                .max_wait(max_wait)
+                .priority_classes(2);
             if let Some((target, interval)) = setup.queue_delay {
                 rb = rb.queue_delay(target, interval);
             }
@@ -205,7 +207,9 @@ impl Kind {
                 .build()
                 .await
                 .unwrap();
-            let mut pb = PgBulkhead::builder(sem).max_wait(max_wait);
+            let mut pb = PgBulkhead::builder(sem)
+                .max_wait(max_wait)
+                .priority_classes(2);
             if let Some((target, interval)) = setup.queue_delay {
                 pb = pb.queue_delay(target, interval);
             }

@@ -8,14 +8,14 @@
 #[path = "common/pg_server.rs"]
 mod pg_server;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pg_server::PgServer;
 use tokio::time::{sleep, timeout};
 use watertight::postgres::{ConfigError, LeaseError, PgBulkhead, PgSemaphore, PgSemaphoreBuilder};
-use watertight::{BulkheadError, RejectReason};
+use watertight::{BuildErrorKind, BulkheadError, CallOptions, RejectReason};
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -870,4 +870,141 @@ async fn panicking_user_code_keeps_no_lease() {
     // The permit is free again for anyone.
     seen.panic_on_permit.store(false, Ordering::SeqCst);
     other.try_acquire().await.unwrap().release().await.unwrap();
+}
+
+/// Priority classes order this process's waiters and nothing else: a
+/// lease the database grants to this process's waiter of class 1 goes to
+/// its waiter of class 0 that came later, and the one of class 1 goes back
+/// in line and is served next; another process's waiter, in line before
+/// both, is served first all the same (the database's line keeps its
+/// order). Zero classes is a build error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priority_classes_order_this_processs_waiters_only() {
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    let handle = || {
+        builder(&server.url(), "classes")
+            // No poll within the test: only a notification wakes a waiter.
+            .max_poll(Duration::from_secs(30))
+            .build()
+    };
+    let (other, ours) = (handle().await.unwrap(), handle().await.unwrap());
+    let refused = PgBulkhead::builder(ours.clone())
+        .priority_classes(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(refused.kind(), BuildErrorKind::NoPriorityClass);
+    let bh = PgBulkhead::builder(ours)
+        .max_wait(PATIENCE)
+        .priority_classes(2)
+        .build()
+        .unwrap();
+    let held = other.acquire().await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let server = &server;
+    let waiting = |n: usize| move || count(server, "SELECT count(*) FROM watertight.waiters") == n;
+    let elsewhere = tokio::spawn({
+        let (other, order) = (other.clone(), order.clone());
+        async move {
+            let permit = other.acquire().await.unwrap();
+            order.lock().unwrap().push("elsewhere");
+            sleep(Duration::from_millis(20)).await;
+            permit.release().await.unwrap();
+        }
+    });
+    until("another process waits", waiting(1)).await;
+    let call = |class: usize, name: &'static str| {
+        let (bh, order) = (bh.clone(), order.clone());
+        tokio::spawn(async move {
+            let options = CallOptions::new().class(class);
+            bh.call_with(options, async {
+                order.lock().unwrap().push(name);
+                sleep(Duration::from_millis(20)).await;
+                Ok::<_, ()>(())
+            })
+            .await
+            .unwrap();
+        })
+    };
+    let low = call(1, "class 1");
+    until("class 1 waits", waiting(2)).await;
+    let high = call(0, "class 0");
+    until("class 0 waits behind it", waiting(3)).await;
+    held.release().await.unwrap();
+    for task in [elsewhere, low, high] {
+        timeout(PATIENCE, task).await.unwrap().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), ["elsewhere", "class 0", "class 1"]);
+    let metrics = bh.metrics();
+    assert_eq!((metrics.in_flight(), metrics.queued()), (0, 0));
+    assert_eq!(metrics.permitted(), 2);
+    until("nothing held or waiting", || {
+        count(server, "SELECT count(*) FROM watertight.leases") == 0 && waiting(0)()
+    })
+    .await;
+}
+
+/// Adaptive LIFO on this process's line: once a wait past the target has
+/// made the line stand, a lease the database grants to this process's
+/// older waiter goes to its newer one, and the older goes back in line.
+/// It needs `queue_delay`, as the in-process bulkhead's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_lifo_serves_the_newest_of_this_processs_waiters_while_its_line_stands() {
+    const TARGET: Duration = Duration::from_millis(300);
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    let handle = || {
+        builder(&server.url(), "lifo")
+            .max_poll(Duration::from_secs(30))
+            .build()
+    };
+    let (other, ours) = (handle().await.unwrap(), handle().await.unwrap());
+    let refused = PgBulkhead::builder(ours.clone())
+        .adaptive_lifo(true)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        BuildErrorKind::AdaptiveLifoWithoutQueueDelay
+    );
+    let bh = PgBulkhead::builder(ours)
+        .max_wait(PATIENCE)
+        .queue_delay(TARGET, Duration::ZERO)
+        .adaptive_lifo(true)
+        .build()
+        .unwrap();
+    let held = other.acquire().await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let server = &server;
+    let waiting = |n: usize| move || count(server, "SELECT count(*) FROM watertight.waiters") == n;
+    let call = |name: &'static str| {
+        let (bh, order) = (bh.clone(), order.clone());
+        tokio::spawn(async move {
+            bh.call(async {
+                order.lock().unwrap().push(name);
+                sleep(Duration::from_millis(20)).await;
+                Ok::<_, ()>(())
+            })
+            .await
+        })
+    };
+    let first = call("first");
+    until("the first waits", waiting(1)).await;
+    // Past the target: served, it makes the line stand.
+    sleep(TARGET + Duration::from_millis(50)).await;
+    let older = call("older");
+    until("an older waiter", waiting(2)).await;
+    let newer = call("newer");
+    until("a newer one", waiting(3)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    for task in [first, older, newer] {
+        timeout(PATIENCE, task).await.unwrap().unwrap().unwrap();
+    }
+    // Neither later waiter waited the target (it would have been cut).
+    assert!(released.elapsed() < TARGET, "{:?}", released.elapsed());
+    assert_eq!(*order.lock().unwrap(), ["first", "newer", "older"]);
+    assert_eq!(bh.metrics().in_flight(), 0);
 }

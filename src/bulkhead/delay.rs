@@ -122,6 +122,14 @@ impl LineDelay {
         }
     }
 
+    /// Adaptive LIFO on a line with no semaphore of its own (a leased
+    /// bulkhead's): whether the newest waiter is served first now.
+    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+    #[inline]
+    pub(crate) fn serves_newest(&self) -> bool {
+        self.lifo && self.overloaded.load(Ordering::Acquire)
+    }
+
     /// Wakes the front waiter to look at its wait (see the
     /// [module notes](self)).
     #[inline]

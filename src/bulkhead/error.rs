@@ -665,6 +665,9 @@ pub enum BuildErrorKind {
     /// `priorities` was given no class, or only shares of zero: no class
     /// would be guaranteed a seat, and the split is undefined.
     NoPriorityShare,
+    /// A leased bulkhead's `priority_classes` was zero: a caller would have
+    /// no class to wait in.
+    NoPriorityClass,
     /// `adaptive_lifo` was set without `queue_delay`: nothing would say
     /// when the line stands, which is when it serves the newest first.
     AdaptiveLifoWithoutQueueDelay,
@@ -729,6 +732,7 @@ impl fmt::Display for BuildError {
             BuildErrorKind::NoPriorityShare => {
                 "priorities needs at least one class with a share greater than zero"
             }
+            BuildErrorKind::NoPriorityClass => "priority_classes must be at least 1",
             BuildErrorKind::AdaptiveLifoWithoutQueueDelay => {
                 "adaptive_lifo needs queue_delay, which finds when the line stands"
             }

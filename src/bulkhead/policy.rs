@@ -271,6 +271,15 @@ impl Policy {
         Some(self.line_now())
     }
 
+    /// Adaptive LIFO, for a line whose waiters are served by the caller
+    /// (a leased bulkhead's): whether the line stands, so that the newest
+    /// waiter goes first.
+    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+    #[inline]
+    pub(crate) fn serves_newest(&self) -> bool {
+        self.delay.as_deref().is_some_and(LineDelay::serves_newest)
+    }
+
     /// Controlled delay's cut, for a waiter that started at `start`: its
     /// wait if the line stands and it has waited the target, else `None`.
     #[inline(never)]

@@ -2,11 +2,14 @@
 //! type for every store, generic over the [`LeaseStore`] seam.
 
 use core::fmt;
-use core::future::Future;
+use core::future::{Future, poll_fn};
+use core::pin::pin;
+use core::task::Poll;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use super::handoff::{LocalLine, Place};
 use super::store::{Attempt, Down, LeaseStore};
 use super::{Completed, LeasedPermit, Lost, UntilLost};
 use crate::LostReason;
@@ -18,7 +21,8 @@ use crate::bulkhead::wait::{Line, Waited};
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
 use crate::{
-    BuildError, BulkheadBuilder, BulkheadError, CallOptions, Metrics, RejectReason, Rejected,
+    BuildError, BuildErrorKind, BulkheadBuilder, BulkheadError, CallOptions, Metrics, RejectReason,
+    Rejected,
 };
 
 /// A [`Bulkhead`](crate::Bulkhead) whose permits are leases in a store
@@ -62,6 +66,9 @@ struct Shared<S: LeaseStore> {
     in_flight: AtomicUsize,
     /// Notified when `in_flight` comes down to zero.
     idle: Idle,
+    /// With priority classes or adaptive LIFO: this process's waiters, to
+    /// whom a lease granted to one of them goes.
+    local: Option<LocalLine<LeasedPermit<S>>>,
 }
 
 /// Configures a [`LeasedBulkhead`]: the settings of [`BulkheadBuilder`]
@@ -71,6 +78,7 @@ struct Shared<S: LeaseStore> {
 pub struct LeasedBulkheadBuilder<S: LeaseStore> {
     sem: S,
     policy: BulkheadBuilder,
+    classes: Option<usize>,
 }
 
 impl<S: LeaseStore> LeasedBulkheadBuilder<S> {
@@ -95,6 +103,50 @@ impl<S: LeaseStore> LeasedBulkheadBuilder<S> {
     /// store keeps its arrival order.
     pub fn queue_delay(mut self, target: Duration, interval: Duration) -> Self {
         self.policy = self.policy.queue_delay(target, interval);
+        self
+    }
+
+    /// Priority classes on this process's line: `classes` classes, 0 the
+    /// most important, named by [`CallOptions::class`] (a class past the
+    /// last, or none, is the least important). A lease the store grants to
+    /// one of this process's waiters goes to the first to arrive of the
+    /// most important class waiting here; a waiter that hands its lease on
+    /// goes back to the end of the store's line, within its own limits
+    /// (`max_wait`, a deadline). The store's line keeps its arrival order,
+    /// so other processes are served as without classes, and no permit is
+    /// set aside for a class: the limit is shared with every process.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn doc(sem: watertight::redis::RedisSemaphore) {
+    /// use std::time::Duration;
+    /// use watertight::CallOptions;
+    /// use watertight::redis::RedisBulkhead;
+    ///
+    /// let bh = RedisBulkhead::builder(sem)
+    ///     .max_wait(Duration::from_secs(1))
+    ///     .priority_classes(2)
+    ///     .build()
+    ///     .unwrap();
+    /// // Served before this process's callers of class 1 that wait too.
+    /// let urgent = bh.call_with(CallOptions::new().class(0), async { Ok::<_, ()>(()) });
+    /// # urgent.await.unwrap();
+    /// # }
+    /// ```
+    pub fn priority_classes(mut self, classes: usize) -> Self {
+        self.classes = Some(classes);
+        self
+    }
+
+    /// As [`BulkheadBuilder::adaptive_lifo`], on this process's line
+    /// (needs [`queue_delay`](Self::queue_delay)): while it stands, a
+    /// lease granted to one of this process's waiters goes to its newest
+    /// waiter (of the most important class), and the one it was granted
+    /// to goes back to the end of the store's line. The store's line keeps
+    /// its arrival order.
+    pub fn adaptive_lifo(mut self, on: bool) -> Self {
+        self.policy = self.policy.adaptive_lifo(on);
         self
     }
 
@@ -152,8 +204,16 @@ impl<S: LeaseStore> LeasedBulkheadBuilder<S> {
     ///
     /// # Errors
     ///
-    /// As [`BulkheadBuilder::build`], for the settings above.
+    /// As [`BulkheadBuilder::build`], for the settings above, and
+    /// [`BuildErrorKind::NoPriorityClass`](crate::BuildErrorKind::NoPriorityClass)
+    /// for `priority_classes(0)`.
     pub fn build(self) -> Result<LeasedBulkhead<S>, BuildError> {
+        let local = match (self.classes, self.policy.adaptive_lifo) {
+            (Some(0), _) => return Err(BuildError::new(BuildErrorKind::NoPriorityClass)),
+            (Some(classes), _) => Some(LocalLine::new(classes)),
+            (None, true) => Some(LocalLine::new(1)),
+            (None, false) => None,
+        };
         let name = self.sem.name().to_owned();
         // The permits free are the fleet's, which only the store knows.
         #[cfg_attr(not(feature = "metrics"), allow(unused_mut))]
@@ -170,6 +230,7 @@ impl<S: LeaseStore> LeasedBulkheadBuilder<S> {
                 sem: self.sem,
                 in_flight: AtomicUsize::new(0),
                 idle: Idle::default(),
+                local,
             }),
         })
     }
@@ -181,6 +242,7 @@ impl<S: LeaseStore> LeasedBulkhead<S> {
         LeasedBulkheadBuilder {
             sem,
             policy: BulkheadBuilder::new(),
+            classes: None,
         }
     }
 
@@ -224,8 +286,10 @@ impl<S: LeaseStore> LeasedBulkhead<S> {
     /// admission, as [`Bulkhead::call_with`](crate::Bulkhead::call_with)'s,
     /// on this process's line: a call that cannot make its deadline is
     /// rejected before it asks the store, or once the store says it must
-    /// wait), a `max_wait` of its own. A class changes nothing here: the
-    /// line in the store is served in arrival order.
+    /// wait), a `max_wait` of its own, and with
+    /// [`priority_classes`](LeasedBulkheadBuilder::priority_classes) a
+    /// class, which orders this process's waiters (the line in the store
+    /// is served in arrival order).
     ///
     /// # Errors
     ///
@@ -438,7 +502,15 @@ impl<S: LeaseStore> LeasedBulkhead<S> {
                 let _left = LeftLine(&s.policy);
                 let down = Down::default();
                 let acquire = async {
-                    s.sem.wait_from(busy, &down).await.map_err(|e| {
+                    let waited = match &s.local {
+                        None => s.sem.wait_from(busy, &down).await,
+                        Some(local) => {
+                            let class = local.class_of(options.class_named());
+                            let place = local.join(class);
+                            wait_classed(&s.sem, &s.policy, &place, busy, &down).await
+                        }
+                    };
+                    waited.map_err(|e| {
                         let reason = S::reason(&e);
                         down.set(Some(e));
                         reason
@@ -554,6 +626,46 @@ impl<S: LeaseStore> LeasedBulkhead<S> {
 /// The rejection for an acquire that failed with `e`; the error is its
 /// source when it made the call `Unavailable`.
 #[cold]
+/// The wait of a caller on a bulkhead with priority classes or adaptive
+/// LIFO, from its first attempt (`busy`), in its `place` in this process's
+/// line: a lease handed to it by another waiter, or one the store grants
+/// it, which it hands on to the waiter of this process it is owed to if
+/// that is another (see `LocalLine`), then going back in the store's line,
+/// at its end.
+async fn wait_classed<S: LeaseStore>(
+    sem: &S,
+    policy: &Policy,
+    place: &Place<'_, LeasedPermit<S>>,
+    busy: S::Busy,
+    down: &Down<S::Error>,
+) -> Result<LeasedPermit<S>, S::Error> {
+    let mut next = Attempt::Busy(busy);
+    loop {
+        let lease = match next {
+            Attempt::Granted(lease) => lease,
+            Attempt::Busy(busy) => {
+                let mut own = pin!(sem.wait_from(busy, down));
+                let granted = poll_fn(|cx| {
+                    if let Poll::Ready(lease) = place.poll_given(cx) {
+                        return Poll::Ready(Ok(lease));
+                    }
+                    own.as_mut().poll(cx).map(Err)
+                })
+                .await;
+                match granted {
+                    // Handed on by another waiter: its own wait is done.
+                    Ok(given) => return Ok(given),
+                    Err(own) => own?,
+                }
+            }
+        };
+        if let Err(lease) = place.hand_on(lease, policy.serves_newest()) {
+            return Ok(lease);
+        }
+        next = sem.first_attempt().await?;
+    }
+}
+
 fn refused<S: LeaseStore>(policy: &Policy, e: S::Error) -> Rejected {
     let rejected = policy.reject_now(S::reason(&e));
     match rejected.reason() {

@@ -12,6 +12,7 @@
 mod background;
 mod bulkhead;
 mod call;
+mod handoff;
 mod holder;
 mod id;
 mod lost;
