@@ -12,6 +12,7 @@
 mod background;
 mod bulkhead;
 mod call;
+mod held;
 mod holder;
 mod id;
 mod lost;
@@ -26,6 +27,7 @@ pub(crate) use background::Background;
 pub use bulkhead::{LeasedBulkhead, LeasedBulkheadBuilder, LeasedBulkheadPermit};
 pub use call::Completed;
 pub(crate) use call::{UntilLost, leased_calls, to_end, until_lost};
+pub(crate) use held::HeldLeases;
 pub use holder::Holder;
 pub(crate) use id::IdSource;
 pub use lost::Lost;

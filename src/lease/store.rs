@@ -8,7 +8,7 @@ use core::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::LeasedPermit;
+use super::{HeldLeases, LeasedPermit};
 use crate::RejectReason;
 use crate::loom::lock;
 use crate::timer::Timer;
@@ -124,8 +124,12 @@ pub(crate) mod sealed {
         ) -> impl Future<Output = Result<(), Self::LimitError>> + Send;
         fn close(&self);
         fn is_closed(&self) -> bool;
+        /// The leases this process holds of the store.
+        fn held(&self) -> &HeldLeases;
         /// Stops renewing the lease `id`.
-        fn forget_lease(&self, id: &str);
+        fn forget_lease(&self, id: &str) {
+            self.held().forget(id);
+        }
         /// Releases `id` in a task of its own (a dropped permit, an acquire
         /// dropped while a grant may exist): if the store cannot be
         /// reached, the lease expires within its time to live.

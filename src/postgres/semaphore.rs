@@ -39,7 +39,7 @@ impl PgSemaphore {
 
     /// How many leases this handle (and its clones) holds now.
     pub fn held_here(&self) -> usize {
-        self.inner.lock_leases().len()
+        self.inner.held.len()
     }
 
     /// Waits for a permit: one call of the `acquire` function per attempt.

@@ -4,9 +4,8 @@
 //! acquire attempts, the keeper, the permits, the handle) work on it; it
 //! imports none of them.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::Value;
@@ -18,8 +17,7 @@ use super::keys::Keys;
 use super::scripts::{Call, Scripts};
 use super::signals::Signals;
 use super::spawn::Spawner;
-use crate::lease::Lease;
-use crate::lease::{Background, IdSource};
+use crate::lease::{Background, HeldLeases, IdSource};
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
 
@@ -46,7 +44,7 @@ pub(super) struct Inner {
     pub(super) spawner: Spawner,
     pub(super) signals: Arc<Signals>,
     /// The leases this process holds, for the keeper to renew.
-    pub(super) leases: Mutex<HashMap<String, Arc<Lease>>>,
+    pub(super) held: HeldLeases,
     pub(super) closed: AtomicBool,
     /// The limit in Redis, as of the last script that read it.
     pub(super) limit_seen: AtomicUsize,
@@ -117,14 +115,6 @@ impl Inner {
             true => format!("{}:{}", self.keys.channel, self.token),
             false => self.keys.channel.clone(),
         }
-    }
-
-    pub(super) fn lock_leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Lease>>> {
-        self.leases.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(super) fn forget_lease(&self, id: &str) {
-        self.lock_leases().remove(id);
     }
 
     pub(super) async fn release_id(&self, id: &str) -> redis::RedisResult<ReleaseOutcome> {

@@ -55,7 +55,7 @@ impl RedisSemaphore {
 
     /// How many leases this process holds now.
     pub fn held_here(&self) -> usize {
-        self.inner.lock_leases().len()
+        self.inner.held.len()
     }
 
     /// How this process's waiters are woken now: through pub/sub, or by

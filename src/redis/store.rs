@@ -10,7 +10,7 @@ use super::attempt::{self, Attempt, Busy, Down};
 use super::inner::ReleaseOutcome;
 use super::{LeaseError, LeasedPermit, RedisSemaphore, ReleaseError};
 use crate::RejectReason;
-use crate::lease::{Released, Store};
+use crate::lease::{HeldLeases, Released, Store};
 use crate::timer::Timer;
 
 impl Store for RedisSemaphore {
@@ -90,8 +90,8 @@ impl Store for RedisSemaphore {
         RedisSemaphore::is_closed(self)
     }
 
-    fn forget_lease(&self, id: &str) {
-        self.inner.forget_lease(id);
+    fn held(&self) -> &HeldLeases {
+        &self.inner.held
     }
 
     fn release_in_background(&self, id: String) {
