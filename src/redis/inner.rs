@@ -17,7 +17,7 @@ use super::keys::Keys;
 use super::scripts::{Call, Scripts};
 use super::signals::Signals;
 use super::spawn::Spawner;
-use crate::lease::{Background, HeldLeases, IdSource};
+use crate::lease::{Background, HeldLeases, IdSource, Released};
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
 
@@ -78,16 +78,6 @@ impl Drop for Inner {
     }
 }
 
-/// What the release script found.
-pub(super) enum ReleaseOutcome {
-    /// The lease was unexpired and is now gone.
-    InTime,
-    /// The lease had expired this long ago (still in Redis, now removed).
-    Late(Duration),
-    /// Nothing was held under the id.
-    Gone,
-}
-
 impl Inner {
     /// Starts the watch of the replication id (with the quarantine on): a task
     /// of its own, so that a slow `INFO` never holds up a renewal. It holds
@@ -117,14 +107,15 @@ impl Inner {
         }
     }
 
-    pub(super) async fn release_id(&self, id: &str) -> redis::RedisResult<ReleaseOutcome> {
+    /// What the release script found for `id`.
+    pub(super) async fn release_id(&self, id: &str) -> redis::RedisResult<Released> {
         let mut call = Call::new(&self.scripts.release, &self.keys.all()[..10], 1);
         call.arg(id);
         let left: Option<i64> = call.invoke(&mut self.conn.clone()).await?;
         Ok(match left {
-            None => ReleaseOutcome::Gone,
-            Some(ms) if ms > 0 => ReleaseOutcome::InTime,
-            Some(ms) => ReleaseOutcome::Late(millis(-ms)),
+            None => Released::Gone,
+            Some(ms) if ms > 0 => Released::InTime,
+            Some(ms) => Released::Late(millis(-ms)),
         })
     }
 

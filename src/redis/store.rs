@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::attempt::{self, Attempt, Busy, Down};
-use super::inner::ReleaseOutcome;
 use super::{LeaseError, LeasedPermit, RedisSemaphore, ReleaseError};
 use crate::RejectReason;
 use crate::lease::{HeldLeases, Released, Store};
@@ -99,13 +98,7 @@ impl Store for RedisSemaphore {
     }
 
     async fn release_lease(&self, id: &str) -> Result<Released, ReleaseError> {
-        Ok(
-            match self.inner.release_id(id).await.map_err(ReleaseError::of)? {
-                ReleaseOutcome::InTime => Released::InTime,
-                ReleaseOutcome::Late(by) => Released::Late(by),
-                ReleaseOutcome::Gone => Released::Gone,
-            },
-        )
+        self.inner.release_id(id).await.map_err(ReleaseError::of)
     }
 
     fn overrun(by: Option<Duration>) -> ReleaseError {
