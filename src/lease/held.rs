@@ -1,16 +1,17 @@
 //! What this process holds of one store, whichever it is: its leases by
-//! id, which the renewer renews until their permits give them up.
+//! id, which the renewer renews until their permits give them up, and the
+//! releases of those given up that still run in tasks of their own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::Lease;
+use super::{Background, Lease};
 use crate::LostReason;
 
-/// The leases this process holds of one store, by id. `pub` for the
-/// sealed `Store` trait's signatures, and unreachable from outside the
-/// crate, as `Down` is.
+/// The leases this process holds of one store, and its releases under way
+/// (see [`Background`]). `pub` for the sealed `Store` trait's signatures,
+/// and unreachable from outside the crate, as `Down` is.
 ///
 /// The map's lock is held only to read or change the map: never while a
 /// lease is checked (finding it lost wakes its `lost()` futures) or a call
@@ -20,6 +21,8 @@ use crate::LostReason;
 #[derive(Default)]
 pub struct HeldLeases {
     leases: Mutex<HashMap<String, Arc<Lease>>>,
+    /// The releases of leases given up, running in tasks of their own.
+    pub(crate) background: Arc<Background>,
 }
 
 impl HeldLeases {
@@ -76,6 +79,7 @@ impl core::fmt::Debug for HeldLeases {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("HeldLeases")
             .field("leases", &self.len())
+            .field("background", &self.background)
             .finish()
     }
 }

@@ -17,7 +17,7 @@ use super::error::{Failure, Kind, LeaseError};
 use super::grants::Grants;
 use super::sql;
 use super::{LeasedPermit, PgSemaphore};
-use crate::lease::{Background, HeldLeases, IdSource, Released};
+use crate::lease::{HeldLeases, IdSource, Released, Store};
 use crate::timer::Timer;
 
 /// The shortest pause before an attempt is made again while the database
@@ -38,14 +38,6 @@ pub(super) struct Inner {
     pub(super) held: HeldLeases,
     pub(super) limit_seen: AtomicUsize,
     closed: AtomicBool,
-    /// The releases running in tasks of their own.
-    pub(super) background: Background,
-}
-
-impl AsRef<Background> for Inner {
-    fn as_ref(&self) -> &Background {
-        &self.background
-    }
 }
 
 /// What one attempt found.
@@ -95,7 +87,6 @@ impl Inner {
             held: HeldLeases::default(),
             limit_seen: AtomicUsize::new(limit),
             closed: AtomicBool::new(false),
-            background: Background::default(),
         }
     }
 
@@ -274,16 +265,6 @@ impl Inner {
                 })
             })
             .await
-    }
-
-    /// Releases `id` in a task of its own (a dropped permit or acquire):
-    /// if the database cannot be reached, the lease or the place in line
-    /// expires within its time to live.
-    pub(super) fn release_in_background(self: &Arc<Self>, id: String) {
-        let started = Background::start(self);
-        self.runtime.spawn(async move {
-            let _ = started.0.release_id(&id).await;
-        });
     }
 
     /// Renews `ids` in one call; returns those the database still had.
@@ -480,7 +461,12 @@ impl Drop for Waiter {
     fn drop(&mut self) {
         self.inner.grants.forget(&self.id);
         if !self.settled {
-            self.inner.release_in_background(self.id.clone());
+            // If the database cannot be reached, the lease or the place
+            // in line expires within its time to live.
+            let sem = PgSemaphore {
+                inner: self.inner.clone(),
+            };
+            sem.release_in_background(self.id.clone());
         }
     }
 }

@@ -84,8 +84,8 @@ impl Store for PgSemaphore {
         &self.inner.held
     }
 
-    fn release_in_background(&self, id: String) {
-        self.inner.release_in_background(id);
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.inner.runtime.spawn(task);
     }
 
     async fn release_lease(&self, id: &str) -> Result<Released, ReleaseError> {

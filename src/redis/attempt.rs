@@ -15,6 +15,7 @@ use super::line::Slot;
 use super::scripts::AcquireReply;
 use super::scripts::Call;
 use super::{LeasedPermit, RedisSemaphore};
+use crate::lease::Store;
 use crate::timer::timeout::Timeout;
 
 /// What one acquire script call decided.
@@ -495,8 +496,7 @@ impl Drop for Pending {
             self.inner.signals.line.leave(&self.id);
         }
         if self.maybe_granted || self.queued {
-            self.inner
-                .release_in_background(core::mem::take(&mut self.id));
+            RedisSemaphore::of(&self.inner).release_in_background(core::mem::take(&mut self.id));
         }
     }
 }

@@ -15,7 +15,7 @@ use super::scripts::Scripts;
 use super::semaphore::RedisSemaphore;
 use super::signals::Signals;
 use super::spawn::Spawner;
-use crate::lease::{Background, HeldLeases, IdSource, LeaseSettings, Timing, default_label};
+use crate::lease::{HeldLeases, IdSource, LeaseSettings, Timing, default_label};
 use crate::semaphore::Semaphore;
 
 /// Configures a [`RedisSemaphore`].
@@ -418,7 +418,6 @@ impl RedisSemaphoreBuilder {
             failover,
             fair: lease.fair,
             token,
-            background: Background::default(),
         });
         keeper::start(&inner, connected.subscriber, connected.publish, self.pubsub);
         Inner::start_watch(&inner);

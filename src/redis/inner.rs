@@ -17,7 +17,7 @@ use super::keys::Keys;
 use super::scripts::{Call, Scripts};
 use super::signals::Signals;
 use super::spawn::Spawner;
-use crate::lease::{Background, HeldLeases, IdSource, Released};
+use crate::lease::{HeldLeases, IdSource, Released};
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
 
@@ -62,14 +62,6 @@ pub(super) struct Inner {
     /// This handle's suffix of its own channel, `{channel}:{token}`, where
     /// its waiters' grants are announced (hex digits).
     pub(super) token: String,
-    /// The releases running in tasks of their own.
-    pub(super) background: Background,
-}
-
-impl AsRef<Background> for Inner {
-    fn as_ref(&self) -> &Background {
-        &self.background
-    }
 }
 
 impl Drop for Inner {
@@ -117,16 +109,6 @@ impl Inner {
             Some(ms) if ms > 0 => Released::InTime,
             Some(ms) => Released::Late(millis(-ms)),
         })
-    }
-
-    /// Releases `id` without waiting for the answer: for dropped permits
-    /// and abandoned grants. If Redis cannot be reached, the lease expires
-    /// within its time to live.
-    pub(super) fn release_in_background(self: &Arc<Self>, id: String) {
-        let started = Background::start(self);
-        self.spawner.spawn(async move {
-            let _ = started.0.release_id(&id).await;
-        });
     }
 }
 

@@ -279,7 +279,7 @@ impl RedisSemaphore {
     ///
     /// It holds nothing: dropping it only stops the wait.
     pub async fn wait_released(&self) {
-        self.inner.background.settled().await;
+        self.inner.held.background.settled().await;
     }
 
     /// Whether [`close`](Self::close) was called.

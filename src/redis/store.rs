@@ -93,8 +93,8 @@ impl Store for RedisSemaphore {
         &self.inner.held
     }
 
-    fn release_in_background(&self, id: String) {
-        self.inner.release_in_background(id);
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.inner.spawner.spawn(task);
     }
 
     async fn release_lease(&self, id: &str) -> Result<Released, ReleaseError> {
