@@ -19,10 +19,9 @@ pub(crate) struct Background {
 impl Background {
     /// One release starts, in the task `started` is moved into: the count
     /// comes down when that task ends or is dropped unrun.
-    pub(crate) fn start<T: AsRef<Background>>(owner: &Arc<T>) -> Started<T> {
-        let background: &Background = (**owner).as_ref();
-        background.running.fetch_add(1, Ordering::SeqCst);
-        Started(owner.clone())
+    pub(crate) fn start(self: &Arc<Self>) -> Started {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        Started(self.clone())
     }
 
     /// Resolves once no release is under way.
@@ -40,15 +39,13 @@ impl Background {
     }
 }
 
-/// A release under way (see [`Background::start`]), holding what started
-/// it.
-pub(crate) struct Started<T: AsRef<Background>>(pub(crate) Arc<T>);
+/// A release under way (see [`Background::start`]).
+pub(crate) struct Started(Arc<Background>);
 
-impl<T: AsRef<Background>> Drop for Started<T> {
+impl Drop for Started {
     fn drop(&mut self) {
-        let background: &Background = (*self.0).as_ref();
-        if background.running.fetch_sub(1, Ordering::SeqCst) == 1 {
-            background.done.notify(usize::MAX);
+        if self.0.running.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.done.notify(usize::MAX);
         }
     }
 }

@@ -8,7 +8,7 @@ use core::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::LeasedPermit;
+use super::{HeldLeases, LeasedPermit};
 use crate::RejectReason;
 use crate::loom::lock;
 use crate::timer::Timer;
@@ -124,12 +124,28 @@ pub(crate) mod sealed {
         ) -> impl Future<Output = Result<(), Self::LimitError>> + Send;
         fn close(&self);
         fn is_closed(&self) -> bool;
+        /// The leases this process holds of the store, and its releases
+        /// under way.
+        fn held(&self) -> &HeldLeases;
+        /// Runs `task` where the store's background tasks run.
+        fn spawn(&self, task: impl Future<Output = ()> + Send + 'static);
         /// Stops renewing the lease `id`.
-        fn forget_lease(&self, id: &str);
+        fn forget_lease(&self, id: &str) {
+            self.held().forget(id);
+        }
         /// Releases `id` in a task of its own (a dropped permit, an acquire
         /// dropped while a grant may exist): if the store cannot be
-        /// reached, the lease expires within its time to live.
-        fn release_in_background(&self, id: String);
+        /// reached, the lease expires within its time to live. The task
+        /// counts as under way until it ends or is dropped unrun, and holds
+        /// a handle, so the store outlives it.
+        fn release_in_background(&self, id: String) {
+            let started = self.held().background.start();
+            let store = self.clone();
+            self.spawn(async move {
+                let _ = store.release_lease(&id).await;
+                drop(started);
+            });
+        }
         /// Releases `id` and says how it ended.
         fn release_lease<'a>(
             &'a self,

@@ -4,10 +4,9 @@
 
 use core::future::Future;
 use core::pin::Pin;
-use std::collections::HashMap;
 use std::future::poll_fn;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -18,8 +17,7 @@ use super::error::{Failure, Kind, LeaseError};
 use super::grants::Grants;
 use super::sql;
 use super::{LeasedPermit, PgSemaphore};
-use crate::lease::{Background, IdSource, Lease, Released};
-use crate::loom::lock;
+use crate::lease::{HeldLeases, IdSource, Released, Store};
 use crate::timer::Timer;
 
 /// The shortest pause before an attempt is made again while the database
@@ -37,17 +35,9 @@ pub(super) struct Inner {
     /// What `build` checked.
     pub(super) settings: Settings,
     /// The leases this handle holds, by id: what the renewer renews.
-    leases: Mutex<HashMap<String, Arc<Lease>>>,
+    pub(super) held: HeldLeases,
     pub(super) limit_seen: AtomicUsize,
     closed: AtomicBool,
-    /// The releases running in tasks of their own.
-    pub(super) background: Background,
-}
-
-impl AsRef<Background> for Inner {
-    fn as_ref(&self) -> &Background {
-        &self.background
-    }
 }
 
 /// What one attempt found.
@@ -94,10 +84,9 @@ impl Inner {
             timer,
             runtime,
             settings,
-            leases: Mutex::new(HashMap::new()),
+            held: HeldLeases::default(),
             limit_seen: AtomicUsize::new(limit),
             closed: AtomicBool::new(false),
-            background: Background::default(),
         }
     }
 
@@ -108,10 +97,6 @@ impl Inner {
     pub(super) fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.grants.wake_all();
-    }
-
-    pub(super) fn lock_leases(&self) -> MutexGuard<'_, HashMap<String, Arc<Lease>>> {
-        lock(&self.leases)
     }
 
     fn ttl_ms(&self) -> i64 {
@@ -158,8 +143,7 @@ impl Inner {
 
     /// The permit for a grant to `id` made by a call sent at `sent`.
     fn granted(self: &Arc<Self>, id: String, fence: u64, sent: Instant) -> LeasedPermit {
-        let lease = Arc::new(Lease::new(id.clone(), fence, sent, self.settings.life));
-        self.lock_leases().insert(id, lease.clone());
+        let lease = self.held.granted(id, fence, sent, self.settings.life);
         let sem = PgSemaphore {
             inner: self.clone(),
         };
@@ -281,21 +265,6 @@ impl Inner {
                 })
             })
             .await
-    }
-
-    /// Releases `id` in a task of its own (a dropped permit or acquire):
-    /// if the database cannot be reached, the lease or the place in line
-    /// expires within its time to live.
-    pub(super) fn release_in_background(self: &Arc<Self>, id: String) {
-        let started = Background::start(self);
-        self.runtime.spawn(async move {
-            let _ = started.0.release_id(&id).await;
-        });
-    }
-
-    /// Stops renewing `id`.
-    pub(super) fn forget_lease(&self, id: &str) {
-        self.lock_leases().remove(id);
     }
 
     /// Renews `ids` in one call; returns those the database still had.
@@ -492,7 +461,12 @@ impl Drop for Waiter {
     fn drop(&mut self) {
         self.inner.grants.forget(&self.id);
         if !self.settled {
-            self.inner.release_in_background(self.id.clone());
+            // If the database cannot be reached, the lease or the place
+            // in line expires within its time to live.
+            let sem = PgSemaphore {
+                inner: self.inner.clone(),
+            };
+            sem.release_in_background(self.id.clone());
         }
     }
 }

@@ -31,13 +31,13 @@ pub(super) fn start(inner: &Arc<Inner>) {
 async fn renew_all(inner: &Inner) -> Option<Instant> {
     // Checked outside the map's lock: finding a lease lost wakes its
     // `lost()` futures.
-    let held: Vec<_> = inner.lock_leases().values().cloned().collect();
+    let held = inner.held.snapshot();
     let mut leases = Vec::with_capacity(held.len());
     for lease in held {
         if lease.sending() {
             leases.push(lease);
         } else {
-            inner.forget_lease(&lease.id);
+            inner.held.forget(&lease.id);
         }
     }
     if leases.is_empty() {
@@ -56,17 +56,18 @@ async fn renew_all(inner: &Inner) -> Option<Instant> {
         for lease in &leases {
             if renewed.contains(&lease.id) {
                 lease.renewed(sent, inner.settings.life);
-            } else if inner.lock_leases().contains_key(&lease.id) {
+            } else if inner.held.holds(&lease.id) {
                 // Not released meanwhile: the database no longer has it.
-                lease.mark_lost(LostReason::Expired);
-                inner.forget_lease(&lease.id);
+                inner.held.lost(lease, LostReason::Expired);
             }
         }
     }
     // Unanswered or failed: the leases stay `unanswered`, and are lost at
     // their deadlines unless a later round gets through.
-    let held: Vec<_> = inner.lock_leases().values().cloned().collect();
-    held.iter()
+    inner
+        .held
+        .snapshot()
+        .iter()
         .filter(|l| l.lost_reason().is_none())
         .map(|l| l.deadline())
         .min()

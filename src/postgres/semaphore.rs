@@ -39,7 +39,7 @@ impl PgSemaphore {
 
     /// How many leases this handle (and its clones) holds now.
     pub fn held_here(&self) -> usize {
-        self.inner.lock_leases().len()
+        self.inner.held.len()
     }
 
     /// Waits for a permit: one call of the `acquire` function per attempt.
@@ -264,7 +264,7 @@ impl PgSemaphore {
     ///
     /// It holds nothing: dropping it only stops the wait.
     pub async fn wait_released(&self) {
-        self.inner.background.settled().await;
+        self.inner.held.background.settled().await;
     }
 
     /// Whether [`close`](Self::close) was called.

@@ -9,7 +9,7 @@ use super::error::Failure;
 use super::inner::{Attempt, Busy, Down};
 use super::{LeaseError, LeasedPermit, PgSemaphore, ReleaseError};
 use crate::RejectReason;
-use crate::lease::{Released, Store};
+use crate::lease::{HeldLeases, Released, Store};
 use crate::timer::Timer;
 
 impl Store for PgSemaphore {
@@ -80,12 +80,12 @@ impl Store for PgSemaphore {
         PgSemaphore::is_closed(self)
     }
 
-    fn forget_lease(&self, id: &str) {
-        self.inner.forget_lease(id);
+    fn held(&self) -> &HeldLeases {
+        &self.inner.held
     }
 
-    fn release_in_background(&self, id: String) {
-        self.inner.release_in_background(id);
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.inner.runtime.spawn(task);
     }
 
     async fn release_lease(&self, id: &str) -> Result<Released, ReleaseError> {

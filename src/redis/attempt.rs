@@ -15,7 +15,7 @@ use super::line::Slot;
 use super::scripts::AcquireReply;
 use super::scripts::Call;
 use super::{LeasedPermit, RedisSemaphore};
-use crate::lease::Lease;
+use crate::lease::Store;
 use crate::timer::timeout::Timeout;
 
 /// What one acquire script call decided.
@@ -292,13 +292,9 @@ fn announced(inner: &Arc<Inner>, pending: &mut Pending) -> Option<LeasedPermit> 
     }
     inner.fence_seen.fetch_max(fence, Ordering::Relaxed);
     pending.settle();
-    let lease = Arc::new(Lease::new(
-        core::mem::take(&mut pending.id),
-        fence,
-        since,
-        inner.life,
-    ));
-    inner.lock_leases().insert(lease.id.clone(), lease.clone());
+    let lease = inner
+        .held
+        .granted(core::mem::take(&mut pending.id), fence, since, inner.life);
     Some(LeasedPermit::new(RedisSemaphore::of(inner), lease))
 }
 
@@ -410,14 +406,11 @@ async fn grant(
                     inner.replicated(acked)?;
                 }
                 pending.settle();
-                let lease = Arc::new(Lease::new(
-                    core::mem::take(&mut pending.id),
-                    fence,
-                    sent,
-                    inner.life,
-                ));
+                let lease =
+                    inner
+                        .held
+                        .granted(core::mem::take(&mut pending.id), fence, sent, inner.life);
                 pending.maybe_granted = false;
-                inner.lock_leases().insert(lease.id.clone(), lease.clone());
                 return Ok(Grant::Granted(LeasedPermit::new(
                     RedisSemaphore::of(inner),
                     lease,
@@ -503,8 +496,7 @@ impl Drop for Pending {
             self.inner.signals.line.leave(&self.id);
         }
         if self.maybe_granted || self.queued {
-            self.inner
-                .release_in_background(core::mem::take(&mut self.id));
+            RedisSemaphore::of(&self.inner).release_in_background(core::mem::take(&mut self.id));
         }
     }
 }

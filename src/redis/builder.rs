@@ -1,9 +1,8 @@
 //! [`RedisSemaphoreBuilder`]: the semaphore's settings, their validation,
 //! and the connection and lease keeper that `build` starts.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::conn::{Backend, Conn, Settings};
@@ -16,7 +15,7 @@ use super::scripts::Scripts;
 use super::semaphore::RedisSemaphore;
 use super::signals::Signals;
 use super::spawn::Spawner;
-use crate::lease::{Background, IdSource, LeaseSettings, Timing, default_label};
+use crate::lease::{HeldLeases, IdSource, LeaseSettings, Timing, default_label};
 use crate::semaphore::Semaphore;
 
 /// Configures a [`RedisSemaphore`].
@@ -407,7 +406,7 @@ impl RedisSemaphoreBuilder {
             timer,
             spawner,
             signals,
-            leases: Mutex::new(HashMap::new()),
+            held: HeldLeases::default(),
             closed: AtomicBool::new(false),
             limit_seen: AtomicUsize::new(lease.limit),
             ids,
@@ -419,7 +418,6 @@ impl RedisSemaphoreBuilder {
             failover,
             fair: lease.fair,
             token,
-            background: Background::default(),
         });
         keeper::start(&inner, connected.subscriber, connected.publish, self.pubsub);
         Inner::start_watch(&inner);

@@ -4,9 +4,8 @@
 //! acquire attempts, the keeper, the permits, the handle) work on it; it
 //! imports none of them.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::Value;
@@ -18,8 +17,7 @@ use super::keys::Keys;
 use super::scripts::{Call, Scripts};
 use super::signals::Signals;
 use super::spawn::Spawner;
-use crate::lease::Lease;
-use crate::lease::{Background, IdSource};
+use crate::lease::{HeldLeases, IdSource, Released};
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
 
@@ -46,7 +44,7 @@ pub(super) struct Inner {
     pub(super) spawner: Spawner,
     pub(super) signals: Arc<Signals>,
     /// The leases this process holds, for the keeper to renew.
-    pub(super) leases: Mutex<HashMap<String, Arc<Lease>>>,
+    pub(super) held: HeldLeases,
     pub(super) closed: AtomicBool,
     /// The limit in Redis, as of the last script that read it.
     pub(super) limit_seen: AtomicUsize,
@@ -64,30 +62,12 @@ pub(super) struct Inner {
     /// This handle's suffix of its own channel, `{channel}:{token}`, where
     /// its waiters' grants are announced (hex digits).
     pub(super) token: String,
-    /// The releases running in tasks of their own.
-    pub(super) background: Background,
-}
-
-impl AsRef<Background> for Inner {
-    fn as_ref(&self) -> &Background {
-        &self.background
-    }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         self.signals.stop();
     }
-}
-
-/// What the release script found.
-pub(super) enum ReleaseOutcome {
-    /// The lease was unexpired and is now gone.
-    InTime,
-    /// The lease had expired this long ago (still in Redis, now removed).
-    Late(Duration),
-    /// Nothing was held under the id.
-    Gone,
 }
 
 impl Inner {
@@ -119,33 +99,16 @@ impl Inner {
         }
     }
 
-    pub(super) fn lock_leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Lease>>> {
-        self.leases.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(super) fn forget_lease(&self, id: &str) {
-        self.lock_leases().remove(id);
-    }
-
-    pub(super) async fn release_id(&self, id: &str) -> redis::RedisResult<ReleaseOutcome> {
+    /// What the release script found for `id`.
+    pub(super) async fn release_id(&self, id: &str) -> redis::RedisResult<Released> {
         let mut call = Call::new(&self.scripts.release, &self.keys.all()[..10], 1);
         call.arg(id);
         let left: Option<i64> = call.invoke(&mut self.conn.clone()).await?;
         Ok(match left {
-            None => ReleaseOutcome::Gone,
-            Some(ms) if ms > 0 => ReleaseOutcome::InTime,
-            Some(ms) => ReleaseOutcome::Late(millis(-ms)),
+            None => Released::Gone,
+            Some(ms) if ms > 0 => Released::InTime,
+            Some(ms) => Released::Late(millis(-ms)),
         })
-    }
-
-    /// Releases `id` without waiting for the answer: for dropped permits
-    /// and abandoned grants. If Redis cannot be reached, the lease expires
-    /// within its time to live.
-    pub(super) fn release_in_background(self: &Arc<Self>, id: String) {
-        let started = Background::start(self);
-        self.spawner.spawn(async move {
-            let _ = started.0.release_id(&id).await;
-        });
     }
 }
 

@@ -17,7 +17,7 @@ use super::inner::Inner;
 use super::line::Slot;
 use super::signals::Signals;
 use super::wakeups::Silence;
-use crate::lease::{Lease, renew_loop};
+use crate::lease::renew_loop;
 use crate::timer::timeout::Timeout;
 use crate::timer::{Sleep, Timer};
 
@@ -69,11 +69,13 @@ async fn renew_all(inner: &Inner) -> Option<Instant> {
     // no longer kept here.
     // (Checked outside the map's lock: finding a lease lost wakes its
     // `lost()` futures.)
-    let held: Vec<_> = inner.lock_leases().values().cloned().collect();
-    let (leases, gone): (Vec<_>, Vec<_>) =
-        held.into_iter().partition(|l| l.lost_reason().is_none());
+    let (leases, gone): (Vec<_>, Vec<_>) = inner
+        .held
+        .snapshot()
+        .into_iter()
+        .partition(|l| l.lost_reason().is_none());
     for lease in &gone {
-        inner.forget_lease(&lease.id);
+        inner.held.forget(&lease.id);
     }
     // The waiters in the fair line are heartbeaten in the first call
     // (or in one of their own if nothing is held).
@@ -119,9 +121,9 @@ async fn renew_all(inner: &Inner) -> Option<Instant> {
                         // was released meanwhile (a release forgets the
                         // lease before it is sent, and may reach Redis
                         // before this renewal did).
-                        let released = !inner.lock_leases().contains_key(&lease.id);
+                        let released = !inner.held.holds(&lease.id);
                         forgotten |= answered < lease.deadline() && !released;
-                        lost(inner, lease, LostReason::Expired);
+                        inner.held.lost(lease, LostReason::Expired);
                     }
                 }
                 if forgotten && inner.quarantine_ms > 0 {
@@ -143,7 +145,7 @@ async fn renew_all(inner: &Inner) -> Option<Instant> {
                 inner.failover.suspect();
                 for lease in &chunk {
                     if lease.lost_reason().is_some() {
-                        inner.forget_lease(&lease.id);
+                        inner.held.forget(&lease.id);
                     }
                 }
             }
@@ -152,7 +154,7 @@ async fn renew_all(inner: &Inner) -> Option<Instant> {
     if let Some(beats) = waiting {
         heartbeat(inner, &beats).await;
     }
-    inner.lock_leases().values().map(|l| l.deadline()).min()
+    inner.held.snapshot().iter().map(|l| l.deadline()).min()
 }
 
 /// Heartbeats the waiters in the fair line when no lease is renewed
@@ -170,11 +172,6 @@ async fn heartbeat(inner: &Inner, beats: &[(String, Arc<Slot>)]) {
     if let Ok(Ok(answers)) = answer {
         beaten(beats, &answers, sent);
     }
-}
-
-fn lost(inner: &Inner, lease: &Lease, reason: LostReason) {
-    lease.mark_lost(reason);
-    inner.forget_lease(&lease.id);
 }
 
 /// The waiter ids after the lease ids of a renewal (see the renew script).

@@ -55,7 +55,7 @@ impl RedisSemaphore {
 
     /// How many leases this process holds now.
     pub fn held_here(&self) -> usize {
-        self.inner.lock_leases().len()
+        self.inner.held.len()
     }
 
     /// How this process's waiters are woken now: through pub/sub, or by
@@ -279,7 +279,7 @@ impl RedisSemaphore {
     ///
     /// It holds nothing: dropping it only stops the wait.
     pub async fn wait_released(&self) {
-        self.inner.background.settled().await;
+        self.inner.held.background.settled().await;
     }
 
     /// Whether [`close`](Self::close) was called.

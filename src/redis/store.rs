@@ -7,10 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::attempt::{self, Attempt, Busy, Down};
-use super::inner::ReleaseOutcome;
 use super::{LeaseError, LeasedPermit, RedisSemaphore, ReleaseError};
 use crate::RejectReason;
-use crate::lease::{Released, Store};
+use crate::lease::{HeldLeases, Released, Store};
 use crate::timer::Timer;
 
 impl Store for RedisSemaphore {
@@ -90,22 +89,16 @@ impl Store for RedisSemaphore {
         RedisSemaphore::is_closed(self)
     }
 
-    fn forget_lease(&self, id: &str) {
-        self.inner.forget_lease(id);
+    fn held(&self) -> &HeldLeases {
+        &self.inner.held
     }
 
-    fn release_in_background(&self, id: String) {
-        self.inner.release_in_background(id);
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.inner.spawner.spawn(task);
     }
 
     async fn release_lease(&self, id: &str) -> Result<Released, ReleaseError> {
-        Ok(
-            match self.inner.release_id(id).await.map_err(ReleaseError::of)? {
-                ReleaseOutcome::InTime => Released::InTime,
-                ReleaseOutcome::Late(by) => Released::Late(by),
-                ReleaseOutcome::Gone => Released::Gone,
-            },
-        )
+        self.inner.release_id(id).await.map_err(ReleaseError::of)
     }
 
     fn overrun(by: Option<Duration>) -> ReleaseError {
