@@ -872,6 +872,24 @@ async fn panicking_user_code_keeps_no_lease() {
     other.try_acquire().await.unwrap().release().await.unwrap();
 }
 
+/// Two handles on the semaphore `name`, two processes as far as the
+/// database can tell, whose waiters only a notification wakes (no poll
+/// within a test).
+async fn two_handles(server: &PgServer, name: &str) -> (PgSemaphore, PgSemaphore) {
+    let handle = || {
+        builder(&server.url(), name)
+            .max_poll(Duration::from_secs(30))
+            .build()
+    };
+    (handle().await.unwrap(), handle().await.unwrap())
+}
+
+/// Whether `n` waiters stand in the database's line, to wait for with
+/// [`until`].
+fn waiting(server: &PgServer, n: usize) -> impl FnMut() -> bool + '_ {
+    move || count(server, "SELECT count(*) FROM watertight.waiters") == n
+}
+
 /// Priority classes order this process's waiters and nothing else: a
 /// lease the database grants to this process's waiter of class 1 goes to
 /// its waiter of class 0 that came later, and the one of class 1 goes back
@@ -883,13 +901,7 @@ async fn priority_classes_order_this_processs_waiters_only() {
     let Some(server) = PgServer::start("postgres") else {
         return;
     };
-    let handle = || {
-        builder(&server.url(), "classes")
-            // No poll within the test: only a notification wakes a waiter.
-            .max_poll(Duration::from_secs(30))
-            .build()
-    };
-    let (other, ours) = (handle().await.unwrap(), handle().await.unwrap());
+    let (other, ours) = two_handles(&server, "classes").await;
     let refused = PgBulkhead::builder(ours.clone())
         .priority_classes(0)
         .build()
@@ -902,8 +914,7 @@ async fn priority_classes_order_this_processs_waiters_only() {
         .unwrap();
     let held = other.acquire().await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
-    let server = &server;
-    let waiting = |n: usize| move || count(server, "SELECT count(*) FROM watertight.waiters") == n;
+    let waiting = |n: usize| waiting(&server, n);
     let elsewhere = tokio::spawn({
         let (other, order) = (other.clone(), order.clone());
         async move {
@@ -940,7 +951,7 @@ async fn priority_classes_order_this_processs_waiters_only() {
     assert_eq!((metrics.in_flight(), metrics.queued()), (0, 0));
     assert_eq!(metrics.permitted(), 2);
     until("nothing held or waiting", || {
-        count(server, "SELECT count(*) FROM watertight.leases") == 0 && waiting(0)()
+        count(&server, "SELECT count(*) FROM watertight.leases") == 0 && waiting(0)()
     })
     .await;
 }
@@ -955,12 +966,7 @@ async fn adaptive_lifo_serves_the_newest_of_this_processs_waiters_while_its_line
     let Some(server) = PgServer::start("postgres") else {
         return;
     };
-    let handle = || {
-        builder(&server.url(), "lifo")
-            .max_poll(Duration::from_secs(30))
-            .build()
-    };
-    let (other, ours) = (handle().await.unwrap(), handle().await.unwrap());
+    let (other, ours) = two_handles(&server, "lifo").await;
     let refused = PgBulkhead::builder(ours.clone())
         .adaptive_lifo(true)
         .build()
@@ -977,8 +983,7 @@ async fn adaptive_lifo_serves_the_newest_of_this_processs_waiters_while_its_line
         .unwrap();
     let held = other.acquire().await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
-    let server = &server;
-    let waiting = |n: usize| move || count(server, "SELECT count(*) FROM watertight.waiters") == n;
+    let waiting = |n: usize| waiting(&server, n);
     let call = |name: &'static str| {
         let (bh, order) = (bh.clone(), order.clone());
         tokio::spawn(async move {
