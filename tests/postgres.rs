@@ -97,6 +97,54 @@ async fn the_limit_holds_across_handles() {
     assert_eq!(count(&server, "SELECT count(*) FROM watertight.waiters"), 0);
 }
 
+/// Processes that start together on a database without the schema
+/// install it once: the others, which found it missing before they could
+/// take the set-up's lock, find it installed once they have the lock. A
+/// second install would lock the tables that the first process already
+/// uses, and could deadlock with its grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_starting_together_install_the_schema_once() {
+    let Some(server) = PgServer::start("postgres") else {
+        return;
+    };
+    server.psql("ALTER SYSTEM SET log_statement = 'ddl'");
+    server.psql("SELECT pg_reload_conf()");
+    // The set-up's lock, held here until every handle below has found the
+    // schema missing and waits for the lock.
+    let (gate, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let lock = "hashtext('watertight schema watertight')";
+    gate.execute(&format!("SELECT pg_advisory_lock({lock})"), &[])
+        .await
+        .unwrap();
+    const HANDLES: usize = 4;
+    let builds: Vec<_> = (0..HANDLES)
+        .map(|_| tokio::spawn(builder(&server.url(), "together").build()))
+        .collect();
+    let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+    until("every handle waits for the set-up's lock", || {
+        count(&server, waiting) == HANDLES
+    })
+    .await;
+    gate.execute(&format!("SELECT pg_advisory_unlock({lock})"), &[])
+        .await
+        .unwrap();
+    let mut handles = Vec::new();
+    for build in builds {
+        handles.push(build.await.unwrap().unwrap());
+    }
+    let log = std::fs::read_to_string(server.log_path()).unwrap();
+    let installs = log
+        .matches("CREATE SCHEMA IF NOT EXISTS watertight")
+        .count();
+    assert_eq!(installs, 1, "the schema was installed {installs} times");
+    for handle in &handles {
+        handle.acquire().await.unwrap().release().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_grants_the_line_in_arrival_order_and_wakes_the_waiter() {
     let Some(server) = PgServer::start("postgres") else {

@@ -247,11 +247,11 @@ impl<'a, F> CallWith<'a, F> {
     }
 }
 
-impl<F, T, E> Future for CallWith<'_, F>
+impl<'a, F, T, E> Future for CallWith<'a, F>
 where
     F: Future<Output = Result<T, E>>,
 {
-    type Output = Result<T, BulkheadError<E>>;
+    type Output = <Call<'a, F> as Future>::Output;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {

@@ -233,18 +233,36 @@ async fn set_up(
     let (client, connection) = config.connect(NoTls).await.map_err(|e| failed(e.into()))?;
     let driver = tokio::spawn(connection);
     let sql_failed = |e: tokio_postgres::Error| failed(e.into());
-    let installed: Option<String> = client
-        .query_one(&sql::installed(schema), &[])
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(sql_failed)?;
-    if installed.as_deref() != Some(sql::VERSION) {
+    let installed = sql::installed(schema);
+    let current = async || {
+        let row = client.query_one(&installed, &[]).await?;
+        let version: Option<String> = row.try_get(0)?;
+        Ok(version.as_deref() == Some(sql::VERSION))
+    };
+    if !current().await.map_err(sql_failed)? {
         if !create {
             return Err(ConfigError::NoSchema);
         }
-        let lock = format!("SELECT pg_advisory_xact_lock(hashtext('watertight schema {schema}'))");
+        // Read again once the lock is held, in a transaction that starts
+        // then (so that it sees the catalogs as they are now): of the
+        // processes that start together on a database without the schema,
+        // the first installs it and the others find it installed. A second
+        // install would lock the tables that the first one's process
+        // already uses, and could deadlock with its grants. The lock is
+        // the session's, and goes with the connection if a step fails.
+        let key = format!("hashtext('watertight schema {schema}')");
         client
-            .batch_execute(&format!("BEGIN; {lock}; {} COMMIT;", sql::schema(schema)))
+            .execute(&format!("SELECT pg_advisory_lock({key})"), &[])
+            .await
+            .map_err(sql_failed)?;
+        if !current().await.map_err(sql_failed)? {
+            client
+                .batch_execute(&format!("BEGIN; {} COMMIT;", sql::schema(schema)))
+                .await
+                .map_err(sql_failed)?;
+        }
+        client
+            .execute(&format!("SELECT pg_advisory_unlock({key})"), &[])
             .await
             .map_err(sql_failed)?;
     }

@@ -151,7 +151,7 @@ pub enum ConfigError {
     /// The lease time to live is under 100 ms, or too long to count in
     /// milliseconds.
     BadLeaseTtl,
-    /// The drift margin is not shorter than half the time to live.
+    /// The drift margin is not shorter than the lease time to live.
     BadDriftMargin,
     /// The renewal interval is zero, or not shorter than the time to live
     /// less the drift margin.
@@ -193,7 +193,7 @@ impl fmt::Display for ConfigError {
             ),
             Self::BadLeaseTtl => f.write_str("the lease time to live must be at least 100 ms"),
             Self::BadDriftMargin => {
-                f.write_str("the drift margin must be shorter than half the lease time to live")
+                f.write_str("the drift margin must be shorter than the lease time to live")
             }
             Self::BadRenewInterval => f.write_str(
                 "the renewal interval must be above zero and shorter than the lease time to live \
