@@ -10,6 +10,7 @@
 //! this module is where their one definition lives.
 
 mod background;
+mod builder;
 mod bulkhead;
 mod call;
 mod handoff;
@@ -25,7 +26,8 @@ mod store;
 mod timing;
 
 pub(crate) use background::Background;
-pub use bulkhead::{LeasedBulkhead, LeasedBulkheadBuilder, LeasedBulkheadPermit};
+pub use builder::LeasedBulkheadBuilder;
+pub use bulkhead::{LeasedBulkhead, LeasedBulkheadPermit};
 pub use call::Completed;
 pub(crate) use call::{UntilLost, leased_calls, to_end, until_lost};
 pub(crate) use held::HeldLeases;
