@@ -104,6 +104,7 @@ mod engine;
 mod entry;
 mod error;
 mod fair;
+mod global;
 mod idle;
 mod labels;
 mod metrics;
@@ -129,8 +130,8 @@ use crate::bulkhead::run::run_blocking;
 use crate::bulkhead::{Bulkhead, BulkheadBuilder, CallOptions, RejectReason};
 use crate::semaphore::Semaphore;
 use crate::timer::Clock;
-use engine::{GlobalStage, global_stage_ended};
 use fair::FairLine;
+use global::{GlobalStage, global_stage_ended};
 use labels::Labels;
 use registry::Registry;
 
