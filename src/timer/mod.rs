@@ -88,6 +88,7 @@
 mod by_waker;
 mod clock;
 mod deadline;
+mod queue;
 mod thread;
 // A race against a boxed `Sleep`, for the distributed backends' own waits.
 #[cfg(any(
