@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::entry::Entry;
 use super::fair::{FairLine, TurnIf};
-use super::global::{Now, admitted, global_stage_ended, refused};
+use super::global::{Budget, Now, admitted, global_stage_ended, refused};
 use super::labels::{KeySeries, Labels};
 use super::permit::User;
 use super::registry::{Refused, Registry};
@@ -250,6 +250,51 @@ where
             },
         )
         .await
+    }
+
+    /// [`KeyedBulkhead::try_acquire_with`]: both stages without waiting,
+    /// each reading the call's options.
+    pub(super) fn try_acquire_with<Q>(
+        &self,
+        key: &Q,
+        options: CallOptions,
+    ) -> Result<KeyedPermit, KeyedRejected>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        // A budget starts once, for both stages.
+        let options = options.started(|| self.now());
+        let user = self.enter(key)?;
+        let mut key_permit = user
+            .entry
+            .bulkhead
+            .try_acquire_with(options)
+            .map_err(|r| self.key_rejected(r))?;
+        let global = match &self.global {
+            None => None,
+            Some(global) => {
+                key_permit.guard().defer_report();
+                let now = |now| match now {
+                    Now::Take => Ok(global.try_acquire_with(options)),
+                    _ => Err(()),
+                };
+                let Ok(admitted) = self.global_now(&user.entry, None, Some(Budget::NO_WAIT), now)
+                else {
+                    unreachable!("without a budget to wait, admission is decided at once");
+                };
+                Some(global_stage_ended(
+                    &user.entry,
+                    key_permit.guard(),
+                    admitted,
+                )?)
+            }
+        };
+        Ok(KeyedPermit {
+            global,
+            key: key_permit,
+            user,
+        })
     }
 
     /// The two stages of [`acquire_with`](Self::acquire_with): `key_stage`

@@ -385,6 +385,14 @@ pub(super) struct Budget {
     pub(super) left: Duration,
 }
 
+impl Budget {
+    /// No wait in either stage: a try.
+    pub(super) const NO_WAIT: Budget = Budget {
+        whole: Duration::ZERO,
+        left: Duration::ZERO,
+    };
+}
+
 /// Counts a caller in a gauge until dropped.
 struct Counted<'a>(&'a AtomicUsize);
 

@@ -127,11 +127,10 @@ use std::time::Duration;
 
 use crate::bulkhead::name::Name;
 use crate::bulkhead::run::run_blocking;
-use crate::bulkhead::{Bulkhead, BulkheadBuilder, CallOptions, RejectReason};
+use crate::bulkhead::{Bulkhead, BulkheadBuilder, CallOptions};
 use crate::semaphore::Semaphore;
 use crate::timer::Clock;
 use fair::FairLine;
-use global::{GlobalStage, global_stage_ended};
 use labels::Labels;
 use registry::Registry;
 
@@ -607,39 +606,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let inner = &*self.inner;
-        // A budget starts once, for both stages.
-        let options = options.started(|| inner.now());
-        let user = inner.enter(key)?;
-        let mut key_permit = match user.entry.bulkhead.try_acquire_with(options) {
-            Ok(permit) => permit,
-            Err(rejected) => return Err(inner.key_rejected(rejected)),
-        };
-        let global = match &inner.global {
-            None => None,
-            Some(global) => {
-                key_permit.guard().defer_report();
-                let unwinding = GlobalStage::new(Some(global), &user.entry, &inner.counters);
-                let acquired = match inner.fair_busy() {
-                    // Fair shares: a free seat is for the callers waiting.
-                    true => Err(global.reject_now(RejectReason::Full)),
-                    false => global.try_acquire_with(options),
-                };
-                unwinding.passed();
-                let acquired =
-                    acquired.map_err(|r| inner.global_rejected(&user.entry, r, Duration::ZERO));
-                Some(global_stage_ended(
-                    &user.entry,
-                    key_permit.guard(),
-                    acquired,
-                )?)
-            }
-        };
-        Ok(KeyedPermit {
-            global,
-            key: key_permit,
-            user,
-        })
+        self.inner.try_acquire_with(key, options)
     }
 
     /// Sets `key`'s limit, at once if it is tracked (as
