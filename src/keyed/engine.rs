@@ -283,18 +283,10 @@ where
                 else {
                     unreachable!("without a budget to wait, admission is decided at once");
                 };
-                Some(global_stage_ended(
-                    &user.entry,
-                    key_permit.guard(),
-                    admitted,
-                )?)
+                Some(admitted)
             }
         };
-        Ok(KeyedPermit {
-            global,
-            key: key_permit,
-            user,
-        })
+        staged_permit(user, key_permit, global)
     }
 
     /// The two stages of [`acquire_with`](Self::acquire_with): `key_stage`
@@ -349,18 +341,10 @@ where
                         let wait = wait(global, options, self.turn(&user.entry));
                         self.wait_global(&user.entry, start, wait).await
                     };
-                Some(global_stage_ended(
-                    &user.entry,
-                    key_permit.guard(),
-                    admitted,
-                )?)
+                Some(admitted)
             }
         };
-        Ok(KeyedPermit {
-            global,
-            key: key_permit,
-            user,
-        })
+        staged_permit(user, key_permit, global)
     }
 
     /// Runs an admitted call under `call_timeout`, whose deadline is armed
@@ -509,4 +493,18 @@ where
             self.registry.max_keys(),
         )
     }
+}
+
+/// The permit of a call its key's bulkhead admitted (`key`, whose report
+/// waits for the global stage), and `global`, how the global stage ended
+/// if there is one.
+fn staged_permit(
+    user: User,
+    mut key: BulkheadPermit,
+    global: Option<Result<BulkheadPermit, KeyedRejected>>,
+) -> Result<KeyedPermit, KeyedRejected> {
+    let global = global
+        .map(|admitted| global_stage_ended(&user.entry, key.guard(), admitted))
+        .transpose()?;
+    Ok(KeyedPermit { global, key, user })
 }
