@@ -22,7 +22,7 @@
 //! * **Sentinel**: a `ConnectionManager` to the primary Sentinel names.
 //!   A call that fails for a transient reason (no answer, `READONLY` from a
 //!   demoted primary) asks Sentinel again in the background, at most every
-//!   [`FIND_EVERY`]; a different primary replaces the connection, and ends
+//!   [`FIND_EVERY`](sentinel::FIND_EVERY); a different primary replaces the connection, and ends
 //!   the subscription, which is made again on the new primary. The failed
 //!   call itself is retried by its caller (the acquire path's `retries` and
 //!   `outage_tolerance`).

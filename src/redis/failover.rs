@@ -84,7 +84,7 @@ pub(super) struct Failover {
     /// Set when a call failed for a transient reason, or (on a Cluster) a
     /// connection to a node dropped: the server may come back as another,
     /// a replica promoted in its place. Until the replication id is read
-    /// again, each grant reads it first (see [`Inner::check_identity`]).
+    /// again, each grant reads it first (see [`Inner::check_identity`](super::inner::Inner::check_identity)).
     pub(super) suspect: Arc<AtomicBool>,
     /// `WAIT` on grants, if asked for.
     pub(super) replicas: Option<Replicas>,

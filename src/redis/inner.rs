@@ -21,7 +21,7 @@ use crate::lease::{HeldLeases, IdSource, Released};
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
 
-/// The state behind every clone of one [`RedisSemaphore`].
+/// The state behind every clone of one [`RedisSemaphore`](super::RedisSemaphore).
 pub(super) struct Inner {
     pub(super) name: Arc<str>,
     pub(super) keys: Keys,
@@ -57,7 +57,7 @@ pub(super) struct Inner {
     /// The other signs of a loss, and `WAIT` on grants.
     pub(super) failover: Failover,
     /// Whether a waiting acquire joins the fair line (see
-    /// [`RedisSemaphoreBuilder::fair`]).
+    /// [`RedisSemaphoreBuilder::fair`](super::RedisSemaphoreBuilder::fair)).
     pub(super) fair: bool,
     /// This handle's suffix of its own channel, `{channel}:{token}`, where
     /// its waiters' grants are announced (hex digits).
