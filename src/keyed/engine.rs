@@ -237,7 +237,7 @@ where
         // A budget starts once, for both stages.
         let options = options.started(|| self.now());
         self.acquire_staged(
-            key,
+            self.enter(key)?,
             &options,
             async |bulkhead: &Bulkhead| bulkhead.acquire_with(options).await,
             |global: &Bulkhead| global.try_acquire_with(options),
@@ -252,20 +252,16 @@ where
         .await
     }
 
-    /// [`KeyedBulkhead::try_acquire_with`]: both stages without waiting,
-    /// each reading the call's options.
-    pub(super) fn try_acquire_with<Q>(
+    /// [`KeyedBulkhead::try_acquire_with`] for a caller counted as a user
+    /// of its key ([`enter`](Self::enter)): both stages without waiting,
+    /// each reading the call's options. Not generic over the borrowed key.
+    pub(super) fn try_acquire_with(
         &self,
-        key: &Q,
+        user: User,
         options: CallOptions,
-    ) -> Result<KeyedPermit, KeyedRejected>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
+    ) -> Result<KeyedPermit, KeyedRejected> {
         // A budget starts once, for both stages.
         let options = options.started(|| self.now());
-        let user = self.enter(key)?;
         let mut key_permit = user
             .entry
             .bulkhead
@@ -289,23 +285,19 @@ where
         staged_permit(user, key_permit, global)
     }
 
-    /// The two stages of [`acquire_with`](Self::acquire_with): `key_stage`
-    /// is the key's bulkhead's admission; `now` and `wait` are the global
-    /// bulkhead's, without waiting and waiting, within the budget of
-    /// `options`.
-    async fn acquire_staged<Q>(
+    /// The two stages of [`acquire_with`](Self::acquire_with) for `user`,
+    /// a caller counted as a user of its key: `key_stage` is the key's
+    /// bulkhead's admission; `now` and `wait` are the global bulkhead's,
+    /// without waiting and waiting, within the budget of `options`. Not
+    /// generic over the borrowed key.
+    async fn acquire_staged(
         &self,
-        key: &Q,
+        user: User,
         options: &CallOptions,
         key_stage: impl AsyncFnOnce(&Bulkhead) -> Result<BulkheadPermit, Rejected>,
         now_global: impl FnOnce(&Bulkhead) -> Result<BulkheadPermit, Rejected>,
         wait: impl AsyncFnOnce(&Bulkhead, CallOptions, TurnIf<'_>) -> Result<BulkheadPermit, Rejected>,
-    ) -> Result<KeyedPermit, KeyedRejected>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let user = self.enter(key)?;
+    ) -> Result<KeyedPermit, KeyedRejected> {
         let mut start = None;
         let acquired = {
             let mut acquiring = pin!(key_stage(&user.entry.bulkhead));

@@ -606,7 +606,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.inner.try_acquire_with(key, options)
+        self.inner.try_acquire_with(self.inner.enter(key)?, options)
     }
 
     /// Sets `key`'s limit, at once if it is tracked (as
