@@ -223,21 +223,18 @@ where
         self.now().saturating_duration_since(start)
     }
 
-    /// [`KeyedBulkhead::acquire_with`]: the two stages, each reading the
+    /// [`KeyedBulkhead::acquire_with`] for a caller counted as a user of
+    /// its key ([`enter`](Self::enter)): the two stages, each reading the
     /// call's options.
-    pub(super) async fn acquire_with<Q>(
+    pub(super) async fn acquire_with(
         &self,
-        key: &Q,
+        user: User,
         options: CallOptions,
-    ) -> Result<KeyedPermit, KeyedRejected>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
+    ) -> Result<KeyedPermit, KeyedRejected> {
         // A budget starts once, for both stages.
         let options = options.started(|| self.now());
         self.acquire_staged(
-            self.enter(key)?,
+            user,
             &options,
             async |bulkhead: &Bulkhead| bulkhead.acquire_with(options).await,
             |global: &Bulkhead| global.try_acquire_with(options),

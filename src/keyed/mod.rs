@@ -493,7 +493,10 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.inner.acquire_with(key, CallOptions::new()).await
+        let inner = &*self.inner;
+        inner
+            .acquire_with(inner.enter(key)?, CallOptions::new())
+            .await
     }
 
     /// [`acquire`](Self::acquire) with [`CallOptions`]: admitted, rejected
@@ -537,7 +540,8 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.inner.acquire_with(key, options).await
+        let inner = &*self.inner;
+        inner.acquire_with(inner.enter(key)?, options).await
     }
 
     /// Takes a permit of `key` and a global one only if both are free now;
@@ -606,7 +610,8 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.inner.try_acquire_with(self.inner.enter(key)?, options)
+        let inner = &*self.inner;
+        inner.try_acquire_with(inner.enter(key)?, options)
     }
 
     /// Sets `key`'s limit, at once if it is tracked (as
