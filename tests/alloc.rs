@@ -788,6 +788,20 @@ fn keyed_every_path(
         },
     );
 
+    assert_no_allocation(
+        &format!("{timer}: keyed acquire, at once and after waiting for the global"),
+        || {
+            let permit = poll_once(pin!(kb.acquire(&KEY)));
+            assert!(matches!(permit, Poll::Ready(Ok(_))));
+            drop(permit);
+            let held = kb.try_acquire(&OTHER).unwrap();
+            let mut waiting = pin!(kb.acquire(&KEY));
+            assert!(poll_once(waiting.as_mut()).is_pending());
+            drop(held);
+            assert!(matches!(poll_once(waiting), Poll::Ready(Ok(_))));
+        },
+    );
+
     assert_no_allocation(&format!("{timer}: keyed, the key's line is full"), || {
         let held = kb.try_acquire(&KEY).unwrap();
         let mut first = pin!(call(&KEY, 4));
