@@ -336,7 +336,8 @@ pin_project! {
         #[pin]
         closing: Acquire<'a>,
         waiting: Option<Counted<'a>>,
-        // When the caller began to wait: for its key, if it did, else here.
+        // When the caller began to wait: for its key, if it did, else just
+        // before the global line's first poll.
         begun: Option<Instant>,
     }
 }
@@ -353,17 +354,24 @@ where
         let this = self.project();
         let (inner, entry) = (*this.inner, *this.entry);
         let waited = |begun: Option<Instant>| begun.map_or(Duration::ZERO, |b| inner.since(b));
+        // Read before the global line's first poll, which starts the global
+        // bulkhead's own measure of the wait: the caller's covers it.
+        let fresh = this.waiting.is_none() && this.begun.is_none();
+        if fresh {
+            *this.begun = Some(inner.now());
+        }
         let unwinding = GlobalStage::new(inner.global.as_ref(), entry, &inner.counters);
         let polled = this.wait.poll(cx);
         unwinding.passed();
         if let Poll::Ready(acquired) = polled {
+            // Decided at its first poll: the caller did not wait here.
+            let begun = if fresh { None } else { *this.begun };
             return Poll::Ready(
-                acquired.map_err(|r| inner.global_rejected(entry, r, waited(*this.begun))),
+                acquired.map_err(|r| inner.global_rejected(entry, r, waited(begun))),
             );
         }
         this.waiting
             .get_or_insert_with(|| Counted::new(&entry.waiting_global));
-        this.begun.get_or_insert_with(|| inner.now());
         // `close` sets the flag, then closes `closing`, which wakes every
         // waiter on it and fails every later poll.
         match this.closing.poll(cx) {
