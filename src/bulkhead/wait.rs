@@ -31,8 +31,8 @@ static AUTO: Clock = Clock::Auto;
 
 impl Policy {
     /// Whether a wait that starts now is timed on the line's clock and
-    /// polled by [`poll_timed`]: it carries a deadline, or the line has
-    /// controlled delay.
+    /// polled by [`Polled::poll_timed`]: it carries a deadline, or the line
+    /// has controlled delay.
     #[inline]
     pub(super) fn times(&self, line: &Line) -> bool {
         line.deadline != 0 || self.delay.is_some()
@@ -218,15 +218,14 @@ where
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let timed_out = &*this.timed_out;
-        poll_wait_or(
-            this.acquire,
-            this.deadline,
-            this.line,
-            this.policy,
-            cx,
-            timed_out,
-        )
+        Polled {
+            acquire: this.acquire,
+            deadline: this.deadline,
+            line: this.line,
+            policy: this.policy,
+            timed_out: &*this.timed_out,
+        }
+        .poll(cx)
     }
 }
 
@@ -280,7 +279,7 @@ pub(crate) struct Line {
     /// [`Policy::admit_by_behind`] has looked at it, then the latest time
     /// the call may start and still finish in time, or the end of its own
     /// `max_wait` if sooner (marked by the bit [`OWN_WAIT`]; 0 again if the
-    /// policy's `max_wait` ends the wait sooner), which [`poll_timed`]
+    /// policy's `max_wait` ends the wait sooner), which [`Polled::poll_timed`]
     /// turns into the wait's own sleep at the first pending poll. One field for both, not two: a `Line` is
     /// built with every call, and another field to clear is another store
     /// on the path of a call admitted at once.
@@ -288,7 +287,7 @@ pub(crate) struct Line {
 }
 
 /// Whether a wait is timed, and what its own sleep is armed for, in
-/// [`poll_timed`].
+/// [`Polled::poll_timed`].
 #[derive(Default, Clone, Copy, PartialEq, Eq)]
 enum Armed {
     /// Not polled yet.
@@ -311,7 +310,7 @@ enum Armed {
     Checkpoint,
 }
 
-/// How a wait of [`poll_timed`] ran out.
+/// How a wait of [`Polled::poll_timed`] ran out.
 #[derive(Clone, Copy)]
 enum End {
     /// `max_wait` passed.
@@ -326,7 +325,7 @@ enum End {
 }
 
 impl Line {
-    /// How the wait ended, when the own sleep of [`poll_timed`] fired.
+    /// How the wait ended, when the own sleep of [`Polled::poll_timed`] fired.
     #[inline]
     fn end(&self) -> End {
         match self.armed {
@@ -433,160 +432,176 @@ pub(crate) fn poll_wait<A, P>(
 where
     A: Future<Output = Result<P, RejectReason>>,
 {
-    poll_wait_or(acquire, deadline, line, policy, cx, &|| {
-        RejectReason::Timeout
-    })
+    Polled {
+        acquire,
+        deadline,
+        line,
+        policy,
+        timed_out: &|| RejectReason::Timeout,
+    }
+    .poll(cx)
 }
 
-/// [`poll_wait`], rejecting a wait that ran out of `max_wait` for the
-/// reason `timed_out` gives then (see [`Policy::wait_or`]).
-#[inline]
-fn poll_wait_or<A, P>(
-    acquire: Pin<&mut A>,
-    deadline: Pin<&mut Deadline>,
-    line: &mut Line,
-    policy: &Policy,
-    cx: &mut Context<'_>,
-    timed_out: &impl Fn() -> RejectReason,
-) -> Poll<Result<(P, Waited), Rejected>>
+/// A wait's parts, borrowed for one poll: the permit source, the wait's
+/// own sleep, its place in the line, the policy it waits under, and the
+/// reason for a wait that ran out of `max_wait` (see [`Policy::wait_or`]).
+struct Polled<'a, A, T> {
+    acquire: Pin<&'a mut A>,
+    deadline: Pin<&'a mut Deadline>,
+    line: &'a mut Line,
+    policy: &'a Policy,
+    timed_out: &'a T,
+}
+
+impl<A, P, T> Polled<'_, A, T>
 where
     A: Future<Output = Result<P, RejectReason>>,
+    T: Fn() -> RejectReason,
 {
-    if line.armed == Armed::NotStarted {
-        if policy.fails_fast() {
-            return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
+    /// The body of [`poll_wait`] and of [`Wait`].
+    #[inline]
+    fn poll(self, cx: &mut Context<'_>) -> Poll<Result<(P, Waited), Rejected>> {
+        let policy = self.policy;
+        if self.line.armed == Armed::NotStarted {
+            if policy.fails_fast() {
+                return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
+            }
+            let ahead = policy.join_line(&mut self.line.placed);
+            self.line.armed = Armed::Untimed;
+            if policy.max_queue.is_some_and(|max| ahead >= max) {
+                policy.leave_line(&mut self.line.placed);
+                return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
+            }
+            if policy.times(self.line) {
+                self.line.armed = Armed::None;
+                self.line.start = policy.start_timed();
+                return self.poll_timed(cx);
+            }
+            self.line.start = policy.observed().then(|| policy.line_now());
+        } else if self.line.armed != Armed::Untimed {
+            return self.poll_timed(cx);
         }
-        let ahead = policy.join_line(&mut line.placed);
-        line.armed = Armed::Untimed;
-        if policy.max_queue.is_some_and(|max| ahead >= max) {
-            policy.leave_line(&mut line.placed);
-            return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
-        }
-        if policy.times(line) {
-            line.armed = Armed::None;
-            line.start = policy.start_timed();
-            return poll_timed(acquire, deadline, line, policy, cx, timed_out);
-        }
-        line.start = policy.observed().then(|| policy.line_now());
-    } else if line.armed != Armed::Untimed {
-        return poll_timed(acquire, deadline, line, policy, cx, timed_out);
-    }
-    let start = line.start;
-    let reason = match acquire.poll(cx) {
-        Poll::Ready(Ok(permit)) => {
-            policy.leave_line(&mut line.placed);
-            // One clock reading for both, and only if someone needs it: a
-            // granted waiter found no permit free.
-            let since = policy.clock_in(true);
-            let waited = match (start, since) {
-                (Some(start), Some(now)) => now - start,
-                _ => Duration::ZERO,
-            };
-            return Poll::Ready(Ok((permit, Waited { waited, since })));
-        }
-        Poll::Ready(Err(reason)) => reason,
-        Poll::Pending => {
-            let Some(limit) = policy.max_wait else {
-                return Poll::Pending;
-            };
-            if let Some(timer) = &policy.line_timer {
-                return match timer.expired(&mut line.deadline, limit) {
-                    Ok(false) => Poll::Pending,
-                    Ok(true) => {
+        let Self {
+            acquire,
+            deadline,
+            line,
+            timed_out,
+            ..
+        } = self;
+        let start = line.start;
+        let reason = match acquire.poll(cx) {
+            Poll::Ready(Ok(permit)) => {
+                policy.leave_line(&mut line.placed);
+                // One clock reading for both, and only if someone needs it: a
+                // granted waiter found no permit free.
+                let since = policy.clock_in(true);
+                let waited = match (start, since) {
+                    (Some(start), Some(now)) => now - start,
+                    _ => Duration::ZERO,
+                };
+                return Poll::Ready(Ok((permit, Waited { waited, since })));
+            }
+            Poll::Ready(Err(reason)) => reason,
+            Poll::Pending => {
+                let Some(limit) = policy.max_wait else {
+                    return Poll::Pending;
+                };
+                if let Some(timer) = &policy.line_timer {
+                    return match timer.expired(&mut line.deadline, limit) {
+                        Ok(false) => Poll::Pending,
+                        Ok(true) => {
+                            policy.leave_line(&mut line.placed);
+                            let waited = start.map_or(limit, |_| policy.waited_since(start));
+                            Poll::Ready(Err(policy.reject(timed_out(), waited)))
+                        }
+                        Err(_gone) => {
+                            policy.leave_line(&mut line.placed);
+                            let waited = policy.waited_since(start);
+                            Poll::Ready(Err(policy.reject_timer_gone(waited)))
+                        }
+                    };
+                }
+                match deadline.poll_at(policy.clock.as_ref(), limit, cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(())) => {
                         policy.leave_line(&mut line.placed);
+                        // The timer's own measure, unless it was read.
                         let waited = start.map_or(limit, |_| policy.waited_since(start));
-                        Poll::Ready(Err(policy.reject(timed_out(), waited)))
+                        return Poll::Ready(Err(policy.reject(timed_out(), waited)));
                     }
-                    Err(_gone) => {
+                    Poll::Ready(Err(_gone)) => {
                         policy.leave_line(&mut line.placed);
                         let waited = policy.waited_since(start);
-                        Poll::Ready(Err(policy.reject_timer_gone(waited)))
+                        return Poll::Ready(Err(policy.reject_timer_gone(waited)));
                     }
-                };
-            }
-            match deadline.poll_at(policy.clock.as_ref(), limit, cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(())) => {
-                    policy.leave_line(&mut line.placed);
-                    // The timer's own measure, unless it was read.
-                    let waited = start.map_or(limit, |_| policy.waited_since(start));
-                    return Poll::Ready(Err(policy.reject(timed_out(), waited)));
-                }
-                Poll::Ready(Err(_gone)) => {
-                    policy.leave_line(&mut line.placed);
-                    let waited = policy.waited_since(start);
-                    return Poll::Ready(Err(policy.reject_timer_gone(waited)));
                 }
             }
-        }
-    };
-    policy.leave_line(&mut line.placed);
-    let waited = policy.waited_since(start);
-    Poll::Ready(Err(policy.reject(reason, waited)))
-}
-
-/// [`poll_wait_or`] for a wait whose limits are more than `max_wait` (see
-/// [`Line::armed`]): a call that carries a deadline, and waits at most
-/// until it could still finish in time; a line under controlled delay,
-/// where a waiter is cut once it has waited the target on a standing
-/// line. With the line timer, that keeps `max_wait` and the cut (the
-/// line's deadlines stay in arrival order) and the wait's own sleep is
-/// armed for the deadline's limit; else the own sleep is armed for
-/// whichever limit comes first. Out of line, so that the untimed wait's
-/// code (and the fast path that `Bulkhead::call` inlines with it) stays
-/// as it was.
-#[inline(never)]
-fn poll_timed<A, P>(
-    acquire: Pin<&mut A>,
-    deadline: Pin<&mut Deadline>,
-    line: &mut Line,
-    policy: &Policy,
-    cx: &mut Context<'_>,
-    timed_out: &impl Fn() -> RejectReason,
-) -> Poll<Result<(P, Waited), Rejected>>
-where
-    A: Future<Output = Result<P, RejectReason>>,
-{
-    if let Some(waited) = policy.cut_now(line.start) {
-        // Before the acquire is polled: a permit handed to it already
-        // goes back (its owner cancels it) to the next waiter.
+        };
         policy.leave_line(&mut line.placed);
-        return Poll::Ready(Err(policy.reject(RejectReason::QueueDelay, waited)));
+        let waited = policy.waited_since(start);
+        Poll::Ready(Err(policy.reject(reason, waited)))
     }
-    let reason = match acquire.poll(cx) {
-        Poll::Ready(Ok(permit)) => {
+
+    /// [`poll`](Self::poll) for a wait whose limits are more than `max_wait` (see
+    /// [`Line::armed`]): a call that carries a deadline, and waits at most
+    /// until it could still finish in time; a line under controlled delay,
+    /// where a waiter is cut once it has waited the target on a standing
+    /// line. With the line timer, that keeps `max_wait` and the cut (the
+    /// line's deadlines stay in arrival order) and the wait's own sleep is
+    /// armed for the deadline's limit; else the own sleep is armed for
+    /// whichever limit comes first. Out of line, so that the untimed wait's
+    /// code (and the fast path that `Bulkhead::call` inlines with it) stays
+    /// as it was.
+    #[inline(never)]
+    fn poll_timed(self, cx: &mut Context<'_>) -> Poll<Result<(P, Waited), Rejected>> {
+        let Self {
+            acquire,
+            deadline,
+            line,
+            policy,
+            timed_out,
+        } = self;
+        if let Some(waited) = policy.cut_now(line.start) {
+            // Before the acquire is polled: a permit handed to it already
+            // goes back (its owner cancels it) to the next waiter.
             policy.leave_line(&mut line.placed);
-            let since = policy.clock_in(true);
-            let waited = policy.timed_wait_ended(line.start, true);
-            return Poll::Ready(Ok((permit, Waited { waited, since })));
+            return Poll::Ready(Err(policy.reject(RejectReason::QueueDelay, waited)));
         }
-        Poll::Ready(Err(reason)) => reason,
-        Poll::Pending => {
-            let end = match timed_limits(deadline, line, policy, cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(end) => end,
-            };
-            policy.leave_line(&mut line.placed);
-            // Only a wait out of `max_wait` is a sample of the line: a
-            // deadline is the caller's patience, and a cut one waited the
-            // target.
-            let waited = policy.timed_wait_ended(line.start, matches!(end, Ok(End::MaxWait)));
-            return Poll::Ready(Err(match end {
-                Ok(End::MaxWait) => policy.reject(timed_out(), waited),
-                Ok(End::Until) => policy.reject(RejectReason::WontMakeDeadline, waited),
-                Ok(End::OwnWait) => policy.reject(timed_out(), waited),
-                Ok(End::Cut) => policy.reject(RejectReason::QueueDelay, waited),
-                Err(_gone) => policy.reject_timer_gone(waited),
-            }));
-        }
-    };
-    policy.leave_line(&mut line.placed);
-    let waited = policy.waited_since(line.start);
-    Poll::Ready(Err(policy.reject(reason, waited)))
+        let reason = match acquire.poll(cx) {
+            Poll::Ready(Ok(permit)) => {
+                policy.leave_line(&mut line.placed);
+                let since = policy.clock_in(true);
+                let waited = policy.timed_wait_ended(line.start, true);
+                return Poll::Ready(Ok((permit, Waited { waited, since })));
+            }
+            Poll::Ready(Err(reason)) => reason,
+            Poll::Pending => {
+                let end = match timed_limits(deadline, line, policy, cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(end) => end,
+                };
+                policy.leave_line(&mut line.placed);
+                // Only a wait out of `max_wait` is a sample of the line: a
+                // deadline is the caller's patience, and a cut one waited the
+                // target.
+                let waited = policy.timed_wait_ended(line.start, matches!(end, Ok(End::MaxWait)));
+                return Poll::Ready(Err(match end {
+                    Ok(End::MaxWait) => policy.reject(timed_out(), waited),
+                    Ok(End::Until) => policy.reject(RejectReason::WontMakeDeadline, waited),
+                    Ok(End::OwnWait) => policy.reject(timed_out(), waited),
+                    Ok(End::Cut) => policy.reject(RejectReason::QueueDelay, waited),
+                    Err(_gone) => policy.reject_timer_gone(waited),
+                }));
+            }
+        };
+        policy.leave_line(&mut line.placed);
+        let waited = policy.waited_since(line.start);
+        Poll::Ready(Err(policy.reject(reason, waited)))
+    }
 }
 
 /// Whether a timed wait has run out of one of its limits (see
-/// [`poll_timed`]).
+/// [`Polled::poll_timed`]).
 fn timed_limits(
     mut deadline: Pin<&mut Deadline>,
     line: &mut Line,
