@@ -227,25 +227,19 @@ fn took(
     Some(Poll::Ready(result))
 }
 
-impl Semaphore {
-    /// Polls an acquire of `n` permits whose node is `waiter`.
+impl AcquireFields<'_, '_> {
+    /// Polls the acquire of `permits` permits whose node is `waiter`.
     #[inline]
-    fn poll_acquire(
-        &self,
-        waiter: Pin<&Waiter>,
-        n: usize,
-        phase: &mut Phase,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(), AcquireError>> {
-        match *phase {
-            Phase::Idle => self.poll_take(waiter, n, phase, cx),
+    fn poll(self, cx: &mut Context<'_>) -> Poll<Result<(), AcquireError>> {
+        match *self.phase {
+            Phase::Idle => self.poll_take(cx),
             // Served while queued (fair mode): the common wake-up, decided
             // by one load, with no call.
-            Phase::Queued if waiter.status() == Status::Granted => {
-                *phase = Phase::Done;
+            Phase::Queued if self.waiter.status() == Status::Granted => {
+                *self.phase = Phase::Done;
                 Poll::Ready(Ok(()))
             }
-            Phase::Queued => self.poll_queued(waiter, n, phase, cx),
+            Phase::Queued => self.poll_queued(cx),
             Phase::Done => panic!("acquire future polled after completion"),
         }
     }
@@ -253,16 +247,10 @@ impl Semaphore {
     /// A first poll: tries the balance without the lock, and joins the back
     /// of the line if that fails.
     #[inline]
-    fn poll_take(
-        &self,
-        waiter: Pin<&Waiter>,
-        n: usize,
-        phase: &mut Phase,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(), AcquireError>> {
-        match took(self.try_take(n), phase) {
+    fn poll_take(self, cx: &mut Context<'_>) -> Poll<Result<(), AcquireError>> {
+        match took(self.sem.try_take(self.permits), self.phase) {
             Some(done) => done,
-            None => self.poll_enqueue(waiter, n, phase, cx),
+            None => self.poll_enqueue(cx),
         }
     }
 
@@ -271,17 +259,11 @@ impl Semaphore {
     /// that the fast path inlined into every `poll` stays small.
     #[cold]
     #[inline(never)]
-    fn poll_enqueue(
-        &self,
-        waiter: Pin<&Waiter>,
-        n: usize,
-        phase: &mut Phase,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(), AcquireError>> {
+    fn poll_enqueue(self, cx: &mut Context<'_>) -> Poll<Result<(), AcquireError>> {
         // Cloned before the lock is taken, as every waker call is. If the
         // clone panics, nothing has changed yet.
         let waker = cx.waker().clone();
-        self.enqueue(waiter, n, phase, waker, false)
+        self.enqueue(waker, false)
     }
 
     /// Retries the balance under the lock, else joins the line with `waker`
@@ -295,19 +277,18 @@ impl Semaphore {
     /// after it (user code that may panic), `phase` and the node's status
     /// already say what the future owns: a panic there loses nothing.
     #[inline(always)]
-    fn enqueue(
-        &self,
-        waiter: Pin<&Waiter>,
-        n: usize,
-        phase: &mut Phase,
-        waker: Waker,
-        front: bool,
-    ) -> Poll<Result<(), AcquireError>> {
-        let mut list = lock(&self.waiters);
+    fn enqueue(self, waker: Waker, front: bool) -> Poll<Result<(), AcquireError>> {
+        let Self {
+            sem,
+            waiter,
+            permits: n,
+            phase,
+        } = self;
+        let mut list = lock(&sem.waiters);
         let waiter = waiter.get_ref();
         // With the lock held, `WAITERS` is set exactly when the line is
         // non-empty, so this is the same check as the fast path, now final.
-        match self.try_take(n) {
+        match sem.try_take(n) {
             Err(TryAcquireError::NoPermits) => {}
             Ok(()) => {
                 // Taken after all, and `waker` is not needed. Until it is
@@ -346,12 +327,12 @@ impl Semaphore {
             }
         }
         *phase = Phase::Queued;
-        self.queued.store(list.len(), Ordering::Relaxed);
+        sem.queued.store(list.len(), Ordering::Relaxed);
         // `WAITERS` only changes under the lock, which we hold. If it is
         // already set, every release since it was set has run (or will run)
         // `distribute` itself, and the waiters ahead of us come first: there
         // is nothing for us to do.
-        if self.state.load(Ordering::Relaxed) & super::WAITERS != 0 {
+        if sem.state.load(Ordering::Relaxed) & super::WAITERS != 0 {
             drop(list);
             return Poll::Pending;
         }
@@ -359,19 +340,19 @@ impl Semaphore {
         // balance has. A release ordered before this `fetch_or` is in the
         // balance read below; one ordered after it sees `WAITERS` and runs
         // `distribute` itself.
-        let prev = self.state.fetch_or(super::WAITERS, Ordering::AcqRel);
-        if !self.fair() {
+        let prev = sem.state.fetch_or(super::WAITERS, Ordering::AcqRel);
+        if !sem.fair() {
             // Alone in line: take the permits ourselves rather than be woken
             // to take them.
-            if self.try_take(n).is_err() {
+            if sem.try_take(n).is_err() {
                 return Poll::Pending;
             }
             // SAFETY: we hold the lock and the node is linked (we are the
             // only node).
             unsafe { list.remove(NonNull::from(waiter)) };
-            self.queued.store(list.len(), Ordering::Relaxed);
+            sem.queued.store(list.len(), Ordering::Relaxed);
             debug_assert!(list.is_empty(), "the line held only this node");
-            self.state.fetch_and(!super::WAITERS, Ordering::Relaxed);
+            sem.state.fetch_and(!super::WAITERS, Ordering::Relaxed);
             // Served by ourselves: marked granted, as a hand-off would, so
             // that while our waker is dropped (user code, which may panic)
             // the future owns the permits, with `phase` still `Queued`.
@@ -389,25 +370,20 @@ impl Semaphore {
             drop(list);
             return Poll::Pending;
         }
-        self.distribute_and_unlock(list);
+        sem.distribute_and_unlock(list);
         match waiter.status() {
             Status::Waiting(_) => Poll::Pending,
-            done => self.finish(done, n, phase),
+            done => sem.finish(done, n, phase),
         }
     }
 
     /// A poll after the node was linked.
     #[inline(never)]
-    fn poll_queued(
-        &self,
-        waiter: Pin<&Waiter>,
-        n: usize,
-        phase: &mut Phase,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(), AcquireError>> {
-        let node = waiter.get_ref();
+    fn poll_queued(self, cx: &mut Context<'_>) -> Poll<Result<(), AcquireError>> {
+        let (sem, n) = (self.sem, self.permits);
+        let node = self.waiter.get_ref();
         if let Status::Waiting(_) = node.status() {
-            if self.keep_waker(node, cx) {
+            if sem.keep_waker(node, cx) {
                 return Poll::Pending;
             }
         }
@@ -415,26 +391,28 @@ impl Semaphore {
             Status::Notified => {
                 // Woken to compete: no longer counted as woken, and from
                 // here on the node is an unlinked one holding nothing.
-                self.notified.fetch_sub(n, Ordering::Relaxed);
-                *phase = Phase::Idle;
-                match took(self.try_take(n), phase) {
+                sem.notified.fetch_sub(n, Ordering::Relaxed);
+                *self.phase = Phase::Idle;
+                match took(sem.try_take(n), self.phase) {
                     Some(done) => done,
                     None => {
                         // Lost the race: back to the front of the line. The
                         // wake-up is spent, so if cloning the waker (user
                         // code) panics, the future is out of line for good
                         // and passes the wake-up on, as a dropped one does.
-                        let pass_on = PassOn(self);
+                        let pass_on = PassOn(sem);
                         let waker = cx.waker().clone();
                         core::mem::forget(pass_on);
-                        self.enqueue(waiter, n, phase, waker, true)
+                        self.enqueue(waker, true)
                     }
                 }
             }
-            done => self.finish(done, n, phase),
+            done => sem.finish(done, n, self.phase),
         }
     }
+}
 
+impl Semaphore {
     /// Makes sure a node that looked linked will wake the polling task:
     /// returns `true` if it still waits (the poll is pending), `false` if it
     /// was served, closed or notified meanwhile.
@@ -639,7 +617,8 @@ pub struct Acquire<'a> {
     phase: Phase,
 }
 
-/// `Acquire`'s fields, the waiter pinned.
+/// `Acquire`'s fields, the waiter pinned: what one poll works on (see
+/// [`poll`](Self::poll)).
 struct AcquireFields<'p, 'a> {
     sem: &'a Semaphore,
     waiter: Pin<&'p Waiter>,
@@ -712,7 +691,7 @@ impl<'a> Future for Acquire<'a> {
         let this = self.project();
         let sem: &'a Semaphore = this.sem;
         let n = this.permits;
-        match sem.poll_acquire(this.waiter, n, this.phase, cx) {
+        match this.poll(cx) {
             Poll::Ready(Ok(())) => Poll::Ready(Ok(Permit::new(sem, n))),
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => Poll::Pending,
@@ -817,7 +796,13 @@ impl Future for AcquireOwned {
             .expect("acquire future polled after completion");
         // SAFETY: as above.
         let waiter = unsafe { Pin::new_unchecked(&this.waiter) };
-        match sem.poll_acquire(waiter, n, &mut this.phase, cx) {
+        let fields = AcquireFields {
+            sem,
+            waiter,
+            permits: n,
+            phase: &mut this.phase,
+        };
+        match fields.poll(cx) {
             Poll::Ready(Ok(())) => {
                 let sem = this.sem.take().expect("checked above");
                 Poll::Ready(Ok(OwnedPermit::new(sem, n)))
