@@ -161,7 +161,7 @@ impl<S: LeaseStore> LeasedBulkheadBuilder<S> {
             (None, true) => Some(LocalLine::new(1)),
             (None, false) => None,
         };
-        let name = self.sem.name().to_owned();
+        let name = self.sem.local().name().to_owned();
         // The permits free are the fleet's, which only the store knows.
         #[cfg_attr(not(feature = "metrics"), allow(unused_mut))]
         let mut policy = self.policy;
@@ -170,7 +170,7 @@ impl<S: LeaseStore> LeasedBulkheadBuilder<S> {
             let exporter = crate::bulkhead::export::MetricsExporter::without_available(&name);
             policy.metrics_series = Some(Arc::new(exporter));
         }
-        let policy = policy.into_policy(Some(name), self.sem.limit_seen())?;
+        let policy = policy.into_policy(Some(name), self.sem.local().limit_seen())?;
         Ok(LeasedBulkhead::new(policy, self.sem, local))
     }
 }

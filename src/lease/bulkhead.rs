@@ -302,7 +302,7 @@ impl<S: LeaseStore> LeasedBulkhead<S> {
         // outage tolerance. No answer by then is `Unavailable`.
         let first = match options.budget(s.policy.max_wait()) {
             Some(limit) => {
-                let sleep = s.sem.timer().sleep(limit);
+                let sleep = s.sem.local().timer.sleep(limit);
                 match Timeout::new(s.sem.first_attempt(), sleep).await {
                     Ok(first) => first,
                     Err(_elapsed) => {
@@ -381,7 +381,7 @@ impl<S: LeaseStore> LeasedBulkhead<S> {
     /// Keeps the retry hint's limit in step with the limit in the store.
     fn note_limit(&self) {
         let s = &self.shared;
-        s.policy.note_limit(s.sem.limit_seen());
+        s.policy.note_limit(s.sem.local().limit_seen());
     }
 
     /// A grant without waiting; its hold time is measured as the policy
@@ -420,9 +420,9 @@ impl<S: LeaseStore> LeasedBulkhead<S> {
     pub fn metrics(&self) -> Metrics {
         let s = &*self.shared;
         s.policy.metrics(
-            s.sem.limit_seen(),
+            s.sem.local().limit_seen(),
             s.in_flight.load(Ordering::SeqCst),
-            s.sem.is_closed(),
+            s.sem.local().is_closed(),
         )
     }
 
@@ -449,7 +449,7 @@ impl<S: LeaseStore> LeasedBulkhead<S> {
 
     /// Whether [`close`](Self::close) was called.
     pub fn is_closed(&self) -> bool {
-        self.shared.sem.is_closed()
+        self.shared.sem.local().is_closed()
     }
 
     /// Resolves once none of this process's calls is in flight.

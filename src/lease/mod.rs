@@ -40,5 +40,5 @@ pub(crate) use settings::{LeaseSettings, lease_setters};
 pub(crate) use state::Lease;
 pub use store::LeaseStore;
 pub(crate) use store::sealed::Store;
-pub(crate) use store::{Attempt, Down, Released};
+pub(crate) use store::{Attempt, Down, Local, Released};
 pub(crate) use timing::{Timing, default_label};

@@ -92,7 +92,7 @@ impl<S: LeaseStore> LeasedPermit<S> {
     /// it expired. Race the guarded work against it to stop work that no
     /// longer holds a permit, or let the semaphore's `call` do that.
     pub fn lost(&self) -> Lost {
-        Lost::new(self.lease.clone(), self.sem.timer().clone())
+        Lost::new(self.lease.clone(), self.sem.local().timer.clone())
     }
 
     /// Gives the permit back and says whether the lease was still held.
@@ -158,7 +158,7 @@ impl<S: LeaseStore> Drop for LeasedPermit<S> {
 impl<S: LeaseStore> fmt::Debug for LeasedPermit<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeasedPermit")
-            .field("semaphore", &self.sem.name())
+            .field("semaphore", &self.sem.local().name())
             .field("id", &self.lease.id)
             .field("fence", &self.lease.fence)
             .field("lost", &self.lease.lost_reason())

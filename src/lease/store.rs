@@ -5,6 +5,7 @@
 //! engine's, written once.
 
 use core::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,6 +42,69 @@ pub enum Attempt<P, B> {
 #[derive(Debug)]
 #[allow(unreachable_pub)]
 pub struct Down<E>(Mutex<Option<E>>);
+
+/// What a leased semaphore's handle (and its clones) keeps in this
+/// process, whatever the store: its name, its timer, the leases it holds,
+/// the limit it last read and whether it was closed. `pub` for the sealed
+/// trait's signatures, and unreachable from outside the crate.
+#[allow(unreachable_pub)]
+pub struct Local {
+    pub(crate) name: Arc<str>,
+    pub(crate) timer: Arc<dyn Timer>,
+    /// The leases held, by id: what the renewer renews.
+    pub(crate) held: HeldLeases,
+    limit_seen: AtomicUsize,
+    closed: AtomicBool,
+}
+
+impl Local {
+    pub(crate) fn new(name: Arc<str>, timer: Arc<dyn Timer>, limit_seen: usize) -> Self {
+        Self {
+            name,
+            timer,
+            held: HeldLeases::default(),
+            limit_seen: AtomicUsize::new(limit_seen),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The limit as the store last reported it.
+    pub(crate) fn limit_seen(&self) -> usize {
+        self.limit_seen.load(Ordering::Relaxed)
+    }
+
+    /// Notes the limit an answer of the store carried.
+    pub(crate) fn saw_limit(&self, limit: usize) {
+        self.limit_seen.store(limit, Ordering::Relaxed);
+    }
+
+    /// Marks the handle closed. Sequentially consistent, as the check in
+    /// [`is_closed`](Self::is_closed): a waiter that registers for a
+    /// wake-up and then checks sees the mark, or is woken by the close
+    /// that follows it.
+    pub(crate) fn mark_closed(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+}
+
+impl core::fmt::Debug for Local {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Local")
+            .field("name", &self.name)
+            .field("held", &self.held.len())
+            .field("limit_seen", &self.limit_seen())
+            .field("closed", &self.is_closed())
+            .finish_non_exhaustive()
+    }
+}
 
 /// How a release ended, as the store saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,10 +158,8 @@ pub(crate) mod sealed {
         /// Why a release went wrong.
         type ReleaseError;
 
-        fn name(&self) -> &str;
-        /// The limit as last read from the store.
-        fn limit_seen(&self) -> usize;
-        fn timer(&self) -> &Arc<dyn Timer>;
+        /// What the handle keeps in this process.
+        fn local(&self) -> &Local;
         /// One attempt that does not join the line.
         fn try_acquire(
             &self,
@@ -122,16 +184,14 @@ pub(crate) mod sealed {
             &self,
             limit: usize,
         ) -> impl Future<Output = Result<(), Self::LimitError>> + Send;
+        /// Closes the handle: [`Local::mark_closed`], and every waiter
+        /// woken to see it.
         fn close(&self);
-        fn is_closed(&self) -> bool;
-        /// The leases this process holds of the store, and its releases
-        /// under way.
-        fn held(&self) -> &HeldLeases;
         /// Runs `task` where the store's background tasks run.
         fn spawn(&self, task: impl Future<Output = ()> + Send + 'static);
         /// Stops renewing the lease `id`.
         fn forget_lease(&self, id: &str) {
-            self.held().forget(id);
+            self.local().held.forget(id);
         }
         /// Releases `id` in a task of its own (a dropped permit, an acquire
         /// dropped while a grant may exist): if the store cannot be
@@ -139,7 +199,7 @@ pub(crate) mod sealed {
         /// counts as under way until it ends or is dropped unrun, and holds
         /// a handle, so the store outlives it.
         fn release_in_background(&self, id: String) {
-            let started = self.held().background.start();
+            let started = self.local().held.background.start();
             let store = self.clone();
             self.spawn(async move {
                 let _ = store.release_lease(&id).await;

@@ -2,7 +2,6 @@
 //! the first connection.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio_postgres::{Config, NoTls};
@@ -213,7 +212,7 @@ impl PgSemaphoreBuilder {
         // The limit stored, which may not be the builder's.
         let sem = PgSemaphore { inner };
         let limit = sem.inner.read_limit().await.map_err(Failure::config)?;
-        sem.inner.limit_seen.store(limit, Ordering::Relaxed);
+        sem.inner.local.saw_limit(limit);
         keeper::start(&sem.inner);
         Ok(sem)
     }

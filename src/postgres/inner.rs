@@ -6,7 +6,6 @@ use core::future::Future;
 use core::pin::Pin;
 use std::future::poll_fn;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -17,7 +16,7 @@ use super::error::{Failure, Kind, LeaseError};
 use super::grants::Grants;
 use super::sql;
 use super::{LeasedPermit, PgSemaphore};
-use crate::lease::{HeldLeases, IdSource, Released, Store};
+use crate::lease::{IdSource, Local, Released, Store};
 use crate::timer::Timer;
 
 /// The shortest pause before an attempt is made again while the database
@@ -25,19 +24,15 @@ use crate::timer::Timer;
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 
 pub(super) struct Inner {
-    pub(super) name: String,
+    /// The name, the timer, the leases held, the limit seen, the close.
+    pub(super) local: Local,
     pub(super) label: String,
     pub(super) conn: Conn,
     pub(super) grants: Arc<Grants>,
     pub(super) ids: IdSource,
-    pub(super) timer: Arc<dyn Timer>,
     pub(super) runtime: tokio::runtime::Handle,
     /// What `build` checked.
     pub(super) settings: Settings,
-    /// The leases this handle holds, by id: what the renewer renews.
-    pub(super) held: HeldLeases,
-    pub(super) limit_seen: AtomicUsize,
-    closed: AtomicBool,
 }
 
 /// What one attempt found.
@@ -76,26 +71,22 @@ impl Inner {
         );
         let limit = settings.limit;
         Self {
-            name,
+            local: Local::new(name.into(), timer, limit),
             label,
             conn,
             grants,
             ids,
-            timer,
             runtime,
             settings,
-            held: HeldLeases::default(),
-            limit_seen: AtomicUsize::new(limit),
-            closed: AtomicBool::new(false),
         }
     }
 
     pub(super) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.local.is_closed()
     }
 
     pub(super) fn close(&self) {
-        self.closed.store(true, Ordering::Release);
+        self.local.mark_closed();
         self.grants.wake_all();
     }
 
@@ -115,7 +106,7 @@ impl Inner {
                     .query_one(
                         &live.acquire,
                         &[
-                            &self.name,
+                            &self.local.name(),
                             &id,
                             &self.conn.channel,
                             &self.label,
@@ -137,13 +128,13 @@ impl Inner {
                 })
             })
             .await?;
-        self.limit_seen.store(reply.limit, Ordering::Relaxed);
+        self.local.saw_limit(reply.limit);
         Ok(reply)
     }
 
     /// The permit for a grant to `id` made by a call sent at `sent`.
     fn granted(self: &Arc<Self>, id: String, fence: u64, sent: Instant) -> LeasedPermit {
-        let lease = self.held.granted(id, fence, sent, self.settings.life);
+        let lease = self.local.held.granted(id, fence, sent, self.settings.life);
         let sem = PgSemaphore {
             inner: self.clone(),
         };
@@ -202,7 +193,7 @@ impl Inner {
             _ => {
                 return Err(LeaseError::Weight {
                     permits,
-                    limit: self.limit_seen.load(Ordering::Relaxed),
+                    limit: self.local.limit_seen(),
                 });
             }
         };
@@ -240,7 +231,10 @@ impl Inner {
             .conn
             .bounded(async {
                 let live = self.conn.live().await?;
-                let row = live.client.query_one(&live.limit, &[&self.name]).await?;
+                let row = live
+                    .client
+                    .query_one(&live.limit, &[&self.local.name()])
+                    .await?;
                 Ok(row.try_get(0)?)
             })
             .await?;
@@ -254,7 +248,7 @@ impl Inner {
                 let live = self.conn.live().await?;
                 let row = live
                     .client
-                    .query_one(&live.release, &[&self.name, &id])
+                    .query_one(&live.release, &[&self.local.name(), &id])
                     .await?;
                 let outcome: i32 = row.try_get(0)?;
                 let late: Option<i64> = row.try_get(1)?;
@@ -274,7 +268,7 @@ impl Inner {
                 let live = self.conn.live().await?;
                 let rows = live
                     .client
-                    .query(&live.renew, &[&self.name, &ids, &self.ttl_ms()])
+                    .query(&live.renew, &[&self.local.name(), &ids, &self.ttl_ms()])
                     .await?;
                 rows.iter()
                     .map(|row| row.try_get::<_, String>(0).map_err(Failure::from))
@@ -429,7 +423,7 @@ impl Waiter {
     /// again or the handle closed (the next attempt then looks).
     async fn notified(&mut self) -> Option<LeasedPermit> {
         let inner = self.inner.clone();
-        let mut sleep = inner.timer.sleep(self.pause);
+        let mut sleep = inner.local.timer.sleep(self.pause);
         let round = inner.grants.round();
         let fence = loop {
             let mut listener = inner.grants.listen();

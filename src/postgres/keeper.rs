@@ -11,7 +11,7 @@ use crate::lease::renew_loop;
 use crate::timer::timeout::Timeout;
 
 pub(super) fn start(inner: &Arc<Inner>) {
-    let timer = inner.timer.clone();
+    let timer = inner.local.timer.clone();
     let sleep = move |pause| {
         let timer = timer.clone();
         async move {
@@ -31,13 +31,13 @@ pub(super) fn start(inner: &Arc<Inner>) {
 async fn renew_all(inner: &Inner) -> Option<Instant> {
     // Checked outside the map's lock: finding a lease lost wakes its
     // `lost()` futures.
-    let held = inner.held.snapshot();
+    let held = inner.local.held.snapshot();
     let mut leases = Vec::with_capacity(held.len());
     for lease in held {
         if lease.sending() {
             leases.push(lease);
         } else {
-            inner.held.forget(&lease.id);
+            inner.local.held.forget(&lease.id);
         }
     }
     if leases.is_empty() {
@@ -51,20 +51,21 @@ async fn renew_all(inner: &Inner) -> Option<Instant> {
     let earliest = leases.iter().map(|l| l.deadline()).min().unwrap_or(sent);
     let budget = earliest.saturating_duration_since(sent);
     let renewal = inner.renew(&ids);
-    if let Ok(Ok(renewed)) = Timeout::new(renewal, inner.timer.sleep(budget)).await {
+    if let Ok(Ok(renewed)) = Timeout::new(renewal, inner.local.timer.sleep(budget)).await {
         let renewed: HashSet<String> = renewed.into_iter().collect();
         for lease in &leases {
             if renewed.contains(&lease.id) {
                 lease.renewed(sent, inner.settings.life);
-            } else if inner.held.holds(&lease.id) {
+            } else if inner.local.held.holds(&lease.id) {
                 // Not released meanwhile: the database no longer has it.
-                inner.held.lost(lease, LostReason::Expired);
+                inner.local.held.lost(lease, LostReason::Expired);
             }
         }
     }
     // Unanswered or failed: the leases stay `unanswered`, and are lost at
     // their deadlines unless a later round gets through.
     inner
+        .local
         .held
         .snapshot()
         .iter()

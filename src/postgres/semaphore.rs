@@ -2,7 +2,6 @@
 
 use core::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::LeasedPermit;
@@ -23,7 +22,7 @@ pub struct PgSemaphore {
 impl PgSemaphore {
     /// The semaphore's name: its row in the schema's `semaphores` table.
     pub fn name(&self) -> &str {
-        &self.inner.name
+        self.inner.local.name()
     }
 
     /// How long a lease lives without renewal.
@@ -34,12 +33,12 @@ impl PgSemaphore {
     /// The limit as last read from the database (at `build`, then at every
     /// attempt).
     pub fn limit_seen(&self) -> usize {
-        self.inner.limit_seen.load(Ordering::Relaxed)
+        self.inner.local.limit_seen()
     }
 
     /// How many leases this handle (and its clones) holds now.
     pub fn held_here(&self) -> usize {
-        self.inner.held.len()
+        self.inner.local.held.len()
     }
 
     /// Waits for a permit: one call of the `acquire` function per attempt.
@@ -171,7 +170,10 @@ impl PgSemaphore {
             .conn
             .bounded(async {
                 let live = inner.conn.live().await?;
-                Ok(live.client.query(&live.holders, &[&inner.name]).await?)
+                Ok(live
+                    .client
+                    .query(&live.holders, &[&inner.local.name()])
+                    .await?)
             })
             .await
             .map_err(Failure::lease)?;
@@ -203,7 +205,7 @@ impl PgSemaphore {
     pub async fn limit(&self) -> Result<usize, LeaseError> {
         let inner = &*self.inner;
         let limit = inner.read_limit().await.map_err(Failure::lease)?;
-        inner.limit_seen.store(limit, Ordering::Relaxed);
+        inner.local.saw_limit(limit);
         Ok(limit)
     }
 
@@ -227,13 +229,13 @@ impl PgSemaphore {
             .bounded(async {
                 let live = inner.conn.live().await?;
                 live.client
-                    .query_one(&live.set_limit, &[&inner.name, &stored])
+                    .query_one(&live.set_limit, &[&inner.local.name(), &stored])
                     .await?;
                 Ok(())
             })
             .await
             .map_err(Failure::lease)?;
-        inner.limit_seen.store(limit, Ordering::Relaxed);
+        inner.local.saw_limit(limit);
         Ok(())
     }
 
@@ -264,7 +266,7 @@ impl PgSemaphore {
     ///
     /// It holds nothing: dropping it only stops the wait.
     pub async fn wait_released(&self) {
-        self.inner.held.background.settled().await;
+        self.inner.local.held.background.settled().await;
     }
 
     /// Whether [`close`](Self::close) was called.
@@ -276,7 +278,7 @@ impl PgSemaphore {
 impl fmt::Debug for PgSemaphore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgSemaphore")
-            .field("name", &self.inner.name)
+            .field("name", &self.inner.local.name())
             .field("limit_seen", &self.limit_seen())
             .field("held_here", &self.held_here())
             .field("closed", &self.is_closed())

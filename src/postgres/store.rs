@@ -2,15 +2,13 @@
 //! what the bulkhead over it asks.
 
 use core::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::error::Failure;
 use super::inner::{Attempt, Busy, Down};
 use super::{LeaseError, LeasedPermit, PgSemaphore, ReleaseError};
 use crate::RejectReason;
-use crate::lease::{HeldLeases, Released, Store};
-use crate::timer::Timer;
+use crate::lease::{Local, Released, Store};
 
 impl Store for PgSemaphore {
     type Error = LeaseError;
@@ -18,16 +16,8 @@ impl Store for PgSemaphore {
     type LimitError = LeaseError;
     type ReleaseError = ReleaseError;
 
-    fn name(&self) -> &str {
-        PgSemaphore::name(self)
-    }
-
-    fn limit_seen(&self) -> usize {
-        PgSemaphore::limit_seen(self)
-    }
-
-    fn timer(&self) -> &Arc<dyn Timer> {
-        &self.inner.timer
+    fn local(&self) -> &Local {
+        &self.inner.local
     }
 
     fn try_acquire(&self) -> impl Future<Output = Result<LeasedPermit, LeaseError>> + Send {
@@ -74,14 +64,6 @@ impl Store for PgSemaphore {
 
     fn close(&self) {
         PgSemaphore::close(self);
-    }
-
-    fn is_closed(&self) -> bool {
-        PgSemaphore::is_closed(self)
-    }
-
-    fn held(&self) -> &HeldLeases {
-        &self.inner.held
     }
 
     fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {

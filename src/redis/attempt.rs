@@ -116,7 +116,7 @@ async fn attempt_with(
     down_since: Option<Instant>,
     tolerate: bool,
 ) -> Result<Found, LeaseError> {
-    if inner.closed.load(Ordering::SeqCst) {
+    if inner.local.is_closed() {
         return Err(LeaseError::Closed);
     }
     // A waiter in the fair line is woken through its slot only (its
@@ -183,7 +183,7 @@ async fn attempt_with(
                 pause: pause(inner, Some(Duration::from_millis(100))),
                 down_since: Some(since),
                 retry_after: None,
-                limit: inner.limit_seen.load(Ordering::Relaxed),
+                limit: inner.local.limit_seen(),
                 quarantined: false,
                 cause: Some(LeaseError::Unavailable(e)),
             })
@@ -213,7 +213,7 @@ pub(super) async fn wait_from(
         if let Some(permit) = announced(inner, &mut pending) {
             return Ok(permit);
         }
-        let _ = Timeout::new(listener, inner.timer.sleep(pause)).await;
+        let _ = Timeout::new(listener, inner.local.timer.sleep(pause)).await;
         if let Some(permit) = announced(inner, &mut pending) {
             return Ok(permit);
         }
@@ -281,7 +281,7 @@ fn pending(inner: &Arc<Inner>, join: bool) -> Pending {
 /// again with the same id, returns the grant and extends the lease.
 fn announced(inner: &Arc<Inner>, pending: &mut Pending) -> Option<LeasedPermit> {
     let (fence, limit, since) = pending.slot.as_ref()?.take()?;
-    inner.limit_seen.store(limit, Ordering::Relaxed);
+    inner.local.saw_limit(limit);
     // With `replicas`, the acquire script runs again instead: its write
     // (the lease extended) comes after the grant, so the `WAIT` after it
     // covers the grant too.
@@ -292,9 +292,11 @@ fn announced(inner: &Arc<Inner>, pending: &mut Pending) -> Option<LeasedPermit> 
     }
     inner.fence_seen.fetch_max(fence, Ordering::Relaxed);
     pending.settle();
-    let lease = inner
-        .held
-        .granted(core::mem::take(&mut pending.id), fence, since, inner.life);
+    let lease =
+        inner
+            .local
+            .held
+            .granted(core::mem::take(&mut pending.id), fence, since, inner.life);
     Some(LeasedPermit::new(RedisSemaphore::of(inner), lease))
 }
 
@@ -361,7 +363,7 @@ async fn grant(
                 // may take its own timeout on top, as it would after it.)
                 let wait = inner.failover.replicas.as_ref().map(|r| r.timeout);
                 let left = end.saturating_duration_since(sent) + wait.unwrap_or_default();
-                Timeout::new(script, inner.timer.sleep(left))
+                Timeout::new(script, inner.local.timer.sleep(left))
                     .await
                     .unwrap_or_else(|_elapsed| Err(outage_over()))
             }
@@ -380,7 +382,7 @@ async fn grant(
                 acked,
             )) => {
                 let limit = usize::try_from(limit).unwrap_or(0);
-                inner.limit_seen.store(limit, Ordering::Relaxed);
+                inner.local.saw_limit(limit);
                 if quarantined == 1 || epoch.is_some() {
                     // Grants are quarantined, or the loss this client
                     // would have found was: the marker the server has now.
@@ -406,10 +408,12 @@ async fn grant(
                     inner.replicated(acked)?;
                 }
                 pending.settle();
-                let lease =
-                    inner
-                        .held
-                        .granted(core::mem::take(&mut pending.id), fence, sent, inner.life);
+                let lease = inner.local.held.granted(
+                    core::mem::take(&mut pending.id),
+                    fence,
+                    sent,
+                    inner.life,
+                );
                 pending.maybe_granted = false;
                 return Ok(Grant::Granted(LeasedPermit::new(
                     RedisSemaphore::of(inner),
@@ -427,7 +431,7 @@ async fn grant(
                     }
                     backoff = backoff.min(left);
                 }
-                inner.timer.sleep(backoff).await;
+                inner.local.timer.sleep(backoff).await;
             }
             // `pending` is still marked: its drop releases the id (a
             // script that failed half-way may have granted it).

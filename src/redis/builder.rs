@@ -2,7 +2,7 @@
 //! and the connection and lease keeper that `build` starts.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
 
 use super::conn::{Backend, Conn, Settings};
@@ -15,7 +15,7 @@ use super::scripts::Scripts;
 use super::semaphore::RedisSemaphore;
 use super::signals::Signals;
 use super::spawn::Spawner;
-use crate::lease::{HeldLeases, IdSource, LeaseSettings, Timing, default_label};
+use crate::lease::{IdSource, LeaseSettings, Local, Timing, default_label};
 use crate::semaphore::Semaphore;
 
 /// Configures a [`RedisSemaphore`].
@@ -390,7 +390,7 @@ impl RedisSemaphoreBuilder {
         let label = lease.label.unwrap_or_else(default_label);
         let signals = Arc::new(Signals::new(self.pubsub));
         let inner = Arc::new(Inner {
-            name: self.name.into(),
+            local: Local::new(self.name.into(), timer, lease.limit),
             keys,
             conn,
             scripts,
@@ -403,12 +403,8 @@ impl RedisSemaphoreBuilder {
             retries: self.retries,
             outage_tolerance: lease.outage_tolerance,
             response_timeout: lease.response_timeout,
-            timer,
             spawner,
             signals,
-            held: HeldLeases::default(),
-            closed: AtomicBool::new(false),
-            limit_seen: AtomicUsize::new(lease.limit),
             ids,
             fence_seen: AtomicU64::new(0),
             quarantine_ms: match self.quarantine {

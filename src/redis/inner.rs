@@ -5,7 +5,7 @@
 //! imports none of them.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::Value;
@@ -17,13 +17,14 @@ use super::keys::Keys;
 use super::scripts::{Call, Scripts};
 use super::signals::Signals;
 use super::spawn::Spawner;
-use crate::lease::{HeldLeases, IdSource, Released};
+use crate::lease::{IdSource, Local, Released};
 use crate::timer::Timer;
 use crate::timer::timeout::Timeout;
 
 /// The state behind every clone of one [`RedisSemaphore`](super::RedisSemaphore).
 pub(super) struct Inner {
-    pub(super) name: Arc<str>,
+    /// The name, the timer, the leases held, the limit seen, the close.
+    pub(super) local: Local,
     pub(super) keys: Keys,
     pub(super) conn: Conn,
     pub(super) scripts: Scripts,
@@ -40,14 +41,8 @@ pub(super) struct Inner {
     /// How long one call may go unanswered; also all that `try_acquire`
     /// spends on retries.
     pub(super) response_timeout: Duration,
-    pub(super) timer: Arc<dyn Timer>,
     pub(super) spawner: Spawner,
     pub(super) signals: Arc<Signals>,
-    /// The leases this process holds, for the keeper to renew.
-    pub(super) held: HeldLeases,
-    pub(super) closed: AtomicBool,
-    /// The limit in Redis, as of the last script that read it.
-    pub(super) limit_seen: AtomicUsize,
     pub(super) ids: IdSource,
     /// The highest fence this process was granted: a server whose counter
     /// is below it lost writes (see the acquire script's quarantine).
@@ -80,7 +75,7 @@ impl Inner {
             return;
         }
         let weak = Arc::downgrade(inner);
-        let (timer, every) = (inner.timer.clone(), inner.renew_every);
+        let (timer, every) = (inner.local.timer.clone(), inner.renew_every);
         inner.spawner.spawn(async move {
             loop {
                 timer.sleep(every).await;
@@ -149,7 +144,8 @@ impl Inner {
     async fn watch_identity(&self) {
         let f = &self.failover;
         let read = replication_id(&self.conn, &self.keys.epoch);
-        let Ok(Ok(Some(now))) = Timeout::new(read, self.timer.sleep(self.renew_every)).await else {
+        let Ok(Ok(Some(now))) = Timeout::new(read, self.local.timer.sleep(self.renew_every)).await
+        else {
             return;
         };
         f.suspect.store(false, Ordering::Release);
@@ -176,7 +172,7 @@ impl Inner {
     pub(super) async fn check_identity(&self) -> redis::RedisResult<()> {
         let f = &self.failover;
         let read = replication_id(&self.conn, &self.keys.epoch);
-        let r = Timeout::new(read, self.timer.sleep(self.response_timeout))
+        let r = Timeout::new(read, self.local.timer.sleep(self.response_timeout))
             .await
             .unwrap_or_else(|_elapsed| Err(super::conn::no_answer()));
         match r {
@@ -202,7 +198,7 @@ impl Inner {
             .arg(self.fence_seen.load(Ordering::Relaxed))
             .arg(self.quarantine_ms);
         let mut conn = self.conn.clone();
-        let within = self.timer.sleep(self.renew_every);
+        let within = self.local.timer.sleep(self.renew_every);
         matches!(
             Timeout::new(call.invoke_async::<i64>(&mut conn), within).await,
             Ok(Ok(_))

@@ -31,7 +31,7 @@ pub(super) fn start(
     publish: &'static str,
     pubsub: bool,
 ) {
-    let (timer, signals) = (inner.timer.clone(), inner.signals.clone());
+    let (timer, signals) = (inner.local.timer.clone(), inner.signals.clone());
     let sleep = move |pause| {
         let (timer, signals) = (timer.clone(), signals.clone());
         async move { sleep_unless_stopped(&*timer, pause, &signals).await }
@@ -53,9 +53,9 @@ pub(super) fn start(
                 within: inner.response_timeout,
             },
             inner.signals.clone(),
-            inner.timer.clone(),
+            inner.local.timer.clone(),
             Said {
-                name: inner.name.clone(),
+                name: inner.local.name.clone(),
                 max_poll: inner.max_poll,
             },
         ));
@@ -70,12 +70,13 @@ async fn renew_all(inner: &Inner) -> Option<Instant> {
     // (Checked outside the map's lock: finding a lease lost wakes its
     // `lost()` futures.)
     let (leases, gone): (Vec<_>, Vec<_>) = inner
+        .local
         .held
         .snapshot()
         .into_iter()
         .partition(|l| l.lost_reason().is_none());
     for lease in &gone {
-        inner.held.forget(&lease.id);
+        inner.local.held.forget(&lease.id);
     }
     // The waiters in the fair line are heartbeaten in the first call
     // (or in one of their own if nothing is held).
@@ -101,7 +102,9 @@ async fn renew_all(inner: &Inner) -> Option<Instant> {
         let mut conn = inner.conn.clone();
         let renewal = call.invoke_async(&mut conn);
         let answer: Option<redis::RedisResult<Vec<i64>>> =
-            Timeout::new(renewal, inner.timer.sleep(budget)).await.ok();
+            Timeout::new(renewal, inner.local.timer.sleep(budget))
+                .await
+                .ok();
         match answer {
             Some(Ok(ttls)) => {
                 let answered = Instant::now();
@@ -121,9 +124,9 @@ async fn renew_all(inner: &Inner) -> Option<Instant> {
                         // was released meanwhile (a release forgets the
                         // lease before it is sent, and may reach Redis
                         // before this renewal did).
-                        let released = !inner.held.holds(&lease.id);
+                        let released = !inner.local.held.holds(&lease.id);
                         forgotten |= answered < lease.deadline() && !released;
-                        inner.held.lost(lease, LostReason::Expired);
+                        inner.local.held.lost(lease, LostReason::Expired);
                     }
                 }
                 if forgotten && inner.quarantine_ms > 0 {
@@ -145,7 +148,7 @@ async fn renew_all(inner: &Inner) -> Option<Instant> {
                 inner.failover.suspect();
                 for lease in &chunk {
                     if lease.lost_reason().is_some() {
-                        inner.held.forget(&lease.id);
+                        inner.local.held.forget(&lease.id);
                     }
                 }
             }
@@ -154,7 +157,13 @@ async fn renew_all(inner: &Inner) -> Option<Instant> {
     if let Some(beats) = waiting {
         heartbeat(inner, &beats).await;
     }
-    inner.held.snapshot().iter().map(|l| l.deadline()).min()
+    inner
+        .local
+        .held
+        .snapshot()
+        .iter()
+        .map(|l| l.deadline())
+        .min()
 }
 
 /// Heartbeats the waiters in the fair line when no lease is renewed
@@ -166,7 +175,7 @@ async fn heartbeat(inner: &Inner, beats: &[(String, Arc<Slot>)]) {
     call.arg(inner.ttl.as_millis() as u64);
     add_beats(&mut call, beats);
     let mut conn = inner.conn.clone();
-    let within = inner.timer.sleep(inner.renew_every);
+    let within = inner.local.timer.sleep(inner.renew_every);
     let answer: Result<redis::RedisResult<Vec<i64>>, _> =
         Timeout::new(call.invoke_async(&mut conn), within).await;
     if let Ok(Ok(answers)) = answer {

@@ -3,7 +3,6 @@
 
 use core::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::LeasedPermit;
@@ -40,7 +39,7 @@ impl RedisSemaphore {
 
     /// The semaphore's name.
     pub fn name(&self) -> &str {
-        &self.inner.name
+        self.inner.local.name()
     }
 
     /// The lease time to live.
@@ -50,12 +49,12 @@ impl RedisSemaphore {
 
     /// The limit as of the last script call that read it (no round trip).
     pub fn limit_seen(&self) -> usize {
-        self.inner.limit_seen.load(Ordering::Relaxed)
+        self.inner.local.limit_seen()
     }
 
     /// How many leases this process holds now.
     pub fn held_here(&self) -> usize {
-        self.inner.held.len()
+        self.inner.local.held.len()
     }
 
     /// How this process's waiters are woken now: through pub/sub, or by
@@ -173,7 +172,7 @@ impl RedisSemaphore {
         let limit = next_i64(&mut fields).unwrap_or(-1);
         let _last_fence = next_i64(&mut fields);
         if let Ok(limit) = usize::try_from(limit) {
-            inner.limit_seen.store(limit, Ordering::Relaxed);
+            inner.local.saw_limit(limit);
         }
         let mut out = Vec::new();
         while let Some(id) = fields.next() {
@@ -245,7 +244,7 @@ impl RedisSemaphore {
             .arg(limit)
             .invoke_async(&mut inner.conn.clone())
             .await?;
-        inner.limit_seen.store(limit, Ordering::Relaxed);
+        inner.local.saw_limit(limit);
         Ok(())
     }
 
@@ -253,7 +252,7 @@ impl RedisSemaphore {
     /// [`LeaseError::Closed`] (every clone shares the flag). Held permits
     /// stay valid and are still renewed.
     pub fn close(&self) {
-        self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.local.mark_closed();
         self.inner.signals.wake.notify(usize::MAX);
         self.inner.signals.line.wake_all();
     }
@@ -279,19 +278,19 @@ impl RedisSemaphore {
     ///
     /// It holds nothing: dropping it only stops the wait.
     pub async fn wait_released(&self) {
-        self.inner.held.background.settled().await;
+        self.inner.local.held.background.settled().await;
     }
 
     /// Whether [`close`](Self::close) was called.
     pub fn is_closed(&self) -> bool {
-        self.inner.closed.load(Ordering::SeqCst)
+        self.inner.local.is_closed()
     }
 }
 
 impl fmt::Debug for RedisSemaphore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisSemaphore")
-            .field("name", &self.inner.name)
+            .field("name", &self.inner.local.name())
             .field("leases", &self.inner.keys.leases)
             .field("lease_ttl", &self.inner.ttl)
             .field("limit_seen", &self.limit_seen())

@@ -3,14 +3,12 @@
 
 use core::future::Future;
 use std::io;
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::attempt::{self, Attempt, Busy, Down};
 use super::{LeaseError, LeasedPermit, RedisSemaphore, ReleaseError};
 use crate::RejectReason;
-use crate::lease::{HeldLeases, Released, Store};
-use crate::timer::Timer;
+use crate::lease::{Local, Released, Store};
 
 impl Store for RedisSemaphore {
     type Error = LeaseError;
@@ -18,16 +16,8 @@ impl Store for RedisSemaphore {
     type LimitError = redis::RedisError;
     type ReleaseError = ReleaseError;
 
-    fn name(&self) -> &str {
-        RedisSemaphore::name(self)
-    }
-
-    fn limit_seen(&self) -> usize {
-        RedisSemaphore::limit_seen(self)
-    }
-
-    fn timer(&self) -> &Arc<dyn Timer> {
-        &self.inner().timer
+    fn local(&self) -> &Local {
+        &self.inner().local
     }
 
     fn try_acquire(&self) -> impl Future<Output = Result<LeasedPermit, LeaseError>> + Send {
@@ -83,14 +73,6 @@ impl Store for RedisSemaphore {
 
     fn close(&self) {
         RedisSemaphore::close(self);
-    }
-
-    fn is_closed(&self) -> bool {
-        RedisSemaphore::is_closed(self)
-    }
-
-    fn held(&self) -> &HeldLeases {
-        &self.inner.held
     }
 
     fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
