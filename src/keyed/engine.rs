@@ -2,7 +2,6 @@
 //! bulkhead, then the global one of `global.rs`, within one budget), the
 //! run, and the registry's entry and rejection bookkeeping.
 
-use core::borrow::Borrow;
 use core::future::{Future, poll_fn};
 use core::hash::{BuildHasher, Hash};
 use core::pin::pin;
@@ -10,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::BorrowedKey;
 use super::entry::Entry;
 use super::fair::{FairLine, TurnIf};
 use super::global::{Budget, Now, admitted, global_stage_ended, refused};
@@ -45,8 +45,7 @@ where
         call: F,
     ) -> impl Future<Output = Result<T, KeyedError<E>>>
     where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: BorrowedKey<K> + ?Sized,
         F: Future<Output = Result<T, E>>,
     {
         async move {
@@ -373,11 +372,7 @@ where
     /// Looks `key` up, tracking it if it is new, and counts the caller as
     /// one of its users.
     #[inline]
-    pub(super) fn enter<Q>(&self, key: &Q) -> Result<User, KeyedRejected>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
+    pub(super) fn enter<Q: BorrowedKey<K> + ?Sized>(&self, key: &Q) -> Result<User, KeyedRejected> {
         if self.closed.load(Ordering::Relaxed) {
             return Err(self.rejected_closed());
         }

@@ -106,6 +106,7 @@ mod error;
 mod fair;
 mod global;
 mod idle;
+mod key;
 mod labels;
 mod metrics;
 mod permit;
@@ -113,6 +114,7 @@ mod registry;
 
 pub use builder::KeyedBulkheadBuilder;
 pub use error::{KeyedError, KeyedRejectReason, KeyedRejected};
+pub use key::BorrowedKey;
 pub use metrics::{KeyMetrics, KeyedStats};
 pub use permit::KeyedPermit;
 
@@ -344,8 +346,7 @@ where
         call: F,
     ) -> impl Future<Output = Result<T, KeyedError<E>>>
     where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: BorrowedKey<K> + ?Sized,
         F: Future<Output = Result<T, E>>,
     {
         self.staged::<true, Q, F, T, E>(key, CallOptions::new(), call)
@@ -420,8 +421,7 @@ where
         call: F,
     ) -> impl Future<Output = Result<T, KeyedError<E>>>
     where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: BorrowedKey<K> + ?Sized,
         F: Future<Output = Result<T, E>>,
     {
         self.staged::<false, Q, F, T, E>(key, options, call)
@@ -455,8 +455,7 @@ where
         call: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, KeyedError<E>>
     where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: BorrowedKey<K> + ?Sized,
     {
         let mut permit = crate::blocking::block_on(self.acquire(key))?;
         run_blocking(call, |outcome| permit.set_outcome(outcome)).map_err(KeyedError::Inner)
@@ -488,11 +487,10 @@ where
     /// drop(permit);
     /// # });
     /// ```
-    pub async fn acquire<Q>(&self, key: &Q) -> Result<KeyedPermit, KeyedRejected>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
+    pub async fn acquire<Q: BorrowedKey<K> + ?Sized>(
+        &self,
+        key: &Q,
+    ) -> Result<KeyedPermit, KeyedRejected> {
         let inner = &*self.inner;
         inner
             .acquire_with(inner.enter(key)?, CallOptions::new())
@@ -531,15 +529,11 @@ where
     /// assert_eq!(rejected.reason(), KeyedRejectReason::KeyWontMakeDeadline);
     /// # });
     /// ```
-    pub async fn acquire_with<Q>(
+    pub async fn acquire_with<Q: BorrowedKey<K> + ?Sized>(
         &self,
         key: &Q,
         options: CallOptions,
-    ) -> Result<KeyedPermit, KeyedRejected>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
+    ) -> Result<KeyedPermit, KeyedRejected> {
         let inner = &*self.inner;
         inner.acquire_with(inner.enter(key)?, options).await
     }
@@ -570,11 +564,10 @@ where
     /// let globex = tenants.try_acquire("globex").unwrap_err();
     /// assert_eq!(globex.reason(), KeyedRejectReason::GlobalFull);
     /// ```
-    pub fn try_acquire<Q>(&self, key: &Q) -> Result<KeyedPermit, KeyedRejected>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
+    pub fn try_acquire<Q: BorrowedKey<K> + ?Sized>(
+        &self,
+        key: &Q,
+    ) -> Result<KeyedPermit, KeyedRejected> {
         self.try_acquire_with(key, CallOptions::new())
     }
 
@@ -601,15 +594,11 @@ where
     /// let rejected = tenants.try_acquire_with("acme", passed).unwrap_err();
     /// assert_eq!(rejected.reason(), KeyedRejectReason::KeyWontMakeDeadline);
     /// ```
-    pub fn try_acquire_with<Q>(
+    pub fn try_acquire_with<Q: BorrowedKey<K> + ?Sized>(
         &self,
         key: &Q,
         options: CallOptions,
-    ) -> Result<KeyedPermit, KeyedRejected>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
+    ) -> Result<KeyedPermit, KeyedRejected> {
         let inner = &*self.inner;
         inner.try_acquire_with(inner.enter(key)?, options)
     }
@@ -635,11 +624,7 @@ where
     /// let _p = tenants.try_acquire("bigcorp").unwrap();
     /// assert_eq!(tenants.metrics_for("bigcorp").unwrap().max_concurrent_calls(), 10);
     /// ```
-    pub fn set_limit_for<Q>(&self, key: &Q, limit: usize)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
+    pub fn set_limit_for<Q: BorrowedKey<K> + ?Sized>(&self, key: &Q, limit: usize) {
         assert!(
             limit <= Semaphore::MAX_PERMITS,
             "a key's limit must not exceed Semaphore::MAX_PERMITS"
@@ -671,11 +656,7 @@ where
     /// tenants.clear_limit_for("acme");
     /// assert_eq!(tenants.metrics_for("acme").unwrap().max_concurrent_calls(), 2);
     /// ```
-    pub fn clear_limit_for<Q>(&self, key: &Q)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
+    pub fn clear_limit_for<Q: BorrowedKey<K> + ?Sized>(&self, key: &Q) {
         let inner = &*self.inner;
         // User code: before taking any lock.
         let fallback = inner.limit_of(&key.to_owned());

@@ -64,6 +64,7 @@ use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use hashbrown::HashTable;
 
+use super::BorrowedKey;
 use super::entry::Entry;
 use super::idle::{Idle, IdleClock, IdleList, IdleOrder};
 use super::permit::User;
@@ -230,13 +231,9 @@ where
 
     /// Counts the caller as a user of `key`, if it is tracked.
     #[inline]
-    pub(super) fn enter<Q>(&self, hash: u64, key: &Q) -> Option<User>
-    where
-        K: Borrow<Q>,
-        Q: Eq + ?Sized,
-    {
+    pub(super) fn enter<Q: BorrowedKey<K> + ?Sized>(&self, hash: u64, key: &Q) -> Option<User> {
         let map = read(self.shard(hash));
-        let (_, entry) = map.keys.find(hash, |(k, _)| k.borrow() == key)?;
+        let (_, entry) = map.keys.find(hash, |(k, _)| Q::of(k) == key)?;
         Some(User::enter(entry))
     }
 
@@ -452,14 +449,14 @@ where
 
     /// Records (`Some`) or forgets (`None`) `key`'s limit override, and
     /// returns its entry if it is tracked, to apply the limit to.
-    pub(super) fn set_override<Q>(&self, key: &Q, limit: Option<usize>) -> Option<Arc<Entry>>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
+    pub(super) fn set_override<Q: BorrowedKey<K> + ?Sized>(
+        &self,
+        key: &Q,
+        limit: Option<usize>,
+    ) -> Option<Arc<Entry>> {
         let hash = self.hash(key);
         let mut map = write(self.shard(hash));
-        let found = map.overrides.find_entry(hash, |(k, ..)| k.borrow() == key);
+        let found = map.overrides.find_entry(hash, |(k, ..)| Q::of(k) == key);
         match (found, limit) {
             (Ok(mut found), Some(limit)) => found.get_mut().1 = limit,
             (Ok(found), None) => drop(found.remove()),
@@ -474,7 +471,7 @@ where
             }
             (Err(_), None) => {}
         }
-        let (_, entry) = map.keys.find(hash, |(k, _)| k.borrow() == key)?;
+        let (_, entry) = map.keys.find(hash, |(k, _)| Q::of(k) == key)?;
         Some(entry.clone())
     }
 
