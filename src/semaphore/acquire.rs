@@ -228,67 +228,110 @@ fn took(
 }
 
 impl AcquireFields<'_, '_> {
-    /// Polls the acquire of `permits` permits whose node is `waiter`.
+    /// Polls the acquire of `permits` permits whose node is `waiter`: the
+    /// fast paths inline (a first poll that takes the permits without the
+    /// lock, a wake-up after being served in line), the rest out of line
+    /// in [`Semaphore::poll_slow`], which takes the fields one by one so
+    /// that they stay in registers here.
     #[inline]
     fn poll(self, cx: &mut Context<'_>) -> Poll<Result<(), AcquireError>> {
-        match *self.phase {
-            Phase::Idle => self.poll_take(cx),
-            // Served while queued (fair mode): the common wake-up, decided
-            // by one load, with no call.
-            Phase::Queued if self.waiter.status() == Status::Granted => {
-                *self.phase = Phase::Done;
-                Poll::Ready(Ok(()))
-            }
-            Phase::Queued => self.poll_queued(cx),
-            Phase::Done => panic!("acquire future polled after completion"),
-        }
-    }
-
-    /// A first poll: tries the balance without the lock, and joins the back
-    /// of the line if that fails.
-    #[inline]
-    fn poll_take(self, cx: &mut Context<'_>) -> Poll<Result<(), AcquireError>> {
-        match took(self.sem.try_take(self.permits), self.phase) {
-            Some(done) => done,
-            None => self.poll_enqueue(cx),
-        }
-    }
-
-    /// A first poll that could not take permits at once: see
-    /// [`enqueue`](Self::enqueue), at the back of the line. Out of line, so
-    /// that the fast path inlined into every `poll` stays small.
-    #[cold]
-    #[inline(never)]
-    fn poll_enqueue(self, cx: &mut Context<'_>) -> Poll<Result<(), AcquireError>> {
-        // Cloned before the lock is taken, as every waker call is. If the
-        // clone panics, nothing has changed yet.
-        let waker = cx.waker().clone();
-        self.enqueue(waker, false)
-    }
-
-    /// Retries the balance under the lock, else joins the line with `waker`
-    /// (the task's, cloned by the caller without the lock): at its back, or
-    /// at its front for an unfair waiter that was woken and lost the race
-    /// for the permits, so that it keeps its place. Inlined into both
-    /// callers, so that a woken unfair waiter that lost makes one call from
-    /// [`poll_queued`](Self::poll_queued), not two.
-    ///
-    /// No user code runs under the lock, and wherever a waker is dropped
-    /// after it (user code that may panic), `phase` and the node's status
-    /// already say what the future owns: a panic there loses nothing.
-    #[inline(always)]
-    fn enqueue(self, waker: Waker, front: bool) -> Poll<Result<(), AcquireError>> {
         let Self {
             sem,
             waiter,
             permits: n,
             phase,
         } = self;
-        let mut list = lock(&sem.waiters);
+        match *phase {
+            Phase::Idle => match took(sem.try_take(n), phase) {
+                Some(done) => done,
+                None => sem.poll_slow(waiter, n, phase, cx),
+            },
+            // Served while queued (fair mode): the common wake-up, decided
+            // by one load, with no call.
+            Phase::Queued if waiter.status() == Status::Granted => {
+                *phase = Phase::Done;
+                Poll::Ready(Ok(()))
+            }
+            Phase::Queued => sem.poll_slow(waiter, n, phase, cx),
+            Phase::Done => panic!("acquire future polled after completion"),
+        }
+    }
+}
+
+impl Semaphore {
+    /// The polls that [`AcquireFields::poll`] does not finish inline: a
+    /// first poll that found too few permits joins the back of the line
+    /// (see [`enqueue`](Self::enqueue)); a poll after the node was linked
+    /// keeps its waker or takes what happened to the node. Out of line, so
+    /// that the fast path inlined into every `poll` stays small.
+    #[inline(never)]
+    fn poll_slow(
+        &self,
+        waiter: Pin<&Waiter>,
+        n: usize,
+        phase: &mut Phase,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), AcquireError>> {
+        if *phase == Phase::Idle {
+            // Cloned before the lock is taken, as every waker call is. If
+            // the clone panics, nothing has changed yet.
+            let waker = cx.waker().clone();
+            return self.enqueue(waiter, n, phase, waker, false);
+        }
+        let node = waiter.get_ref();
+        if let Status::Waiting(_) = node.status() {
+            if self.keep_waker(node, cx) {
+                return Poll::Pending;
+            }
+        }
+        match node.status() {
+            Status::Notified => {
+                // Woken to compete: no longer counted as woken, and from
+                // here on the node is an unlinked one holding nothing.
+                self.notified.fetch_sub(n, Ordering::Relaxed);
+                *phase = Phase::Idle;
+                match took(self.try_take(n), phase) {
+                    Some(done) => done,
+                    None => {
+                        // Lost the race: back to the front of the line. The
+                        // wake-up is spent, so if cloning the waker (user
+                        // code) panics, the future is out of line for good
+                        // and passes the wake-up on, as a dropped one does.
+                        let pass_on = PassOn(self);
+                        let waker = cx.waker().clone();
+                        core::mem::forget(pass_on);
+                        self.enqueue(waiter, n, phase, waker, true)
+                    }
+                }
+            }
+            done => self.finish(done, n, phase),
+        }
+    }
+
+    /// Retries the balance under the lock, else joins the line with `waker`
+    /// (the task's, cloned by the caller without the lock): at its back, or
+    /// at its front for an unfair waiter that was woken and lost the race
+    /// for the permits, so that it keeps its place. Inlined into both of
+    /// [`poll_slow`](Self::poll_slow)'s calls, so that a woken unfair
+    /// waiter that lost makes one call, not two.
+    ///
+    /// No user code runs under the lock, and wherever a waker is dropped
+    /// after it (user code that may panic), `phase` and the node's status
+    /// already say what the future owns: a panic there loses nothing.
+    #[inline(always)]
+    fn enqueue(
+        &self,
+        waiter: Pin<&Waiter>,
+        n: usize,
+        phase: &mut Phase,
+        waker: Waker,
+        front: bool,
+    ) -> Poll<Result<(), AcquireError>> {
+        let mut list = lock(&self.waiters);
         let waiter = waiter.get_ref();
         // With the lock held, `WAITERS` is set exactly when the line is
         // non-empty, so this is the same check as the fast path, now final.
-        match sem.try_take(n) {
+        match self.try_take(n) {
             Err(TryAcquireError::NoPermits) => {}
             Ok(()) => {
                 // Taken after all, and `waker` is not needed. Until it is
@@ -327,12 +370,12 @@ impl AcquireFields<'_, '_> {
             }
         }
         *phase = Phase::Queued;
-        sem.queued.store(list.len(), Ordering::Relaxed);
+        self.queued.store(list.len(), Ordering::Relaxed);
         // `WAITERS` only changes under the lock, which we hold. If it is
         // already set, every release since it was set has run (or will run)
         // `distribute` itself, and the waiters ahead of us come first: there
         // is nothing for us to do.
-        if sem.state.load(Ordering::Relaxed) & super::WAITERS != 0 {
+        if self.state.load(Ordering::Relaxed) & super::WAITERS != 0 {
             drop(list);
             return Poll::Pending;
         }
@@ -340,19 +383,19 @@ impl AcquireFields<'_, '_> {
         // balance has. A release ordered before this `fetch_or` is in the
         // balance read below; one ordered after it sees `WAITERS` and runs
         // `distribute` itself.
-        let prev = sem.state.fetch_or(super::WAITERS, Ordering::AcqRel);
-        if !sem.fair() {
+        let prev = self.state.fetch_or(super::WAITERS, Ordering::AcqRel);
+        if !self.fair() {
             // Alone in line: take the permits ourselves rather than be woken
             // to take them.
-            if sem.try_take(n).is_err() {
+            if self.try_take(n).is_err() {
                 return Poll::Pending;
             }
             // SAFETY: we hold the lock and the node is linked (we are the
             // only node).
             unsafe { list.remove(NonNull::from(waiter)) };
-            sem.queued.store(list.len(), Ordering::Relaxed);
+            self.queued.store(list.len(), Ordering::Relaxed);
             debug_assert!(list.is_empty(), "the line held only this node");
-            sem.state.fetch_and(!super::WAITERS, Ordering::Relaxed);
+            self.state.fetch_and(!super::WAITERS, Ordering::Relaxed);
             // Served by ourselves: marked granted, as a hand-off would, so
             // that while our waker is dropped (user code, which may panic)
             // the future owns the permits, with `phase` still `Queued`.
@@ -370,49 +413,13 @@ impl AcquireFields<'_, '_> {
             drop(list);
             return Poll::Pending;
         }
-        sem.distribute_and_unlock(list);
+        self.distribute_and_unlock(list);
         match waiter.status() {
             Status::Waiting(_) => Poll::Pending,
-            done => sem.finish(done, n, phase),
+            done => self.finish(done, n, phase),
         }
     }
 
-    /// A poll after the node was linked.
-    #[inline(never)]
-    fn poll_queued(self, cx: &mut Context<'_>) -> Poll<Result<(), AcquireError>> {
-        let (sem, n) = (self.sem, self.permits);
-        let node = self.waiter.get_ref();
-        if let Status::Waiting(_) = node.status() {
-            if sem.keep_waker(node, cx) {
-                return Poll::Pending;
-            }
-        }
-        match node.status() {
-            Status::Notified => {
-                // Woken to compete: no longer counted as woken, and from
-                // here on the node is an unlinked one holding nothing.
-                sem.notified.fetch_sub(n, Ordering::Relaxed);
-                *self.phase = Phase::Idle;
-                match took(sem.try_take(n), self.phase) {
-                    Some(done) => done,
-                    None => {
-                        // Lost the race: back to the front of the line. The
-                        // wake-up is spent, so if cloning the waker (user
-                        // code) panics, the future is out of line for good
-                        // and passes the wake-up on, as a dropped one does.
-                        let pass_on = PassOn(sem);
-                        let waker = cx.waker().clone();
-                        core::mem::forget(pass_on);
-                        self.enqueue(waker, true)
-                    }
-                }
-            }
-            done => sem.finish(done, n, self.phase),
-        }
-    }
-}
-
-impl Semaphore {
     /// Makes sure a node that looked linked will wake the polling task:
     /// returns `true` if it still waits (the poll is pending), `false` if it
     /// was served, closed or notified meanwhile.
