@@ -31,7 +31,7 @@ static AUTO: Clock = Clock::Auto;
 
 impl Policy {
     /// Whether a wait that starts now is timed on the line's clock and
-    /// polled by [`Polled::poll_timed`]: it carries a deadline, or the line
+    /// polled by [`poll_timed`]: it carries a deadline, or the line
     /// has controlled delay.
     #[inline]
     pub(super) fn times(&self, line: &Line) -> bool {
@@ -279,7 +279,7 @@ pub(crate) struct Line {
     /// [`Policy::admit_by_behind`] has looked at it, then the latest time
     /// the call may start and still finish in time, or the end of its own
     /// `max_wait` if sooner (marked by the bit [`OWN_WAIT`]; 0 again if the
-    /// policy's `max_wait` ends the wait sooner), which [`Polled::poll_timed`]
+    /// policy's `max_wait` ends the wait sooner), which [`poll_timed`]
     /// turns into the wait's own sleep at the first pending poll. One field for both, not two: a `Line` is
     /// built with every call, and another field to clear is another store
     /// on the path of a call admitted at once.
@@ -287,7 +287,7 @@ pub(crate) struct Line {
 }
 
 /// Whether a wait is timed, and what its own sleep is armed for, in
-/// [`Polled::poll_timed`].
+/// [`poll_timed`].
 #[derive(Default, Clone, Copy, PartialEq, Eq)]
 enum Armed {
     /// Not polled yet.
@@ -310,7 +310,7 @@ enum Armed {
     Checkpoint,
 }
 
-/// How a wait of [`Polled::poll_timed`] ran out.
+/// How a wait of [`poll_timed`] ran out.
 #[derive(Clone, Copy)]
 enum End {
     /// `max_wait` passed.
@@ -325,7 +325,7 @@ enum End {
 }
 
 impl Line {
-    /// How the wait ended, when the own sleep of [`Polled::poll_timed`] fired.
+    /// How the wait ended, when the own sleep of [`poll_timed`] fired.
     #[inline]
     fn end(&self) -> End {
         match self.armed {
@@ -418,9 +418,10 @@ impl<A> Waiting<A> {
     }
 }
 
-/// Polls a wait in line: the body of [`Wait`], [`Waiting`] and
-/// `Bulkhead::call`'s future. `acquire` is polled first; `deadline` is
-/// armed for `max_wait` only once it is pending.
+/// Polls a wait in line that is rejected `Timeout` when `max_wait` runs
+/// out (see [`Polled::poll`]): for [`Waiting`] and `Bulkhead::call`'s
+/// future. `acquire` is polled first; `deadline` is armed for `max_wait`
+/// only once it is pending.
 #[inline]
 pub(crate) fn poll_wait<A, P>(
     acquire: Pin<&mut A>,
@@ -461,33 +462,32 @@ where
     /// The body of [`poll_wait`] and of [`Wait`].
     #[inline]
     fn poll(self, cx: &mut Context<'_>) -> Poll<Result<(P, Waited), Rejected>> {
-        let policy = self.policy;
-        if self.line.armed == Armed::NotStarted {
-            if policy.fails_fast() {
-                return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
-            }
-            let ahead = policy.join_line(&mut self.line.placed);
-            self.line.armed = Armed::Untimed;
-            if policy.max_queue.is_some_and(|max| ahead >= max) {
-                policy.leave_line(&mut self.line.placed);
-                return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
-            }
-            if policy.times(self.line) {
-                self.line.armed = Armed::None;
-                self.line.start = policy.start_timed();
-                return self.poll_timed(cx);
-            }
-            self.line.start = policy.observed().then(|| policy.line_now());
-        } else if self.line.armed != Armed::Untimed {
-            return self.poll_timed(cx);
-        }
         let Self {
             acquire,
             deadline,
             line,
+            policy,
             timed_out,
-            ..
         } = self;
+        if line.armed == Armed::NotStarted {
+            if policy.fails_fast() {
+                return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
+            }
+            let ahead = policy.join_line(&mut line.placed);
+            line.armed = Armed::Untimed;
+            if policy.max_queue.is_some_and(|max| ahead >= max) {
+                policy.leave_line(&mut line.placed);
+                return Poll::Ready(Err(policy.reject_now(RejectReason::Full)));
+            }
+            if policy.times(line) {
+                line.armed = Armed::None;
+                line.start = policy.start_timed();
+                return poll_timed(acquire, deadline, line, policy, cx, timed_out);
+            }
+            line.start = policy.observed().then(|| policy.line_now());
+        } else if line.armed != Armed::Untimed {
+            return poll_timed(acquire, deadline, line, policy, cx, timed_out);
+        }
         let start = line.start;
         let reason = match acquire.poll(cx) {
             Poll::Ready(Ok(permit)) => {
@@ -541,67 +541,71 @@ where
         let waited = policy.waited_since(start);
         Poll::Ready(Err(policy.reject(reason, waited)))
     }
+}
 
-    /// [`poll`](Self::poll) for a wait whose limits are more than `max_wait` (see
-    /// [`Line::armed`]): a call that carries a deadline, and waits at most
-    /// until it could still finish in time; a line under controlled delay,
-    /// where a waiter is cut once it has waited the target on a standing
-    /// line. With the line timer, that keeps `max_wait` and the cut (the
-    /// line's deadlines stay in arrival order) and the wait's own sleep is
-    /// armed for the deadline's limit; else the own sleep is armed for
-    /// whichever limit comes first. Out of line, so that the untimed wait's
-    /// code (and the fast path that `Bulkhead::call` inlines with it) stays
-    /// as it was.
-    #[inline(never)]
-    fn poll_timed(self, cx: &mut Context<'_>) -> Poll<Result<(P, Waited), Rejected>> {
-        let Self {
-            acquire,
-            deadline,
-            line,
-            policy,
-            timed_out,
-        } = self;
-        if let Some(waited) = policy.cut_now(line.start) {
-            // Before the acquire is polled: a permit handed to it already
-            // goes back (its owner cancels it) to the next waiter.
-            policy.leave_line(&mut line.placed);
-            return Poll::Ready(Err(policy.reject(RejectReason::QueueDelay, waited)));
-        }
-        let reason = match acquire.poll(cx) {
-            Poll::Ready(Ok(permit)) => {
-                policy.leave_line(&mut line.placed);
-                let since = policy.clock_in(true);
-                let waited = policy.timed_wait_ended(line.start, true);
-                return Poll::Ready(Ok((permit, Waited { waited, since })));
-            }
-            Poll::Ready(Err(reason)) => reason,
-            Poll::Pending => {
-                let end = match timed_limits(deadline, line, policy, cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(end) => end,
-                };
-                policy.leave_line(&mut line.placed);
-                // Only a wait out of `max_wait` is a sample of the line: a
-                // deadline is the caller's patience, and a cut one waited the
-                // target.
-                let waited = policy.timed_wait_ended(line.start, matches!(end, Ok(End::MaxWait)));
-                return Poll::Ready(Err(match end {
-                    Ok(End::MaxWait) => policy.reject(timed_out(), waited),
-                    Ok(End::Until) => policy.reject(RejectReason::WontMakeDeadline, waited),
-                    Ok(End::OwnWait) => policy.reject(timed_out(), waited),
-                    Ok(End::Cut) => policy.reject(RejectReason::QueueDelay, waited),
-                    Err(_gone) => policy.reject_timer_gone(waited),
-                }));
-            }
-        };
+/// [`Polled::poll`] for a wait whose limits are more than `max_wait` (see
+/// [`Line::armed`]): a call that carries a deadline, and waits at most
+/// until it could still finish in time; a line under controlled delay,
+/// where a waiter is cut once it has waited the target on a standing
+/// line. With the line timer, that keeps `max_wait` and the cut (the
+/// line's deadlines stay in arrival order) and the wait's own sleep is
+/// armed for the deadline's limit; else the own sleep is armed for
+/// whichever limit comes first. Out of line, so that the untimed wait's
+/// code (and the fast path that `Bulkhead::call` inlines with it) stays
+/// as it was; and with the parts one by one rather than as a [`Polled`],
+/// which would have to be stored in memory for the call on that path too.
+#[inline(never)]
+fn poll_timed<A, P>(
+    acquire: Pin<&mut A>,
+    deadline: Pin<&mut Deadline>,
+    line: &mut Line,
+    policy: &Policy,
+    cx: &mut Context<'_>,
+    timed_out: &impl Fn() -> RejectReason,
+) -> Poll<Result<(P, Waited), Rejected>>
+where
+    A: Future<Output = Result<P, RejectReason>>,
+{
+    if let Some(waited) = policy.cut_now(line.start) {
+        // Before the acquire is polled: a permit handed to it already
+        // goes back (its owner cancels it) to the next waiter.
         policy.leave_line(&mut line.placed);
-        let waited = policy.waited_since(line.start);
-        Poll::Ready(Err(policy.reject(reason, waited)))
+        return Poll::Ready(Err(policy.reject(RejectReason::QueueDelay, waited)));
     }
+    let reason = match acquire.poll(cx) {
+        Poll::Ready(Ok(permit)) => {
+            policy.leave_line(&mut line.placed);
+            let since = policy.clock_in(true);
+            let waited = policy.timed_wait_ended(line.start, true);
+            return Poll::Ready(Ok((permit, Waited { waited, since })));
+        }
+        Poll::Ready(Err(reason)) => reason,
+        Poll::Pending => {
+            let end = match timed_limits(deadline, line, policy, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(end) => end,
+            };
+            policy.leave_line(&mut line.placed);
+            // Only a wait out of `max_wait` is a sample of the line: a
+            // deadline is the caller's patience, and a cut one waited the
+            // target.
+            let waited = policy.timed_wait_ended(line.start, matches!(end, Ok(End::MaxWait)));
+            return Poll::Ready(Err(match end {
+                Ok(End::MaxWait) => policy.reject(timed_out(), waited),
+                Ok(End::Until) => policy.reject(RejectReason::WontMakeDeadline, waited),
+                Ok(End::OwnWait) => policy.reject(timed_out(), waited),
+                Ok(End::Cut) => policy.reject(RejectReason::QueueDelay, waited),
+                Err(_gone) => policy.reject_timer_gone(waited),
+            }));
+        }
+    };
+    policy.leave_line(&mut line.placed);
+    let waited = policy.waited_since(line.start);
+    Poll::Ready(Err(policy.reject(reason, waited)))
 }
 
 /// Whether a timed wait has run out of one of its limits (see
-/// [`Polled::poll_timed`]).
+/// [`poll_timed`]).
 fn timed_limits(
     mut deadline: Pin<&mut Deadline>,
     line: &mut Line,
