@@ -116,15 +116,16 @@ async fn attempt_with(
     down_since: Option<Instant>,
     tolerate: bool,
 ) -> Result<Found, LeaseError> {
-    if inner.local.is_closed() {
-        return Err(LeaseError::Closed);
-    }
     // A waiter in the fair line is woken through its slot only (its
-    // grant, a lost subscription, `close`).
+    // grant, a lost subscription, `close`). Listening before the check
+    // below: a `close` after the check wakes this listener.
     let listener = match &pending.slot {
         Some(slot) => slot.listen(),
         None => inner.signals.wake.listen(),
     };
+    if inner.local.is_closed() {
+        return Err(LeaseError::Closed);
+    }
     let attempt_start = Instant::now();
     // The outage began when the first failed attempt did; it may last
     // until `outage_tolerance` after that, and no call runs past it
