@@ -118,7 +118,6 @@ pub use key::BorrowedKey;
 pub use metrics::{KeyMetrics, KeyedStats};
 pub use permit::KeyedPermit;
 
-use core::borrow::Borrow;
 use core::fmt;
 use core::future::Future;
 use core::hash::{BuildHasher, Hash};
@@ -695,11 +694,7 @@ where
     /// let m = tenants.metrics_for("acme").unwrap();
     /// assert_eq!((m.max_concurrent_calls(), m.in_flight()), (3, 1));
     /// ```
-    pub fn metrics_for<Q>(&self, key: &Q) -> Option<KeyMetrics<K>>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
+    pub fn metrics_for<Q: BorrowedKey<K> + ?Sized>(&self, key: &Q) -> Option<KeyMetrics<K>> {
         let (key, entry) = self.inner.registry.get(key)?;
         Some(entry.metrics(key, self.inner.global.is_some()))
     }

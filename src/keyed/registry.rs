@@ -57,7 +57,6 @@
 //! insert of the same key are serialised by one lock: either the insert
 //! reads the override, or `set_limit_for` finds the entry.
 
-use core::borrow::Borrow;
 use core::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -476,14 +475,10 @@ where
     }
 
     /// `key` and its entry, if it is tracked.
-    pub(super) fn get<Q>(&self, key: &Q) -> Option<(K, Arc<Entry>)>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
+    pub(super) fn get<Q: BorrowedKey<K> + ?Sized>(&self, key: &Q) -> Option<(K, Arc<Entry>)> {
         let hash = self.hash(key);
         let map = read(self.shard(hash));
-        let (key, entry) = map.keys.find(hash, |(k, _)| k.borrow() == key)?;
+        let (key, entry) = map.keys.find(hash, |(k, _)| Q::of(k) == key)?;
         Some((key.clone(), entry.clone()))
     }
 
