@@ -399,6 +399,13 @@ where
     let mut handles = vec![spawn(waiter(3))];
     wait_until("the head waiter is queued", || sem.queue_len() == 1).await;
     sem.add_permits(2);
+    // `queue_len` counts the head once it is linked, while it may still
+    // hold the lock to publish that someone waits: permits added in that
+    // window go to the balance, and the head takes them before unlocking.
+    wait_until("the head is handed both permits", || {
+        sem.available_permits() == 0
+    })
+    .await;
     assert_state(&sem, 0, 1);
     for _ in 0..waiters {
         handles.push(spawn(waiter(1)));
