@@ -68,6 +68,15 @@ impl HeldLeases {
         self.lock().len()
     }
 
+    /// The earliest local deadline of the leases held: when the renewer
+    /// must look again at the latest. Read without checking the leases
+    /// (that may wake `lost()` futures, which must not run under the map's
+    /// lock), so a lease already lost counts too, and the next round, which
+    /// forgets it, comes no later than its deadline.
+    pub(crate) fn earliest_deadline(&self) -> Option<Instant> {
+        self.lock().values().map(|lease| lease.deadline()).min()
+    }
+
     /// The leases held now, for a round of renewals to check and renew
     /// outside the lock.
     pub(crate) fn snapshot(&self) -> Vec<Arc<Lease>> {

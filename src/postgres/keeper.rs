@@ -64,12 +64,5 @@ async fn renew_all(inner: &Inner) -> Option<Instant> {
     }
     // Unanswered or failed: the leases stay `unanswered`, and are lost at
     // their deadlines unless a later round gets through.
-    inner
-        .local
-        .held
-        .snapshot()
-        .iter()
-        .filter(|l| l.lost_reason().is_none())
-        .map(|l| l.deadline())
-        .min()
+    inner.local.held.earliest_deadline()
 }

@@ -157,13 +157,7 @@ async fn renew_all(inner: &Inner) -> Option<Instant> {
     if let Some(beats) = waiting {
         heartbeat(inner, &beats).await;
     }
-    inner
-        .local
-        .held
-        .snapshot()
-        .iter()
-        .map(|l| l.deadline())
-        .min()
+    inner.local.held.earliest_deadline()
 }
 
 /// Heartbeats the waiters in the fair line when no lease is renewed
